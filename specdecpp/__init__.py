@@ -1,0 +1,6 @@
+"""specdecpp: SpecDec++ speculative decoding with a trained acceptance prediction head."""
+from specdecpp.decoding import GenerationStats, SpeculativeOutput, speculative_generate
+from specdecpp.head import AcceptancePredictionHead
+
+__all__ = ["speculative_generate", "SpeculativeOutput", "GenerationStats", "AcceptancePredictionHead"]
+__version__ = "0.1.0"

@@ -1,0 +1,81 @@
+"""The acceptance prediction head: draft hidden state -> P(the target accepts this token).
+
+`k` residual blocks `x + SiLU(Linear(x))` then `Linear(hidden, 2)`; class 1 means accept.
+Saved and loaded through `PyTorchModelHubMixin` (`config.json` + `model.safetensors`), so a
+folder or a Hub id loads with `AcceptancePredictionHead.from_pretrained`.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+from huggingface_hub import PyTorchModelHubMixin
+from torch import nn
+
+
+class ResBlock(nn.Module):
+    """`x + SiLU(Linear(x))`, the linear zero-initialised so a fresh block is the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class AcceptancePredictionHead(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="specdecpp",
+    tags=["speculative-decoding", "specdecpp", "acceptance-prediction-head"],
+    paper_url="https://arxiv.org/abs/2405.19715",
+):
+    """Predicts, from the draft's last-layer hidden state at a drafted token, whether the target
+    accepts that token. `forward` returns logits over (reject, accept); `accept_prob` the
+    probability of class 1. Unlike the reference (which repeated one block `k` times) every
+    residual block has its own weights; reference checkpoints still load (see `_load_state_dict`)."""
+
+    def __init__(self, hidden_size: int, num_layers: int = 3):
+        super().__init__()
+        if hidden_size <= 0 or num_layers < 0:
+            raise ValueError(f"hidden_size must be > 0 and num_layers >= 0, got {hidden_size}, {num_layers}")
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.model = nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, 2))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model(hidden_states.to(self.model[-1].weight.dtype))
+
+    @torch.no_grad()
+    def accept_prob(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """P(accept) for each hidden state (`[..., hidden]` -> `[...]`), computed in the head's
+        own dtype whatever the draft's, returned as float32."""
+        return self(hidden_states).float().softmax(-1)[..., 1]
+
+    # -- loading: accept the reference's shared-block layout as well as ours ---------------------
+    def _load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load strictly, first filling in residual blocks a reference checkpoint left out: its
+        blocks were one shared module, so a file may hold only `model.0.linear.*`."""
+        state_dict = dict(state_dict)
+        blocks = {int(m.group(1)) for k in state_dict if (m := re.match(r"model\.(\d+)\.linear\.", k))}
+        if blocks and blocks != set(range(self.num_layers)) and blocks <= set(range(self.num_layers)):
+            source = min(blocks)
+            for i in range(self.num_layers):
+                for name in ("weight", "bias"):
+                    state_dict.setdefault(f"model.{i}.linear.{name}", state_dict[f"model.{source}.linear.{name}"])
+        self.load_state_dict(state_dict, strict=True)
+
+    @classmethod
+    def _load_as_safetensor(cls, model, model_file: str, map_location: str, strict: bool):
+        from safetensors.torch import load_file
+
+        model._load_state_dict(load_file(model_file, device=str(map_location)))
+        return model.eval()
+
+    @classmethod
+    def _load_as_pickle(cls, model, model_file: str, map_location: str, strict: bool):
+        model._load_state_dict(torch.load(model_file, map_location=torch.device(map_location), weights_only=True))
+        return model.eval()
