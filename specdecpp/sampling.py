@@ -1,0 +1,47 @@
+"""Logits processing and sampling shared by both models, the engine and the data builder.
+
+Temperature, top-k and top-p are Hugging Face's own logits warpers, applied in `generate`'s
+order, so speculative sampling targets exactly the distribution `target.generate` samples from.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+
+def make_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> LogitsProcessorList:
+    """The warpers `generate` would apply for these settings (none for the neutral values)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    return warpers
+
+
+def logits_to_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
+    """Rows of logits `[n, vocab]` -> probabilities after the warpers, computed in float32 or
+    wider (half-precision softmax would bias the acceptance ratio)."""
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return warpers(None, logits).softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of `probs` `[n, vocab]` -> `[n]`."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """`normalize(max(0, p - q))`: where to resample after a rejection. Falls back to `p` when
+    the residual has no mass (p == q up to rounding), which leaves the output distribution exact."""
+    residual = (p - q).clamp_min(0)
+    total = residual.sum(-1, keepdim=True)
+    return torch.where(total > 0, residual / total.clamp_min(torch.finfo(residual.dtype).tiny), p)
