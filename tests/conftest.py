@@ -33,4 +33,49 @@ def perturbed_copy(model: LlamaForCausalLM, noise: float, seed: int = 1) -> Llam
 def tiny_pair():
     """(target, draft): a 2-layer target and a noisy copy of it as the draft, float64."""
     target = tiny_llama(seed=0)
-    return target, perturbed_copy(target, noise=0.05)
+    return target, perturbed_copy(target, noise=0.01)
+
+
+# -- appended for the data builder, training and calibration tests ------------------------------
+WORDS = ("the a of to and in is it that for on with as was at by an be this are or from but not have "
+         "one all were we when there can more if out so up what about into than them only other new some "
+         "could time these two may then do first any my now such like our over man me even most").split()[:60]
+
+
+def tiny_tokenizer():
+    """A 64-token word-level tokenizer (`<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3, then 60 words) that
+    prepends BOS, matching `tiny_llama`'s default vocabulary; built in memory, nothing downloaded."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(["<pad>", "<s>", "</s>", "<unk>", *WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+def write_prompts(path, n: int, seed: int = 0, min_words: int = 2, max_words: int = 9) -> str:
+    """A JSONL prompt file of `n` random word sequences of varied lengths (so batches need padding)."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            f.write(json.dumps({"prompt": " ".join(rng.choices(WORDS, k=rng.randint(min_words, max_words)))}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def pair_dirs(tmp_path_factory, tiny_pair):
+    """`(target_dir, draft_dir)`: `tiny_pair` saved as model folders with `tiny_tokenizer`, as a
+    user's checkpoints would be."""
+    root = tmp_path_factory.mktemp("pair")
+    dirs = []
+    for name, model in zip(("target", "draft"), tiny_pair):
+        model.save_pretrained(root / name)
+        tiny_tokenizer().save_pretrained(root / name)
+        dirs.append(str(root / name))
+    return tuple(dirs)

@@ -1,0 +1,314 @@
+"""Build the acceptance head's training data from a target/draft pair.
+
+    python -m specdecpp.build_data --target_name T --draft_name D --dataset SRC --output_file OUT.jsonl \
+        --max_new_tokens N [--do_sample] [--batch_size B] [--seed S] [--n_begin I --n_end J]
+    torchrun --nproc_per_node 4 -m specdecpp.build_data ...      (each rank takes its share)
+
+One pass per batch of prompts: the target generates the continuations (batched, left-padded, KV
+cache), then one teacher-forced forward of each model over prompt + continuation gives, at every
+continuation position, the draft's proposal given the target's prefix (argmax when greedy, sampled
+when sampling), the log-probability of that proposal under each model, and `p_acc`.
+
+Resumable: while it runs, records go to `OUT.parts/` (one shard per rank, flushed per batch, with
+the settings they were built with in `meta.json`); a rerun reads the complete records there and
+builds only the missing prompts. When every prompt is done the shards are merged into `OUT`
+(written atomically) and `OUT.parts/` is removed, so `OUT` exists only when it is complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from glob import glob
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+from transformers import GenerationConfig, HfArgumentParser, PreTrainedModel
+
+from specdecpp.data_io import read_complete_lines, to_json_line, write_records
+from specdecpp.models import (ModelLoadingArguments, check_same_vocab, check_tokenizer, load_model, load_tokenizer,
+                              model_device)
+from specdecpp.prompts import FORMATS, load_prompts, tokenize_prompt
+from specdecpp.sampling import logits_to_probs, make_warpers, sample
+
+
+@dataclass
+class BuildDataArguments:
+    target_name: str = field(metadata={"help": "target model: Hub id, folder, or PEFT adapter folder"})
+    draft_name: str = field(metadata={"help": "draft model: Hub id, folder, or PEFT adapter folder"})
+    dataset: str = field(metadata={"help": "prompts: a registered set (humaneval), a .json/.jsonl file, or a Hub dataset"})
+    output_file: str = field(metadata={"help": "where the records go (JSON Lines)"})
+    max_new_tokens: int = field(default=128, metadata={"help": "length of each target continuation"})
+    do_sample: bool = field(default=False, metadata={"help": "sample (else greedy): continuations and draft proposals"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (both models)"})
+    top_k: int = field(default=0, metadata={"help": "top-k filtering when sampling (0: off)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus filtering when sampling (1: off)"})
+    batch_size: int = field(default=8, metadata={"help": "prompts per batch on each rank"})
+    seed: int = field(default=0, metadata={"help": "seed of the sampling draws (each batch is seeded from it)"})
+    n_begin: int = field(default=0, metadata={"help": "first prompt of the source to use"})
+    n_end: int | None = field(default=None, metadata={"help": "one past the last prompt to use (default: all)"})
+    dataset_split: str | None = field(default=None, metadata={"help": "split of a Hub dataset (default per dataset)"})
+    prompt_format: str = field(default="auto", metadata={"help": f"one of {', '.join(FORMATS)}"})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer (default: the target's)"})
+    overwrite: bool = field(default=False, metadata={"help": "rebuild even if the output (or a partial build) exists"})
+
+    def __post_init__(self):
+        if self.max_new_tokens <= 0 or self.batch_size <= 0:
+            raise ValueError(f"max_new_tokens and batch_size must be > 0, got {self.max_new_tokens}, {self.batch_size}")
+        if self.prompt_format not in FORMATS:
+            raise ValueError(f"unknown prompt_format {self.prompt_format!r}; choose from {', '.join(FORMATS)}")
+        make_warpers(self.temperature, self.top_k, self.top_p)  # raises on bad sampling settings
+        if not self.output_file.endswith(".jsonl"):
+            raise ValueError(f"output_file must end in .jsonl (records are JSON Lines), got {self.output_file}")
+
+
+# -- one batch -----------------------------------------------------------------------------------
+def left_pad(prefixes: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(input_ids, attention_mask)` with every prefix right-aligned, as generation needs."""
+    width = max(len(p) for p in prefixes)
+    input_ids = torch.full((len(prefixes), width), pad_token_id, dtype=torch.long, device=device)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, prefix in enumerate(prefixes):
+        input_ids[row, width - len(prefix):] = torch.tensor(prefix, device=device)
+        attention_mask[row, width - len(prefix):] = 1
+    return input_ids, attention_mask
+
+
+def trim_at_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
+    """Tokens up to and including the first EOS: what generation pads on after it is not text."""
+    for i, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
+                        n: int) -> torch.Tensor:
+    """Teacher-forced logits `[batch, n, vocab]` of `model` at the last `n` positions of left-padded
+    `sequences`, i.e. its prediction of each continuation token from the tokens before it."""
+    device = model_device(model)
+    sequences, attention_mask = sequences.to(device), attention_mask.to(device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids,
+                logits_to_keep=n + 1, use_cache=False)
+    return out.logits[:, :-1]
+
+
+@torch.no_grad()
+def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[list[int]], *, max_new_tokens: int,
+                do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                pad_token_id: int = 0, eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0) -> list[dict]:
+    """Records (`tokens`, `draft`, `log_p_draft`, `log_p_target`, `p_acc`) for a batch of tokenized
+    prompts: the target's continuation, then one teacher-forced forward of each model over it.
+    Sampling mode applies the same temperature/top-k/top-p to both models' logits, draws the
+    target's continuation and the draft's proposals from `seed`, and sets `p_acc = min(1, p/q)`;
+    greedy mode sets `p_acc` to 1.0 exactly where the draft's argmax equals the target's."""
+    if any(len(p) == 0 for p in prefixes):
+        raise ValueError("every prompt needs at least one token")
+    input_ids, attention_mask = left_pad(prefixes, pad_token_id, model_device(target))
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p} if do_sample else {}
+    # a fresh config, so nothing from the checkpoint's generation_config (its own temperature,
+    # repetition penalty, ...) changes the distribution that p_acc is computed under
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_token_id,
+                              eos_token_id=sorted(eos_token_ids) or None, **sampling)
+    torch.manual_seed(seed)  # generate() samples from the global generator
+    sequences = target.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    width = input_ids.shape[1]
+    continuations = [trim_at_eos(row.tolist(), set(eos_token_ids)) for row in sequences[:, width:]]
+    n = sequences.shape[1] - width
+    lengths = torch.tensor([len(c) for c in continuations], device=sequences.device)
+    valid = torch.arange(n, device=sequences.device)[None, :] < lengths[:, None]  # [batch, n]: before/at EOS
+    mask = torch.cat([attention_mask, valid.long()], dim=1)
+
+    draft_logits = continuation_logits(draft, sequences, mask, n)[valid.to(model_device(draft))]
+    target_logits = continuation_logits(target, sequences, mask, n)[valid.to(model_device(target))]
+    target_logits = target_logits.to(draft_logits.device)
+    if do_sample:
+        warpers = make_warpers(temperature, top_k, top_p)
+        q, p = logits_to_probs(draft_logits, warpers), logits_to_probs(target_logits, warpers)
+        generator = torch.Generator(q.device).manual_seed(seed)
+        proposals = sample(q, generator)
+        q_tok, p_tok = q.gather(-1, proposals[:, None])[:, 0], p.gather(-1, proposals[:, None])[:, 0]
+        log_q, log_p, p_acc = q_tok.log(), p_tok.log(), (p_tok / q_tok).clamp(max=1.0)
+    else:
+        wide = torch.float32 if draft_logits.dtype in (torch.float16, torch.bfloat16) else draft_logits.dtype
+        proposals = draft_logits.argmax(-1)
+        log_q = draft_logits.to(wide).log_softmax(-1).gather(-1, proposals[:, None])[:, 0]
+        log_p = target_logits.to(wide).log_softmax(-1).gather(-1, proposals[:, None])[:, 0]
+        p_acc = (proposals == target_logits.argmax(-1)).to(wide)
+
+    records, start = [], 0
+    for tokens in continuations:
+        end = start + len(tokens)
+        records.append({"tokens": tokens, "draft": proposals[start:end].tolist(),
+                        "log_p_draft": log_q[start:end].tolist(), "log_p_target": log_p[start:end].tolist(),
+                        "p_acc": p_acc[start:end].tolist()})
+        start = end
+    return records
+
+
+# -- the run: shards, resume, merge --------------------------------------------------------------
+def init_distributed() -> tuple[int, int]:
+    """`(rank, world_size)`, joining the process group that torchrun / accelerate launch set up
+    (gloo on CPU, nccl on GPUs); `(0, 1)` when run as a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # a long build leaves fast ranks waiting at the final barrier: allow for it
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(hours=24))
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in a single process)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def run_settings(args: BuildDataArguments, loading: ModelLoadingArguments) -> dict:
+    """What decides the records' content; a partial build made with other settings is not resumed."""
+    settings = asdict(args) | {"torch_dtype": loading.torch_dtype}
+    for name in ("output_file", "batch_size", "overwrite"):
+        settings.pop(name)
+    return settings
+
+
+def check_or_write_settings(parts_dir: str, settings: dict, rank: int) -> None:
+    """Refuse to resume a partial build made with different settings; record ours for a new one."""
+    path = os.path.join(parts_dir, "meta.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        changed = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+        if changed:
+            raise ValueError(f"{parts_dir} holds a partial build made with other settings "
+                             f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changed.items())}); "
+                             "rerun with the same settings to resume it, or pass --overwrite to start again")
+    elif rank == 0:
+        os.makedirs(parts_dir, exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(settings, f, indent=2)
+        os.replace(path + ".tmp", path)
+
+
+def finished_records(parts_dir: str) -> dict[int, dict]:
+    """Complete records of a partial build, by prompt index (a line cut short is not complete)."""
+    done = {}
+    for shard in sorted(glob(os.path.join(parts_dir, "rank*.jsonl"))):
+        for record in read_complete_lines(shard)[0]:
+            done.setdefault(record["index"], record)
+    return done
+
+
+def open_shard(parts_dir: str, rank: int):
+    """This rank's shard opened for appending, after cutting off a line an interruption left half written."""
+    path = os.path.join(parts_dir, f"rank{rank}.jsonl")
+    if os.path.exists(path):
+        with open(path, "r+b") as f:
+            f.truncate(read_complete_lines(path)[1])
+    return open(path, "a", encoding="utf-8")
+
+
+def eos_ids(tokenizer, model: PreTrainedModel) -> set[int]:
+    """Every id that ends generation: the tokenizer's EOS and the model's generation config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(configured) if isinstance(configured, (list, tuple)) else ({configured} if configured is not None else set())
+    return ids
+
+
+def build_data(args: BuildDataArguments, loading: ModelLoadingArguments | None = None) -> dict:
+    """Build (or resume) `args.output_file`; under torchrun each rank builds its share and rank 0
+    merges. Returns `{"records", "new_tokens", "seconds", "tokens_per_second"}` for this run."""
+    loading = loading or ModelLoadingArguments()
+    rank, world = init_distributed()
+    out, parts_dir = args.output_file, args.output_file + ".parts"
+    if os.path.exists(out) and not args.overwrite:
+        raise ValueError(f"{out} exists; pass --overwrite to rebuild it (or choose another --output_file)")
+    tokenizer = load_tokenizer(args.tokenizer_name or args.target_name, loading.trust_remote_code)
+    texts = load_prompts(args.dataset, args.dataset_split, args.n_begin, args.n_end)
+    prompts = {args.n_begin + i: tokenize_prompt(text, tokenizer, args.prompt_format) for i, text in enumerate(texts)}
+
+    if args.overwrite and rank == 0:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+        if os.path.exists(out):
+            os.remove(out)
+    barrier()
+    check_or_write_settings(parts_dir, run_settings(args, loading), rank)
+    done = finished_records(parts_dir)
+    barrier()  # everyone has read the same finished set before any rank appends to it
+    todo = [i for i in prompts if i not in done][rank::world]
+
+    device = None if loading.device_map else (f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
+    target, draft = (load_model(name, loading.torch_dtype, loading.device_map, loading.trust_remote_code)
+                     for name in (args.target_name, args.draft_name))
+    if device:
+        target, draft = target.to(device), draft.to(device)
+    check_tokenizer(tokenizer, target, "the target")
+    check_same_vocab(target, draft)
+    pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
+    eos = eos_ids(tokenizer, target)
+
+    new_tokens, start = 0, time.perf_counter()
+    with open_shard(parts_dir, rank) as shard, tqdm(total=len(todo), desc=f"build-data rank {rank}/{world}",
+                                                   disable=rank != 0, unit="prompt") as bar:
+        for b in range(0, len(todo), args.batch_size):
+            batch = todo[b: b + args.batch_size]
+            records = build_batch(target, draft, [prompts[i][1] for i in batch], max_new_tokens=args.max_new_tokens,
+                                  do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, pad_token_id=pad, eos_token_ids=eos,
+                                  seed=args.seed * 1_000_003 + batch[0])
+            for i, record in zip(batch, records):
+                text = tokenizer.decode(record["tokens"], skip_special_tokens=True)
+                shard.write(to_json_line({"index": i, "prompt": prompts[i][0], "prefix": prompts[i][1],
+                                          "continuation": text, **record}))
+                new_tokens += len(record["tokens"])
+            shard.flush()
+            os.fsync(shard.fileno())
+            bar.update(len(batch))
+    seconds = time.perf_counter() - start
+
+    totals = torch.tensor([float(new_tokens), seconds], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(totals[:1])
+        dist.all_reduce(totals[1:], op=dist.ReduceOp.MAX)
+    barrier()
+    if rank == 0:
+        merge_shards(parts_dir, out, sorted(prompts))
+    barrier()
+    stats = {"records": len(prompts), "new_tokens": int(totals[0]), "seconds": float(totals[1]),
+             "tokens_per_second": float(totals[0] / max(totals[1], 1e-9))}
+    if rank == 0:
+        print(f"wrote {stats['records']} records to {out}: {stats['new_tokens']} new tokens in "
+              f"{stats['seconds']:.1f} s, {stats['tokens_per_second']:.1f} tokens/s (generation + both scoring passes)")
+    return stats
+
+
+def merge_shards(parts_dir: str, out: str, indices: list[int]) -> None:
+    """Write the shards' records to `out` in prompt order, atomically, then drop the shards; a
+    missing prompt is an error and leaves the shards for a rerun to complete."""
+    done = finished_records(parts_dir)
+    missing = [i for i in indices if i not in done]
+    if missing:
+        raise RuntimeError(f"{len(missing)} prompts have no record (first: {missing[:5]}); rerun to complete {parts_dir}")
+    write_records(out, (done[i] for i in indices))
+    shutil.rmtree(parts_dir)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: `python -m specdecpp.build_data --help`."""
+    parser = HfArgumentParser((BuildDataArguments, ModelLoadingArguments))
+    args, loading = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+    build_data(args, loading)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Training records on disk: reading, validating, writing.
+
+Our files are JSON Lines, one record per prompt (fields in DESIGN.md section 2). The reference
+implementation wrote one JSON array whose lists were stored as strings and whose log-prob fields
+were named after model sizes (`log_p_7b` for the draft, `log_p_70b` for the target); `read_records`
+reads both and always returns our form, so nothing downstream needs to know which it got.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+
+LIST_FIELDS = ("tokens", "draft", "log_p_draft", "log_p_target", "p_acc")  # one entry per continuation token
+REQUIRED_FIELDS = ("prefix",) + LIST_FIELDS
+INT_FIELDS = ("prefix", "tokens", "draft")
+_SIZE_FIELD = re.compile(r"^log_p_(\d+(?:\.\d+)?)([kmbt]?)$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def _parse_list(value, where: str, name: str) -> list:
+    """A list, or the reference's string form of one (JSON, or Python's repr with inf/nan)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        pass
+    try:  # Python's repr of float('inf') / float('nan') is neither JSON nor a literal
+        return json.loads(re.sub(r"\b(-?)inf\b", r"\1Infinity", value).replace("nan", "NaN"))
+    except json.JSONDecodeError:
+        raise ValueError(f"{where}: field {name!r} is a string that is not a list: {value[:60]!r}") from None
+
+
+def _rename_size_fields(record: dict, where: str) -> dict:
+    """`log_p_7b`/`log_p_70b` -> `log_p_draft`/`log_p_target`: the smaller model is the draft."""
+    sizes = {k: float(m.group(1)) * _UNITS[m.group(2).lower()] for k in record if (m := _SIZE_FIELD.match(k))}
+    if not sizes or "log_p_draft" in record or "log_p_target" in record:
+        return record
+    if len(sizes) != 2 or len(set(sizes.values())) != 2:
+        raise ValueError(f"{where}: cannot tell draft from target among log-prob fields {sorted(sizes)} "
+                         "(expected two sizes such as log_p_7b and log_p_70b)")
+    draft_key, target_key = sorted(sizes, key=sizes.get)
+    renamed = {k: v for k, v in record.items() if k not in sizes}
+    renamed["log_p_draft"], renamed["log_p_target"] = record[draft_key], record[target_key]
+    return renamed
+
+
+def normalize_record(record: dict, where: str = "record") -> dict:
+    """Our form of one record (lists as lists, our field names), or a ValueError that says which
+    field of which record is wrong: a missing field, a list whose length differs from `tokens`,
+    a non-integer token id, a `p_acc` outside [0, 1]."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    record = _rename_size_fields(record, where)
+    missing = [k for k in REQUIRED_FIELDS if k not in record]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)} (a record needs {', '.join(REQUIRED_FIELDS)})")
+    record = dict(record)
+    for name in REQUIRED_FIELDS:
+        record[name] = _parse_list(record[name], where, name)
+        if not isinstance(record[name], list):
+            raise ValueError(f"{where}: field {name!r} must be a list, got {type(record[name]).__name__}")
+    lengths = {name: len(record[name]) for name in LIST_FIELDS}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"{where}: lists of different lengths: " + ", ".join(f"{k}={v}" for k, v in lengths.items()))
+    for name in INT_FIELDS:
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in record[name]):
+            raise ValueError(f"{where}: field {name!r} must hold non-negative integer token ids")
+    if not all(isinstance(p, (int, float)) and 0.0 <= p <= 1.0 for p in record["p_acc"]):
+        raise ValueError(f"{where}: p_acc values must lie in [0, 1]")
+    for name in ("log_p_draft", "log_p_target"):
+        if not all(isinstance(v, (int, float)) and not math.isnan(v) for v in record[name]):
+            raise ValueError(f"{where}: field {name!r} must hold numbers")
+    return record
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """All records of a JSON Lines file or of one JSON array (the reference's files), normalized
+    and validated; an empty file or a broken line is a ValueError naming the file and line."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no data file at {path}")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON: {e}") from None
+        records = [normalize_record(r, f"{path}: record {i}") for i, r in enumerate(raw)]
+    else:
+        records = []
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {line_no} is not valid JSON ({e}); was the file cut short?") from None
+            records.append(normalize_record(raw, f"{path}: line {line_no}"))
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return records
+
+
+def to_json_line(record: dict) -> str:
+    """One record as one line of JSON (with its newline); -inf log-probs (a token outside top-k/top-p)
+    are written as JSON's `-Infinity`, which Python's json reads back."""
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def read_complete_lines(path: str | os.PathLike) -> tuple[list[dict], int]:
+    """Records on the complete lines of a JSON Lines file being appended to, and the byte length of
+    those lines: a line cut short by an interruption (no newline, or not JSON) and anything after it
+    is not counted, so a resumed writer truncates to that length and rewrites the record."""
+    records, good = [], 0
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+            good += len(line)
+    return records, good
+
+
+def write_records(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    """Write records as JSON Lines atomically: a temporary file renamed into place, so `path` is
+    either absent or complete, never a partial file that a later run would trust."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(to_json_line(record))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -1,0 +1,111 @@
+"""Loading models and tokenizers the way users have them, and checking that they fit together.
+
+A name or path is whatever `from_pretrained` takes (a Hub id or a local folder); a local folder
+holding a PEFT adapter (`adapter_config.json`) loads its base model and merges the adapter in.
+`dtype` and `device_map` pass straight through (`device_map="auto"` spreads a target larger than
+one GPU), and `trust_remote_code` stays off unless the caller turns it on.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class ModelLoadingArguments:
+    """How every command loads its models (the flags are shared by build-data, train, evaluation)."""
+
+    torch_dtype: str | None = field(default=None, metadata={
+        "help": f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: the checkpoint's float32 load)"})
+    device_map: str | None = field(default=None, metadata={
+        "help": "device_map passed to from_pretrained, e.g. 'auto' for a model larger than one GPU"})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "allow models whose code lives in their Hub repo (off unless you trust it)"})
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | str | None:
+    """`'bfloat16'` -> `torch.bfloat16` (and `'auto'`, `None`, a dtype pass through); anything else is
+    a ValueError naming the choices."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown torch_dtype {name!r}; choose from {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def is_peft_adapter(name_or_path: str) -> bool:
+    """True for a local folder that holds a PEFT adapter rather than a full model."""
+    return os.path.isfile(os.path.join(name_or_path, "adapter_config.json"))
+
+
+def load_model(name_or_path: str, torch_dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
+               trust_remote_code: bool = False) -> PreTrainedModel:
+    """A causal LM in eval mode from a Hub id or folder; a PEFT adapter folder is loaded onto the
+    base model it names and merged, so callers always get a plain model (no adapter overhead at
+    decoding time, and hidden states come from the merged weights the user trained)."""
+    kwargs = {"dtype": parse_dtype(torch_dtype), "device_map": device_map, "trust_remote_code": trust_remote_code}
+    if is_peft_adapter(name_or_path):
+        from peft import PeftConfig, PeftModel
+
+        base = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
+        if not base:
+            raise ValueError(f"PEFT adapter {name_or_path} does not name its base model (base_model_name_or_path)")
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), name_or_path)
+        model = model.merge_and_unload()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    return model.eval()
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer that goes with `load_model(name_or_path)`: an adapter folder's own tokenizer
+    when it ships one (adapters that added tokens do), else its base model's."""
+    source = name_or_path
+    if is_peft_adapter(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json")):
+        from peft import PeftConfig
+
+        source = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
+    return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+
+
+def vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the model's output layer: the size of the distributions it produces."""
+    output = model.get_output_embeddings()
+    return output.weight.shape[0] if output is not None else model.config.vocab_size
+
+
+def check_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, name: str = "model") -> None:
+    """Raise ValueError when the tokenizer can produce ids the model has no row for. A model may
+    have more rows than the tokenizer has tokens (embeddings padded to a multiple of 64), not fewer."""
+    if len(tokenizer) > vocab_size(model):
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but {name} has a vocabulary of {vocab_size(model)}: "
+                         f"they do not belong together (pass the tokenizer of {name})")
+
+
+def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
+    """Raise ValueError unless target and draft score the same vocabulary: speculative decoding
+    compares their distributions token by token."""
+    if vocab_size(target) != vocab_size(draft):
+        raise ValueError(f"target vocabulary ({vocab_size(target)}) and draft vocabulary ({vocab_size(draft)}) "
+                         "differ: the draft must share the target's tokenizer")
+
+
+def model_device(model: PreTrainedModel) -> torch.device:
+    """Where the model's inputs go (its embedding layer's device, also under a device_map)."""
+    return model.get_input_embeddings().weight.device
+
+
+def last_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The model's last-layer (final-norm) hidden states `[batch, seq, hidden]` for right- or
+    left-padded input, the state the acceptance head reads. Only the last position's logits are
+    computed: the output layer would otherwise cost as much as a small draft's body."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                output_hidden_states=True, logits_to_keep=1, use_cache=False)
+    return out.hidden_states[-1]

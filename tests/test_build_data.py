@@ -1,0 +1,177 @@
+"""The data builder: records agree with the models, builds resume, ranks share the work."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny_tokenizer, write_prompts
+
+import specdecpp.build_data as build_module
+from specdecpp.build_data import BuildDataArguments, build_batch, build_data, trim_at_eos
+from specdecpp.data_io import read_records
+from specdecpp.models import load_model
+from specdecpp.sampling import logits_to_probs, make_warpers
+
+N_PROMPTS, MAX_NEW = 7, 8
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    return write_prompts(tmp_path_factory.mktemp("prompts") / "prompts.jsonl", N_PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def loaded(pair_dirs):
+    return tuple(load_model(d) for d in pair_dirs)
+
+
+def args_for(pair_dirs, prompts_file, out, **kw) -> BuildDataArguments:
+    return BuildDataArguments(target_name=pair_dirs[0], draft_name=pair_dirs[1], dataset=prompts_file,
+                              output_file=str(out), max_new_tokens=kw.pop("max_new_tokens", MAX_NEW), **kw)
+
+
+def assert_same_records(path_a, path_b):
+    """Same prompts, tokens, proposals and p_acc; log-probs equal up to the rounding that a
+    different padding (another batch composition) brings."""
+    a, b = read_records(path_a), read_records(path_b)
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for key in ("index", "prompt", "prefix", "continuation", "tokens", "draft", "p_acc"):
+            assert x[key] == y[key], key
+        for key in ("log_p_draft", "log_p_target"):
+            torch.testing.assert_close(torch.tensor(x[key]), torch.tensor(y[key]))
+
+
+def teacher_forced(model, prefix, tokens):
+    """Logits predicting each continuation token, recomputed unbatched without padding."""
+    ids = torch.tensor([prefix + tokens])
+    with torch.no_grad():
+        return model(ids).logits[0, len(prefix) - 1: -1]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_greedy_records_match_recomputation(pair_dirs, prompts_file, loaded, tmp_path, batch_size):
+    build_data(args_for(pair_dirs, prompts_file, tmp_path / "out.jsonl", batch_size=batch_size))
+    records = read_records(tmp_path / "out.jsonl")
+    target, draft = loaded
+    tokenizer = tiny_tokenizer()
+    assert [r["index"] for r in records] == list(range(N_PROMPTS))
+    for record in records:
+        assert record["prefix"] == tokenizer(record["prompt"])["input_ids"]
+        generated = target.generate(torch.tensor([record["prefix"]]), max_new_tokens=MAX_NEW, do_sample=False,
+                                    pad_token_id=0, eos_token_id=2)[0, len(record["prefix"]):].tolist()
+        assert record["tokens"] == trim_at_eos(generated, {2})
+        t_logits = teacher_forced(target, record["prefix"], record["tokens"])
+        d_logits = teacher_forced(draft, record["prefix"], record["tokens"])
+        proposals = d_logits.argmax(-1)
+        assert record["draft"] == proposals.tolist()
+        torch.testing.assert_close(torch.tensor(record["log_p_draft"], dtype=torch.float64),
+                                   d_logits.log_softmax(-1).gather(-1, proposals[:, None])[:, 0])
+        torch.testing.assert_close(torch.tensor(record["log_p_target"], dtype=torch.float64),
+                                   t_logits.log_softmax(-1).gather(-1, proposals[:, None])[:, 0])
+        assert record["p_acc"] == (proposals == t_logits.argmax(-1)).double().tolist()
+    p_acc = [p for r in records for p in r["p_acc"]]
+    assert 0 < sum(p_acc) < len(p_acc), "the pair should agree sometimes and disagree sometimes"
+
+
+def test_sampling_records_match_recomputation(pair_dirs, prompts_file, loaded, tmp_path):
+    settings = dict(do_sample=True, temperature=0.8, top_k=20, batch_size=3, seed=5)
+    build_data(args_for(pair_dirs, prompts_file, tmp_path / "a.jsonl", **settings))
+    records = read_records(tmp_path / "a.jsonl")
+    target, draft = loaded
+    warpers = make_warpers(0.8, 20, 1.0)
+    for record in records:
+        q = logits_to_probs(teacher_forced(draft, record["prefix"], record["tokens"]), warpers)
+        p = logits_to_probs(teacher_forced(target, record["prefix"], record["tokens"]), warpers)
+        proposals = torch.tensor(record["draft"])
+        q_tok, p_tok = q.gather(-1, proposals[:, None])[:, 0], p.gather(-1, proposals[:, None])[:, 0]
+        assert (q_tok > 0).all(), "a sampled proposal must have mass under the warped draft distribution"
+        torch.testing.assert_close(torch.tensor(record["log_p_draft"], dtype=torch.float64), q_tok.log())
+        torch.testing.assert_close(torch.tensor(record["log_p_target"], dtype=torch.float64), p_tok.log())
+        torch.testing.assert_close(torch.tensor(record["p_acc"], dtype=torch.float64), (p_tok / q_tok).clamp(max=1))
+    # the target's continuation is sampled too: with this temperature some differ from greedy
+    greedy = [target.generate(torch.tensor([r["prefix"]]), max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
+              [0, len(r["prefix"]):].tolist() for r in records]
+    assert any(trim_at_eos(g, {2}) != r["tokens"] for g, r in zip(greedy, records))
+    # seeded: the same settings give the same file, another seed another one
+    build_data(args_for(pair_dirs, prompts_file, tmp_path / "b.jsonl", **settings))
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
+    build_data(args_for(pair_dirs, prompts_file, tmp_path / "c.jsonl", **(settings | {"seed": 6})))
+    assert (tmp_path / "a.jsonl").read_text() != (tmp_path / "c.jsonl").read_text()
+
+
+def test_continuations_stop_at_eos(loaded):
+    target, draft = loaded
+    prefixes = [[1, 5, 9, 14], [1, 30], [1, 7, 7, 22, 40, 41]]
+    free = build_batch(target, draft, prefixes, max_new_tokens=MAX_NEW)
+    eos = free[0]["tokens"][2]  # a token the target really produces: call it EOS
+    records = build_batch(target, draft, prefixes, max_new_tokens=MAX_NEW, eos_token_ids={eos})
+    for before, after in zip(free, records):
+        assert after["tokens"] == trim_at_eos(before["tokens"], {eos})
+        assert all(len(after[k]) == len(after["tokens"]) for k in ("draft", "log_p_draft", "log_p_target", "p_acc"))
+        assert after["draft"] == before["draft"][: len(after["tokens"])]
+    assert records[0]["tokens"][-1] == eos and len(records[0]["tokens"]) <= 3
+    assert trim_at_eos([4, 2, 0, 0], {2}) == [4, 2] and trim_at_eos([4, 5], {2}) == [4, 5]
+
+
+def test_interrupted_build_resumes_without_loss_or_duplicates(pair_dirs, prompts_file, tmp_path, monkeypatch):
+    build_data(args_for(pair_dirs, prompts_file, tmp_path / "full.jsonl", batch_size=2))
+    out = tmp_path / "resumed.jsonl"
+    calls = {"n": 0}
+    real_build_batch = build_module.build_batch
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_build_batch(*args, **kwargs)
+
+    monkeypatch.setattr(build_module, "build_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_data(args_for(pair_dirs, prompts_file, out, batch_size=2))
+    assert not out.exists(), "an unfinished build must not leave a file that looks complete"
+    shard = tmp_path / "resumed.jsonl.parts" / "rank0.jsonl"
+    assert len(shard.read_text().splitlines()) == 4
+    with open(shard, "a") as f:  # an interruption in the middle of writing a line
+        f.write('{"index": 4, "prompt": "cut sh')
+    monkeypatch.setattr(build_module, "build_batch", real_build_batch)
+    with pytest.raises(ValueError, match="--overwrite"):  # other settings: refuse to mix them in
+        build_data(args_for(pair_dirs, prompts_file, out, batch_size=2, max_new_tokens=5))
+    stats = build_data(args_for(pair_dirs, prompts_file, out, batch_size=3))  # batch size may change
+    assert stats["new_tokens"] <= (N_PROMPTS - 4) * MAX_NEW
+    assert_same_records(out, tmp_path / "full.jsonl")
+    assert not (tmp_path / "resumed.jsonl.parts").exists()
+
+
+def test_existing_output_is_refused_unless_overwrite(pair_dirs, prompts_file, tmp_path):
+    out = tmp_path / "out.jsonl"
+    out.write_text("precious\n")
+    with pytest.raises(ValueError, match="--overwrite"):
+        build_data(args_for(pair_dirs, prompts_file, out, n_end=2))
+    assert out.read_text() == "precious\n"
+    build_data(args_for(pair_dirs, prompts_file, out, n_begin=2, n_end=4, overwrite=True))
+    assert [r["index"] for r in read_records(out)] == [2, 3]
+
+
+@pytest.mark.parametrize("bad", [{"max_new_tokens": 0}, {"temperature": 0.0}, {"top_p": 1.5},
+                                 {"prompt_format": "alpaca"}, {"output_file": "x.json"}])
+def test_bad_arguments_fail_before_loading(pair_dirs, prompts_file, tmp_path, bad):
+    with pytest.raises(ValueError):
+        args_for(pair_dirs, prompts_file, bad.pop("output_file", tmp_path / "o.jsonl"), **bad)
+
+
+def test_torchrun_two_ranks_build_the_same_file(pair_dirs, prompts_file, tmp_path):
+    single = tmp_path / "single.jsonl"
+    build_data(args_for(pair_dirs, prompts_file, single, batch_size=2))
+    out = tmp_path / "ranks.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "specdecpp.build_data", "--target_name", pair_dirs[0], "--draft_name", pair_dirs[1],
+           "--dataset", prompts_file, "--output_file", str(out), "--max_new_tokens", str(MAX_NEW), "--batch_size", "2"]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tokens/s" in result.stdout
+    assert_same_records(out, single)
