@@ -26,12 +26,45 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
+# The model card `save_pretrained`/`push_to_hub` write; filled from `model_card_kwargs` (training
+# passes the draft and target names, the data files and the final eval metrics).
+MODEL_CARD = """---
+{{ card_data }}
+---
+
+# Acceptance prediction head (SpecDec++)
+
+Predicts, from the draft model's last-layer hidden state at a drafted token, the probability that
+the target model accepts that token. SpecDec++ stops drafting once the predicted probability of
+at least one rejection exceeds a threshold ([paper]({{ paper_url }})).
+
+- Draft model (the head reads its hidden states): {{ draft_model | default("not recorded", true) }}
+- Target model (whose acceptances it predicts): {{ target_model | default("not recorded", true) }}
+- Training data: {{ training_data | default("not recorded", true) }}
+{% if eval_metrics %}
+## Eval metrics
+
+| metric | value |
+| --- | --- |
+{% for name, value in eval_metrics.items() %}| {{ name }} | {{ value }} |
+{% endfor %}{% endif %}
+## Use
+
+```python
+from specdecpp import AcceptancePredictionHead, speculative_generate
+head = AcceptancePredictionHead.from_pretrained("this-repo-or-folder")
+out = speculative_generate(target, draft, input_ids, schedule="ada", head=head, stop_threshold=0.3, bound=(2, 20))
+```
+"""
+
+
 class AcceptancePredictionHead(
     nn.Module,
     PyTorchModelHubMixin,
     library_name="specdecpp",
     tags=["speculative-decoding", "specdecpp", "acceptance-prediction-head"],
     paper_url="https://arxiv.org/abs/2405.19715",
+    model_card_template=MODEL_CARD,
 ):
     """Predicts, from the draft's last-layer hidden state at a drafted token, whether the target
     accepts that token. `forward` returns logits over (reject, accept); `accept_prob` the

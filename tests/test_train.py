@@ -1,0 +1,169 @@
+"""Training the head: the loss, the mixing, what is saved, resuming, caching, ranks, wandb."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdecpp.head import AcceptancePredictionHead
+from specdecpp.train import (IGNORE, DataArguments, HeadTrainingArguments, ModelArguments, acceptance_loss, binary_kl,
+                             make_example, train)
+
+N_RECORDS = 12
+
+
+def synthetic_records(n: int, seed: int = 0, vocab: int = 64) -> list[dict]:
+    """Records of the right shape whose labels follow a learnable rule (accept even draft ids)."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for _ in range(n):
+        prefix = [1] + rng.integers(4, vocab, rng.integers(2, 6)).tolist()
+        tokens, draft = rng.integers(4, vocab, 10).tolist(), rng.integers(4, vocab, 10).tolist()
+        p_acc = [float(d % 2 == 0) for d in draft]
+        records.append({"prefix": prefix, "tokens": tokens, "draft": draft, "p_acc": p_acc,
+                        "log_p_draft": [-1.0] * 10, "log_p_target": [-2.0] * 10})
+    return records
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train-data")
+    paths = []
+    for name, seed in (("train", 0), ("eval", 1)):
+        with open(root / f"{name}.jsonl", "w") as f:
+            for r in synthetic_records(N_RECORDS if name == "train" else 4, seed):
+                f.write(json.dumps(r) + "\n")
+        paths.append(str(root / f"{name}.jsonl"))
+    return tuple(paths)
+
+
+def run(pair_dirs, data_files, output_dir, **kw):
+    model_args = ModelArguments(model_name_or_path=kw.pop("draft", pair_dirs[1]), resnet_num_layers=kw.pop("layers", 2),
+                                target_model_name="tiny-target")
+    data_args = DataArguments(data_path=data_files[0], eval_data_path=data_files[1], mixing_ratio=0.2)
+    settings = dict(output_dir=str(output_dir), num_train_epochs=2, per_device_train_batch_size=4, learning_rate=5e-2,
+                    report_to="none", save_strategy="steps", save_steps=3, logging_steps=1, seed=0, use_cpu=True,
+                    disable_tqdm=True, eval_strategy="no", weight_mismatch=3.0)
+    return train(model_args, data_args, HeadTrainingArguments(**(settings | kw)))
+
+
+def test_loss_equals_hand_computation():
+    # two sequences, the first position of each ignored (a prefix), one position mixed out
+    logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)], [1.0, 0.0]],
+                           [[5.0, 5.0], [math.log(4.0), 0.0], [0.0, 0.0]]])
+    labels = torch.tensor([[IGNORE, 1.0, 0.25], [IGNORE, 0.0, IGNORE]])
+    s = [0.75, 1 / (1 + math.e), 0.2]  # softmax(...)[1] at the three labelled positions
+    y, w = [1.0, 0.25, 0.0], 6.0
+    num = sum(w * (1 - yi) * -math.log(1 - si) + yi * -math.log(si) for yi, si in zip(y, s))
+    den = sum(w * (1 - yi) + yi for yi in y)
+    assert acceptance_loss(logits, labels, w).item() == pytest.approx(num / den, rel=1e-6)
+
+
+def test_binary_kl_hand_computation():
+    labels = np.array([[1.0, 0.0, 0.5, IGNORE]])
+    predictions = np.array([[0.8, 0.1, 0.25, 0.9]])
+    expected = np.mean([math.log(1 / 0.8), math.log(1 / 0.9), 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)])
+    assert binary_kl(labels, predictions) == pytest.approx(expected)
+    assert binary_kl(np.array([0.3, 1.0]), np.array([0.3, 1.0])) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_mixing_replaces_draft_tokens_and_ignores_their_labels():
+    record = synthetic_records(1)[0] | {"tokens": list(range(4, 64)) * 10, "draft": list(range(63, 3, -1)) * 10,
+                                        "p_acc": [0.5] * 600}
+    n_prefix = len(record["prefix"])
+    plain = make_example(record, 0, 0.0, seed=0)
+    assert plain["input_ids"] == record["prefix"] + record["draft"]
+    assert plain["labels"] == [IGNORE] * n_prefix + record["p_acc"]
+    mixed = make_example(record, 0, 0.3, seed=0)
+    ids, labels = np.array(mixed["input_ids"][n_prefix:]), np.array(mixed["labels"][n_prefix:])
+    replaced = labels == IGNORE
+    assert 0.22 < replaced.mean() < 0.38
+    assert (ids[replaced] == np.array(record["tokens"])[replaced]).all()
+    assert (ids[~replaced] == np.array(record["draft"])[~replaced]).all() and (labels[~replaced] == 0.5).all()
+    assert mixed == make_example(record, 0, 0.3, seed=0), "draws are fixed per (seed, record)"
+    assert mixed != make_example(record, 1, 0.3, seed=0)
+
+
+def test_only_the_head_is_saved_and_training_resumes(pair_dirs, data_files, tmp_path):
+    trainer = run(pair_dirs, data_files, tmp_path / "full")
+    head = AcceptancePredictionHead.from_pretrained(tmp_path / "full")
+    assert (head.hidden_size, head.num_layers) == (32, 2)
+    for key, value in head.state_dict().items():
+        torch.testing.assert_close(value, trainer.model.head.state_dict()[key])
+    assert set(load_file(tmp_path / "full" / "model.safetensors")) == set(head.state_dict())
+    card = (tmp_path / "full" / "README.md").read_text()
+    assert "tiny-target" in card and pair_dirs[1] in card and "eval_binary_kl" in card
+    # 12 records / 4 per step = 3 steps an epoch; checkpoint-3 is the end of the first epoch
+    first = AcceptancePredictionHead.from_pretrained(tmp_path / "full" / "checkpoint-3")
+    assert not torch.equal(first.model[-1].weight, head.model[-1].weight)
+    assert not any(torch.equal(b.linear.weight, torch.zeros_like(b.linear.weight)) for b in head.model[:-1])
+
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    os.symlink(tmp_path / "full" / "checkpoint-3", resumed_dir / "checkpoint-3")
+    run(pair_dirs, data_files, resumed_dir, resume_from_checkpoint="True")
+    resumed = AcceptancePredictionHead.from_pretrained(resumed_dir)
+    for key, value in head.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[key], value)
+
+
+def test_resuming_a_head_of_another_draft_is_refused(pair_dirs, data_files, tmp_path):
+    AcceptancePredictionHead(16, 2).save_pretrained(tmp_path / "checkpoint-5")
+    with pytest.raises(ValueError, match="hidden size"):
+        run(pair_dirs, data_files, tmp_path, resume_from_checkpoint=str(tmp_path / "checkpoint-5"))
+
+
+def test_cached_hidden_states_train_the_same_head(pair_dirs, data_files, tmp_path):
+    plain = run(pair_dirs, data_files, tmp_path / "plain", num_train_epochs=1).model.head
+    cached = run(pair_dirs, data_files, tmp_path / "cached", num_train_epochs=1, cache_hidden_states=True).model.head
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(cached.state_dict()[key], value, rtol=1e-4, atol=1e-5)
+    assert not (tmp_path / "cached" / "hidden_states_cache").exists()
+
+
+def test_bad_data_and_settings_fail_before_training(pair_dirs, data_files, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    record = synthetic_records(1)[0]
+    bad.write_text(json.dumps(record | {"p_acc": record["p_acc"][:-1]}) + "\n")
+    with pytest.raises(ValueError, match="different lengths"):
+        run(pair_dirs, (str(bad), data_files[1]), tmp_path / "o")
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps(record | {"tokens": [99] * 10}) + "\n")
+    with pytest.raises(ValueError, match="another tokenizer"):
+        run(pair_dirs, (str(big), data_files[1]), tmp_path / "o")
+    with pytest.raises(ValueError, match="mixing_ratio"):
+        train(ModelArguments(model_name_or_path=pair_dirs[1]), DataArguments(data_path=data_files[0], mixing_ratio=1.0),
+              HeadTrainingArguments(output_dir=str(tmp_path / "o"), use_cpu=True))
+
+
+def test_report_to_wandb_offline(pair_dirs, data_files, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run(pair_dirs, data_files, tmp_path / "out", num_train_epochs=1, report_to="wandb", save_strategy="no")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
+
+
+def test_torchrun_two_ranks_train(pair_dirs, data_files, tmp_path):
+    out = tmp_path / "head"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29518",
+           "specdecpp/train.py", "--model_name_or_path", pair_dirs[1], "--data_path", data_files[0],
+           "--eval_data_path", data_files[1], "--output_dir", str(out), "--resnet_num_layers", "2",
+           "--num_train_epochs", "1", "--per_device_train_batch_size", "2", "--save_strategy", "epoch",
+           "--report_to", "none", "--use_cpu", "--weight_mismatch", "6", "--mixing_ratio", "0.15",
+           "--cache_hidden_states"]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # 12 records, 2 ranks x 2 per step: 3 steps (one process would take 6)
+    assert (out / "checkpoint-3").is_dir() and not (out / "checkpoint-6").exists()
+    assert AcceptancePredictionHead.from_pretrained(out).hidden_size == 32
