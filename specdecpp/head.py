@@ -6,10 +6,11 @@ folder or a Hub id loads with `AcceptancePredictionHead.from_pretrained`.
 """
 from __future__ import annotations
 
+import os
 import re
 
 import torch
-from huggingface_hub import PyTorchModelHubMixin
+from huggingface_hub import PyTorchModelHubMixin, constants
 from torch import nn
 
 
@@ -100,6 +101,19 @@ class AcceptancePredictionHead(
                 for name in ("weight", "bias"):
                     state_dict.setdefault(f"model.{i}.linear.{name}", state_dict[f"model.{source}.linear.{name}"])
         self.load_state_dict(state_dict, strict=True)
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, map_location: str = "cpu", strict: bool = False, **kwargs):
+        """Also load a local folder that holds only `pytorch_model.bin`, as older huggingface_hub
+        versions (the reference's) saved; the mixin looks for that file on the Hub only."""
+        folder = str(model_id)
+        pickle_file = os.path.join(folder, constants.PYTORCH_WEIGHTS_NAME)
+        if (os.path.isdir(folder) and os.path.isfile(pickle_file)
+                and not os.path.isfile(os.path.join(folder, constants.SAFETENSORS_SINGLE_FILE))):
+            hub_options = ("revision", "cache_dir", "force_download", "local_files_only", "token")
+            model = cls(**{k: v for k, v in kwargs.items() if k not in hub_options})
+            return cls._load_as_pickle(model, pickle_file, map_location, strict)
+        return super()._from_pretrained(model_id=model_id, map_location=map_location, strict=strict, **kwargs)
 
     @classmethod
     def _load_as_safetensor(cls, model, model_file: str, map_location: str, strict: bool):

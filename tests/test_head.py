@@ -1,0 +1,85 @@
+"""The acceptance prediction head: shape, saving/loading, the reference's checkpoint layout, its card."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_model
+from torch import nn
+
+from specdecpp import AcceptancePredictionHead
+from specdecpp.head import ResBlock
+
+
+class ReferenceHead(nn.Module):
+    """The reference implementation's head: `[ResBlock(h)] * k` repeats ONE block k times."""
+
+    def __init__(self, hidden_size: int, num_layers: int):
+        super().__init__()
+        self.model = nn.Sequential(*([ResBlock(hidden_size)] * num_layers), nn.Linear(hidden_size, 2))
+
+    def forward(self, x):
+        return self.model(x)
+
+
+def randomized(module: nn.Module, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+    return module
+
+
+def test_blocks_are_distinct_and_forward_gives_two_logits():
+    head = AcceptancePredictionHead(16, 3)
+    assert len({id(b.linear.weight) for b in head.model[:-1]}) == 3
+    x = torch.randn(2, 5, 16)
+    assert head(x).shape == (2, 5, 2)
+    probs = head.accept_prob(x.double())
+    assert probs.dtype == torch.float32 and ((0 < probs) & (probs < 1)).all()
+    torch.testing.assert_close(probs, head(x).softmax(-1)[..., 1])
+    with pytest.raises(ValueError):
+        AcceptancePredictionHead(0, 3)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    head = randomized(AcceptancePredictionHead(16, 3))
+    head.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text()) == {"hidden_size": 16, "num_layers": 3}
+    loaded = AcceptancePredictionHead.from_pretrained(tmp_path)
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(loaded(x), head(x))
+    assert not loaded.training
+
+
+@pytest.mark.parametrize("file_format", ["safetensors", "pickle"])
+def test_reference_checkpoint_loads_with_identical_outputs(tmp_path, file_format):
+    reference = randomized(ReferenceHead(16, 3))
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 16, "num_layers": 3}))
+    if file_format == "safetensors":
+        save_model(reference, str(tmp_path / "model.safetensors"))  # drops the shared copies
+        assert not any(k.startswith("model.1.") for k in load_file(tmp_path / "model.safetensors"))
+    else:
+        torch.save(reference.state_dict(), tmp_path / "pytorch_model.bin")
+    head = AcceptancePredictionHead.from_pretrained(tmp_path)
+    x = torch.randn(3, 7, 16)
+    assert torch.equal(head(x), reference(x))
+    assert torch.equal(head.accept_prob(x), reference(x).softmax(-1)[..., 1])
+
+
+def test_checkpoint_of_another_shape_is_refused(tmp_path):
+    AcceptancePredictionHead(16, 3).save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8, "num_layers": 3}))
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        AcceptancePredictionHead.from_pretrained(tmp_path)
+
+
+def test_model_card_records_pair_data_and_metrics(tmp_path):
+    AcceptancePredictionHead(8, 1).save_pretrained(tmp_path, model_card_kwargs={
+        "draft_model": "org/draft-135M", "target_model": "org/target-1.7B", "training_data": "data/alpaca.jsonl",
+        "eval_metrics": {"eval_binary_kl": 0.123}})
+    card = (tmp_path / "README.md").read_text()
+    for text in ("org/draft-135M", "org/target-1.7B", "data/alpaca.jsonl", "| eval_binary_kl | 0.123 |",
+                 "library_name: specdecpp", "2405.19715"):
+        assert text in card
