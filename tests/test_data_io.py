@@ -1,0 +1,72 @@
+"""Record files: our JSON Lines, the reference's JSON array, and clear errors on bad records."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdecpp.data_io import normalize_record, read_complete_lines, read_records, to_json_line, write_records
+
+RECORD = {"prompt": "p", "prefix": [1, 7], "continuation": "a b", "tokens": [4, 5, 2], "draft": [4, 9, 2],
+          "log_p_draft": [-0.1, -0.5, -0.2], "log_p_target": [-0.2, float("-inf"), -0.1], "p_acc": [1.0, 0.0, 0.5]}
+
+
+def test_jsonl_round_trip(tmp_path):
+    write_records(tmp_path / "d.jsonl", [RECORD, RECORD | {"prompt": "q"}])
+    records = read_records(tmp_path / "d.jsonl")
+    assert records == [RECORD, RECORD | {"prompt": "q"}]
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_reference_format_loads_as_ours(tmp_path):
+    reference = {"prompt": "p", "prefix": "[1, 7]", "continuation": "a b", "tokens": "[4, 5, 2]", "draft": "[4, 9, 2]",
+                 "log_p_7b": "[-0.1, -0.5, -0.2]", "log_p_70b": "[-0.2, -inf, -0.1]", "p_acc": "[1.0, 0.0, 0.5]"}
+    (tmp_path / "ref.json").write_text(json.dumps([reference, reference], indent=1))
+    assert read_records(tmp_path / "ref.json") == [RECORD, RECORD]
+    # sizes decide which is the draft, whatever the order or the unit
+    swapped = {k: v for k, v in reference.items() if not k.startswith("log_p")} | {
+        "log_p_1.7B": reference["log_p_70b"], "log_p_135M": reference["log_p_7b"]}
+    assert normalize_record(swapped) == RECORD
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"draft": None}, "missing field"),
+    ({"p_acc": [1.0, 0.0]}, "different lengths: tokens=3, draft=3, log_p_draft=3, log_p_target=3, p_acc=2"),
+    ({"tokens": [4, 5.5, 2]}, "integer token ids"),
+    ({"p_acc": [1.0, 1.5, 0.0]}, r"\[0, 1\]"),
+    ({"prefix": "not a list"}, "not a list"),
+    ({"log_p_draft": [-0.1, None, -0.2]}, "must hold numbers"),
+])
+def test_bad_records_name_the_problem(change, message):
+    record = {k: v for k, v in (RECORD | change).items() if v is not None}
+    with pytest.raises(ValueError, match=message):
+        normalize_record(record, "f.jsonl: line 3")
+
+
+def test_ambiguous_size_fields_are_refused():
+    record = {k: v for k, v in RECORD.items() if not k.startswith("log_p")} | {"log_p_7b": [0, 0, 0], "log_p_7B": [0, 0, 0]}
+    with pytest.raises(ValueError, match="cannot tell draft from target"):
+        normalize_record(record)
+
+
+def test_file_errors_name_the_file_and_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(to_json_line(RECORD) + '{"prompt": "cut')
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        read_records(path)
+    path.write_text(to_json_line(RECORD) + to_json_line({k: v for k, v in RECORD.items() if k != "p_acc"}))
+    with pytest.raises(ValueError, match=r"d.jsonl: line 2: missing field\(s\) p_acc"):
+        read_records(path)
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="no records"):
+        read_records(path)
+    with pytest.raises(FileNotFoundError):
+        read_records(tmp_path / "absent.jsonl")
+
+
+def test_complete_lines_stop_before_a_torn_line(tmp_path):
+    path = tmp_path / "shard.jsonl"
+    whole = to_json_line(RECORD) * 2
+    path.write_text(whole + '{"index": 3, "tok')
+    records, length = read_complete_lines(path)
+    assert len(records) == 2 and length == len(whole.encode())
