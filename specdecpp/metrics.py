@@ -1,0 +1,173 @@
+"""The figures an evaluation reports, and the cost model behind "cost per token".
+
+Hardware-independent figures come first (DESIGN section 4): target calls, draft calls and
+discarded draft tokens per generated token, and the mean number of drafted tokens the target
+accepts per round. They are pooled over prompts (sums over sums), so long generations weigh
+as much as their tokens. Wall-clock figures are medians over prompts of per-prompt values, and
+speedup is paired: each prompt's target-alone time over the method's time on the same prompt in
+the same run, so machine drift between prompts cancels.
+
+Cost model: with `c` = (one draft step) / (one target verification of k = 4 drafted tokens),
+both measured on this machine in this run, a generation costs `target_calls + c * draft_calls`
+target-verification units; divided by the tokens generated it is the cost per token.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+def cost_per_token(target_calls: int, draft_calls: int, generated_tokens: int, cost_ratio: float) -> float:
+    """`(target_calls + cost_ratio * draft_calls) / generated_tokens`, in target verifications per
+    token (so target alone costs 1.0); NaN when nothing was generated."""
+    if generated_tokens <= 0:
+        return float("nan")
+    return (target_calls + cost_ratio * draft_calls) / generated_tokens
+
+
+def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
+                       k: int = 4, steps: int = 30, warmup_steps: int = 3) -> dict:
+    """Measure `c` = median draft step time / median target verify time on this machine: a draft
+    step feeds one token, a target verification feeds the last verified token plus `k` drafted
+    ones, both after the prompt `input_ids` `[1, length]` is in the KV cache (as mid-generation).
+    The two kinds of step alternate so that load on the machine hits both alike. Returns
+    `{"cost_ratio", "draft_step_ms", "target_verify_ms", "k", "steps"}`."""
+    draft_step = _cached_step(draft, input_ids, 1)
+    target_verify = _cached_step(target, input_ids, k + 1)
+    for _ in range(warmup_steps):
+        draft_step()
+        target_verify()
+    draft_times, target_times = [], []
+    for _ in range(steps):
+        draft_times.append(_timed(draft_step))
+        target_times.append(_timed(target_verify))
+    draft_ms, target_ms = 1000 * statistics.median(draft_times), 1000 * statistics.median(target_times)
+    return {"cost_ratio": draft_ms / target_ms, "draft_step_ms": draft_ms, "target_verify_ms": target_ms,
+            "k": k, "steps": steps}
+
+
+def _cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens: int) -> Callable[[], None]:
+    """A function that runs one forward of `num_tokens` new tokens on top of the cached prompt,
+    then crops the cache back, so every call does the same work."""
+    device = model.get_input_embeddings().weight.device
+    input_ids = input_ids.to(device)
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    new_tokens = input_ids[:, -1:].repeat(1, num_tokens)
+
+    def step() -> None:
+        with torch.inference_mode():
+            model(input_ids=new_tokens, past_key_values=cache, use_cache=True, logits_to_keep=num_tokens)
+        cache.crop(-num_tokens)  # transformers 5: a negative count removes that many positions
+
+    return step
+
+
+def _timed(step: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+# -- the summary: one row per method -------------------------------------------------------------
+IDENTITY_FIELDS = ("method", "engine", "schedule", "num_assistant_tokens", "stop_threshold")
+
+
+def summarize(records: list[dict], cost_ratio: float) -> list[dict]:
+    """One summary row per method, in the order methods first appear in `records` (the per-prompt
+    records `specdecpp.evaluate` writes). Counts not available for a method (None in its
+    records) give None, never a made-up number."""
+    methods: dict[str, list[dict]] = {}
+    for record in records:
+        methods.setdefault(record["method"], []).append(record)
+    return [_summarize_method(rows, cost_ratio) for rows in methods.values()]
+
+
+def _summarize_method(rows: list[dict], cost_ratio: float) -> dict:
+    tokens = sum(r["generated_length"] for r in rows)
+    target_calls = _total(rows, "num_LM_call")
+    draft_calls = _total(rows, "draft_calls")
+    discarded = _total(rows, "num_mismatched_tokens")
+    accepted = [a for r in rows for a in (r["accepted_lengths"] or [])]
+    checked = [r["matches_target"] for r in rows if r["matches_target"] is not None]
+    row = {name: rows[0][name] for name in IDENTITY_FIELDS}
+    row.update({
+        "prompts": len(rows),
+        "generated_tokens": tokens,
+        "tokens_per_s": statistics.median(r["generated_length"] / r["spec_time"] for r in rows),
+        "speedup": statistics.median(r["target_time"] / r["spec_time"] for r in rows),
+        "median_time_s": statistics.median(r["spec_time"] for r in rows),
+        "mean_accepted_length": statistics.fmean(accepted) if accepted else None,
+        "target_calls_per_token": _per_token(target_calls, tokens),
+        "draft_calls_per_token": _per_token(draft_calls, tokens),
+        "discarded_per_token": _per_token(discarded, tokens),
+        "cost_per_token": (cost_per_token(target_calls, draft_calls, tokens, cost_ratio)
+                           if target_calls is not None and draft_calls is not None else None),
+        "greedy_identical": sum(checked) if checked else None,
+        "greedy_checked": len(checked) if checked else None,
+    })
+    return row
+
+
+def _total(rows: list[dict], name: str) -> int | None:
+    values = [r[name] for r in rows]
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _per_token(count: int | None, tokens: int) -> float | None:
+    return None if count is None or tokens == 0 else count / tokens
+
+
+def greedy_verdict(summary: list[dict]) -> str | None:
+    """One sentence on the greedy check: whether every checked method reproduced the target's
+    output on every prompt, or which did not (None when nothing was checked, e.g. sampling)."""
+    checked = [row for row in summary if row["greedy_checked"]]
+    if not checked:
+        return None
+    failed = [f"{row['method']} ({row['greedy_identical']}/{row['greedy_checked']})" for row in checked
+              if row["greedy_identical"] < row["greedy_checked"]]
+    if not failed:
+        return (f"greedy check passed: the output of every method ({len(checked)}) equals the target's, "
+                f"prompt by prompt ({checked[0]['greedy_checked']} prompts)")
+    return "greedy check FAILED, outputs differ from the target's: " + ", ".join(failed)
+
+
+COLUMNS = (  # (header, summary key, format)
+    ("method", "method", "{}"),
+    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("speedup", "speedup", "{:.2f}x"),
+    ("acc.len", "mean_accepted_length", "{:.2f}"),
+    ("target/tok", "target_calls_per_token", "{:.3f}"),
+    ("draft/tok", "draft_calls_per_token", "{:.3f}"),
+    ("discard/tok", "discarded_per_token", "{:.3f}"),
+    ("cost/tok", "cost_per_token", "{:.3f}"),
+    ("= target", "greedy_identical", None),
+)
+
+
+def format_table(summary: list[dict], cost_ratio: float | None = None) -> str:
+    """The summary as a fixed-width text table (a Markdown table as well), one line per method;
+    a figure a method does not have is shown as `-`."""
+    cells = [[header for header, _, _ in COLUMNS]]
+    for row in summary:
+        cells.append([_cell(row, key, fmt) for _, key, fmt in COLUMNS])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    lines = ["| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) + " |"
+             for line in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|")
+    if cost_ratio is not None:
+        lines.append(f"cost/tok = (target calls + c * draft calls) / token, c = {cost_ratio:.3f} "
+                     "(draft step / target verification of 4 tokens, measured in this run)")
+    return "\n".join(lines)
+
+
+def _cell(row: dict, key: str, fmt: str | None) -> str:
+    if key == "greedy_identical":
+        return "-" if row["greedy_checked"] is None else f"{row['greedy_identical']}/{row['greedy_checked']}"
+    value = row[key]
+    return "-" if value is None else fmt.format(value)

@@ -1,0 +1,94 @@
+"""The evaluation's figures, drawn from its summary rows (see `specdecpp.metrics.summarize`).
+
+- `plot_pareto`: discarded draft tokens per token against target calls per token, one curve per
+  schedule (constant over K, ada over thresholds, ...) and the Pareto front over all points —
+  the paper's main figure. Both axes are hardware-independent; lower-left is better.
+- `plot_speedup`: measured speedup over target alone against the `ada` stop threshold, with the
+  other methods as horizontal reference lines.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on the machines this runs on
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _series(summary: list[dict]) -> dict[str, list[dict]]:
+    """Rows grouped into curves: one per (engine, schedule) for speculative methods, sorted along
+    the schedule's knob (K or threshold); target and draft alone have no calls/discards trade-off."""
+    curves: dict[str, list[dict]] = {}
+    for row in summary:
+        if row["engine"] is None or row["target_calls_per_token"] is None or row["discarded_per_token"] is None:
+            continue
+        curves.setdefault(f"{row['engine']}:{row['schedule']}", []).append(row)
+    for rows in curves.values():
+        rows.sort(key=lambda r: (r["stop_threshold"] or 0, r["num_assistant_tokens"] or 0))
+    return curves
+
+
+def _knob_label(row: dict) -> str:
+    if row["schedule"] == "ada":
+        return f"{row['stop_threshold']:g}"
+    if row["schedule"] in ("constant", "heuristic"):
+        return f"K={row['num_assistant_tokens']}"
+    return ""
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both coordinates (lower is better), sorted by x."""
+    front, best_y = [], float("inf")
+    for x, y in sorted(set(points)):
+        if y < best_y:
+            front.append((x, y))
+            best_y = y
+    return front
+
+
+def plot_pareto(summary: list[dict], path: str | Path, title: str = "") -> Path:
+    """Save the discarded-tokens vs target-calls figure (PNG) to `path` and return the path."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    points = []
+    for name, rows in _series(summary).items():
+        xs = [r["discarded_per_token"] for r in rows]
+        ys = [r["target_calls_per_token"] for r in rows]
+        points += list(zip(xs, ys))
+        ax.plot(xs, ys, marker="o", linestyle="-" if len(rows) > 1 else "none", label=name)
+        for row, x, y in zip(rows, xs, ys):
+            if label := _knob_label(row):
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if front := pareto_front(points):
+        ax.plot(*zip(*front), color="black", linestyle=":", linewidth=1, label="Pareto front")
+    return _finish(fig, ax, path, "discarded draft tokens per generated token", "target calls per generated token",
+                   title or "Target calls vs discarded tokens (lower-left is better)")
+
+
+def plot_speedup(summary: list[dict], path: str | Path, title: str = "") -> Path:
+    """Save the speedup vs `ada` threshold figure (PNG) to `path` and return the path."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ada = sorted((r for r in summary if r["schedule"] == "ada"), key=lambda r: r["stop_threshold"])
+    if ada:
+        ax.plot([r["stop_threshold"] for r in ada], [r["speedup"] for r in ada], marker="o", label="specdecpp:ada")
+    others = [r for r in summary if r["schedule"] != "ada"]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, row in enumerate(others):
+        ax.axhline(row["speedup"], linestyle="--", linewidth=1, color=colors[(i + 1) % len(colors)],
+                   label=f"{row['method']} ({row['speedup']:.2f}x)")
+    return _finish(fig, ax, path, "stop threshold (ada)", "speedup over target alone (median over prompts)",
+                   title or "Speedup against the stop threshold")
+
+
+def _finish(fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """Label, save as PNG and close the figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,180 @@
+"""Evaluation: flags -> methods, bad input refused before loading, Hugging Face's baselines
+counted like our engine, and a whole run's records, summary and figures."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_prompts
+
+from specdecpp import evaluate as ev
+from specdecpp.head import AcceptancePredictionHead
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def eval_dirs(pair_dirs, tmp_path_factory):
+    """The tiny pair on disk plus an (untrained) head for its draft, a head for a draft of another
+    hidden size, and a prompt file."""
+    root = tmp_path_factory.mktemp("eval")
+    torch.manual_seed(0)
+    hidden = json.loads((Path(pair_dirs[1]) / "config.json").read_text())["hidden_size"]
+    AcceptancePredictionHead(hidden_size=hidden, num_layers=1).save_pretrained(root / "head")
+    AcceptancePredictionHead(hidden_size=hidden + 16, num_layers=1).save_pretrained(root / "head_other")
+    return {"target": pair_dirs[0], "draft": pair_dirs[1], "head": str(root / "head"),
+            "head_other": str(root / "head_other"), "prompts": write_prompts(root / "prompts.jsonl", 4)}
+
+
+def make_args(dirs, tmp_path, **overrides) -> ev.EvaluationArguments:
+    settings = dict(model_name=dirs["target"], assistant_name=dirs["draft"], assist_acc_head_dir=dirs["head"],
+                    data_path=dirs["prompts"], save_path=str(tmp_path / "out"), max_new_tokens=10,
+                    cost_ratio_steps=3, warmup_tokens=4, progress=False)
+    return ev.EvaluationArguments(**{**settings, **overrides})
+
+
+# -- flags -> methods ---------------------------------------------------------------------------
+def test_flags_give_one_method_per_schedule_and_knob_value():
+    args, _ = ev.parse_args(["--num_assistant_tokens_schedule", "constant", "ada", "dynamic",
+                             "--num_assistant_tokens", "2", "4", "--stop_threshold", "0.1", "0.5",
+                             "--baselines", "target", "hf:dynamic"])
+    names = [spec.name for spec in ev.method_specs(args)]
+    assert names == ["target", "hf:dynamic", "specdecpp:constant@K=2", "specdecpp:constant@K=4",
+                     "specdecpp:ada@0.1", "specdecpp:ada@0.5", "specdecpp:dynamic"]
+
+
+def test_target_alone_always_runs_and_none_means_baselines_only():
+    args, _ = ev.parse_args(["--schedule", "none", "--baselines", "draft"])
+    assert [spec.name for spec in ev.method_specs(args)] == ["target", "draft"]
+
+
+def test_hf_settings_turn_the_confidence_stop_off_except_for_dynamic():
+    args = ev.EvaluationArguments(assistant_confidence_threshold=0.25)
+    constant, dynamic = ev._knob_specs("hf", "constant", args)[0], ev._knob_specs("hf", "dynamic", args)[0]
+    assert ev.hf_assistant_settings(constant, args) == {
+        "num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+    assert ev.hf_assistant_settings(dynamic, args) == {
+        "num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.25}
+    with pytest.raises(ValueError, match="no 'ada' schedule"):
+        ev.hf_assistant_settings(ev.MethodSpec("hf:ada", "hf", "ada"), args)
+
+
+# -- bad input: a clear error, before any model is loaded ---------------------------------------
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(ev, "load_model", refuse)
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    (dict(bound=[20, 2]), ValueError, "--bound takes MIN MAX"),
+    (dict(bound=[2]), ValueError, "--bound takes MIN MAX"),
+    (dict(data_path="no-such-set"), ValueError, "unknown prompt set 'no-such-set'"),
+    (dict(data_path="missing/prompts.jsonl"), FileNotFoundError, "no prompt file"),
+    (dict(assist_acc_head_dir="HEAD_OTHER"), ValueError, "trained for another draft"),
+    (dict(assist_acc_head_dir="/no/such/head"), FileNotFoundError, "no head folder"),
+    (dict(assistant_name="/no/such/draft"), FileNotFoundError, "no model folder"),
+    (dict(schedule=["oracle"], do_sample=True), ValueError, "greedy decoding only"),
+])
+def test_bad_input_is_refused_before_loading(eval_dirs, tmp_path, no_model_loading, overrides, error, message):
+    if overrides.get("assist_acc_head_dir") == "HEAD_OTHER":
+        overrides["assist_acc_head_dir"] = eval_dirs["head_other"]
+    with pytest.raises(error, match=message):
+        ev.evaluate(make_args(eval_dirs, tmp_path, **overrides))
+
+
+def test_models_with_different_vocabularies_are_refused(eval_dirs, tmp_path, no_model_loading):
+    from conftest import tiny_llama
+
+    other = tmp_path / "other_draft"
+    tiny_llama(vocab_size=80).save_pretrained(other)
+    with pytest.raises(ValueError, match=r"vocabulary \(64\) and draft vocabulary \(80\) differ"):
+        ev.evaluate(make_args(eval_dirs, tmp_path, assistant_name=str(other)))
+
+
+def test_a_save_path_that_cannot_be_written_is_refused(eval_dirs, tmp_path, no_model_loading):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="cannot write results to --save_path"):
+        ev.evaluate(make_args(eval_dirs, tmp_path, save_path=str(blocker / "out")))
+
+
+def test_the_script_reports_bad_input_in_one_line():
+    result = subprocess.run([sys.executable, "specdecpp/evaluate.py", "--bound", "20", "2"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "specdecpp evaluate: error: --bound takes MIN MAX with 0 <= MIN <= MAX and MAX >= 1, got 20 2")
+
+
+# -- Hugging Face's baselines, counted from outside --------------------------------------------
+def test_rounds_are_read_off_the_target_forward_passes():
+    # prompt of 7; round 1 feeds prompt + 4 drafts; later rounds feed last token + k drafts
+    calls = [(11, 0), (5, 8), (5, 9), (3, 13), (1, 15)]
+    accepted, drafted = ev.rounds_from_target_calls(calls, prompt_length=7, generated=10)
+    assert drafted == [4, 4, 4, 2, 0]
+    assert accepted == [1, 0, 3, 1, 0]  # tokens generated before each round: 0, 2, 3, 7, 9, then 10
+
+
+@pytest.fixture(scope="module")
+def pair(eval_dirs):
+    args = ev.EvaluationArguments(model_name=eval_dirs["target"], assistant_name=eval_dirs["draft"],
+                                  assist_acc_head_dir=eval_dirs["head"])
+    return ev.load_pair(args, ev.ModelLoadingArguments(), tokenizer=None, need_head=True)
+
+
+def test_hf_constant_counts_equal_our_engine_round_by_round(pair):
+    args = ev.EvaluationArguments(max_new_tokens=20)
+    prompt = ev.Prompt(0, "", [1, 5, 9, 14, 30], 20)
+    spec = lambda engine: ev.MethodSpec(f"{engine}:constant@K=3", engine, "constant", num_assistant_tokens=3)
+    ours = ev.build_method(spec("specdecpp"), pair, args).generate(prompt, 0)
+    theirs = ev.build_method(spec("hf"), pair, args).generate(prompt, 0)
+    target = ev.build_method(ev.MethodSpec("target", None, "none"), pair, args).generate(prompt, 0)
+    assert len(theirs.tokens) == 20 and theirs.tokens == target.tokens == ours.tokens
+    assert theirs.accepted_lengths == ours.accepted_lengths
+    assert (theirs.target_calls, theirs.discarded_tokens) == (ours.target_calls, ours.discarded_tokens)
+    assert theirs.target_calls == len(theirs.accepted_lengths)
+    # Hugging Face's draft prefills the prompt inside its first round: one forward per drafted token
+    assert theirs.draft_calls == ours.draft_calls
+    assert target.target_calls == 20 and target.draft_calls == 0
+
+
+def test_hf_methods_leave_the_draft_generation_config_alone(pair):
+    before = pair.draft.generation_config.to_dict()
+    spec = ev.MethodSpec("hf:heuristic@K=2", "hf", "heuristic", num_assistant_tokens=2)
+    ev.build_method(spec, pair, ev.EvaluationArguments()).generate(ev.Prompt(0, "", [1, 5, 9], 12), 0)
+    assert pair.draft.generation_config.to_dict() == before
+
+
+# -- a whole run ----------------------------------------------------------------------------------
+def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
+    args = make_args(eval_dirs, tmp_path, schedule=["constant", "ada"], stop_threshold=[0.2, 0.6],
+                     num_assistant_tokens=[3], baselines=["target", "draft", "hf:dynamic"], n_end=3)
+    document = ev.evaluate(args)
+    out = Path(args.save_path)
+    records = json.loads((out / "results_0to3.json").read_text())
+    methods = ["target", "draft", "hf:dynamic", "specdecpp:constant@K=3", "specdecpp:ada@0.2", "specdecpp:ada@0.6"]
+    assert [r["method"] for r in records] == methods * 3
+    reference_fields = {"id", "spec_time", "target_time", "draft_time", "num_mismatched_tokens", "num_LM_call",
+                        "generated_length", "generated_length_target", "generated_length_draft"}
+    assert reference_fields <= set(records[0])
+    for r in records:
+        assert r["generated_length"] == 10 and r["spec_time"] > 0
+        if r["engine"] is not None:  # no EOS in these models: every round emits accepted + 1
+            assert r["generated_length"] == sum(r["accepted_lengths"]) + len(r["accepted_lengths"])
+            assert r["matches_target"] is True
+    summary = json.loads((out / "summary.json").read_text())
+    assert [row["method"] for row in summary["summary"]] == methods
+    target_row = summary["summary"][0]
+    assert target_row["target_calls_per_token"] == 1.0 and target_row["cost_per_token"] == 1.0
+    assert summary["greedy_check"].startswith("greedy check passed") and "(4)" in summary["greedy_check"]
+    assert summary["cost"]["cost_ratio"] > 0
+    assert document["table"] == summary["table"]
+    for figure in ("pareto.png", "speedup_vs_threshold.png"):
+        assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
