@@ -1,0 +1,67 @@
+"""The calibration report: metrics against hand computations, and the command end to end."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+from test_train import synthetic_records
+
+from specdecpp.calibration import calibration_report, main, predict, soft_auroc
+from specdecpp.head import AcceptancePredictionHead
+from specdecpp.models import load_model
+
+
+def test_ece_brier_auroc_by_hand():
+    labels = np.array([0.0, 1.0, 1.0, 0.0, 1.0])
+    predictions = np.array([0.05, 0.15, 0.85, 0.95, 0.9])
+    report = calibration_report(labels, predictions, num_bins=2)
+    # bin [0, .5): preds .05 .15 (mean .1), labels 0 1 (mean .5); bin [.5, 1]: preds .85 .95 .9, labels 1 0 1
+    expected_ece = 2 / 5 * abs(0.1 - 0.5) + 3 / 5 * abs(0.9 - 2 / 3)
+    assert report["ece"] == pytest.approx(expected_ece)
+    assert report["brier"] == pytest.approx(np.mean((predictions - labels) ** 2))
+    assert report["auroc"] == pytest.approx(roc_auc_score(labels, predictions))
+    assert [b["count"] for b in report["bins"]] == [2, 3]
+
+
+def test_calibrated_predictions_have_zero_ece_and_soft_auroc_weighs_labels():
+    rng = np.random.default_rng(0)
+    p = rng.random(2000)
+    assert calibration_report(p, p)["ece"] == pytest.approx(0.0, abs=1e-12)
+    # a soft label 0.25 is an accept of weight .25 and a reject of weight .75 at the same score:
+    # accepts (.2, w .25), (.9, w 1); rejects (.2, w .75), (.1, w 1); ties count one half
+    soft = soft_auroc(np.array([0.25, 1.0, 0.0]), np.array([0.2, 0.9, 0.1]))
+    by_hand = (0.25 * 0.75 * 0.5 + 0.25 * 1 + 1 * 0.75 + 1 * 1) / (1.25 * 1.75)
+    assert soft == pytest.approx(by_hand)
+    assert np.isnan(soft_auroc(np.ones(3), np.array([0.1, 0.5, 0.9])))
+
+
+def test_predictions_match_the_head_on_the_draft(pair_dirs):
+    draft = load_model(pair_dirs[1])
+    head = AcceptancePredictionHead(32, 1)
+    records = synthetic_records(3)
+    labels, predictions = predict(head, draft, records, mixing_ratio=0.0, batch_size=2)
+    assert labels.tolist() == [p for r in records for p in r["p_acc"]]
+    r = records[1]
+    with torch.no_grad():
+        hidden = draft(torch.tensor([r["prefix"] + r["draft"]]), output_hidden_states=True).hidden_states[-1]
+    expected = head.accept_prob(hidden)[0, len(r["prefix"]):]
+    np.testing.assert_allclose(predictions[10:20], expected.numpy(), rtol=1e-5)
+    with pytest.raises(ValueError, match="another draft"):
+        predict(AcceptancePredictionHead(16, 1), draft, records)
+
+
+def test_command_prints_report_and_writes_diagram(pair_dirs, tmp_path, capsys):
+    AcceptancePredictionHead(32, 2).save_pretrained(tmp_path / "head")
+    with open(tmp_path / "dev.jsonl", "w") as f:
+        for r in synthetic_records(5):
+            f.write(json.dumps(r) + "\n")
+    main(["--head", str(tmp_path / "head"), "--draft", pair_dirs[1], "--data_path", str(tmp_path / "dev.jsonl"),
+          "--plot_path", str(tmp_path / "rel.png"), "--output_json", str(tmp_path / "rel.json")])
+    out = capsys.readouterr().out
+    for name in ("ECE", "Brier score", "AUROC", "binary KL"):
+        assert name in out
+    assert (tmp_path / "rel.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "rel.json").read_text())["positions"] > 0
