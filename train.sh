@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Train the acceptance prediction head with the reference's settings (3 residual layers, weight 6 on
+# rejects, mixing ratio 0.15, 3 epochs, cosine schedule) on data from data/gen_data.sh.
+#
+#   bash train.sh [DRAFT] [TRAIN_DATA] [DEV_DATA] [OUTPUT_DIR] [extra TrainingArguments flags...]
+#
+# NPROC [GPUs, or 1] ranks; DEEPSPEED=configs/ds_zero2.json to train under DeepSpeed ZeRO-2;
+# REPORT_TO [none] e.g. wandb. On GPUs add --bf16; on a CPU add --use_cpu and consider
+# --cache_hidden_states (the frozen draft runs once instead of once per epoch).
+# Later flags override earlier ones, so extra flags can change any default below.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+DRAFT=${1:-meta-llama/Llama-2-7b-chat-hf}
+TRAIN_DATA=${2:-data/generated/alpaca-train.jsonl}
+DEV_DATA=${3:-data/generated/alpaca-dev.jsonl}
+OUTPUT_DIR=${4:-heads/$(basename "$DRAFT")}
+shift $(( $# < 4 ? $# : 4 ))
+NPROC=${NPROC:-$(python -c "import torch; print(max(torch.cuda.device_count(), 1))")}
+DS_FLAG=${DEEPSPEED:+--deepspeed $DEEPSPEED}
+
+torchrun --nproc_per_node "$NPROC" specdecpp/train.py \
+  --model_name_or_path "$DRAFT" --data_path "$TRAIN_DATA" --eval_data_path "$DEV_DATA" --output_dir "$OUTPUT_DIR" \
+  --weight_mismatch 6 --resnet_num_layers 3 --mixing_ratio 0.15 \
+  --num_train_epochs 3 --lr_scheduler_type cosine --learning_rate 1e-3 --warmup_steps 0.03 --weight_decay 0.0 \
+  --per_device_train_batch_size 4 --per_device_eval_batch_size 8 \
+  --eval_strategy epoch --save_strategy epoch --save_total_limit 2 --logging_steps 10 \
+  --report_to "${REPORT_TO:-none}" $DS_FLAG "$@"
