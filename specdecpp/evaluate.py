@@ -87,7 +87,7 @@ class EvaluationArguments:
     random_seed: int = field(default=47, metadata={"help": "seeds torch and each prompt's sampling"})
     warmup_tokens: int = field(default=16, metadata={
         "help": "each method first generates this many tokens on the first prompt, untimed (0: no warm-up)"})
-    cost_ratio_steps: int = field(default=30, metadata={"help": "timed steps for the draft/target cost ratio"})
+    cost_ratio_steps: int = field(default=50, metadata={"help": "timed steps for the draft/target cost ratio"})
     plots: bool = field(default=True, metadata={"help": "draw the PNG figures (--no_plots to skip)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar (--no_progress to hide)"})
 
@@ -433,12 +433,13 @@ def warm_up(methods: list[Method], prompt: Prompt, tokens: int, seed: int) -> No
 
 
 def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments,
-                   on_prompt: Callable[[list[dict]], None] | None = None) -> list[dict]:
+                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate") -> list[dict]:
     """Every method on every prompt, interleaved per prompt with the starting method rotating,
     timed one generation at a time. Returns one record per (prompt, method); `on_prompt(records)`
-    is called after each prompt with the records so far (to save partial results)."""
+    is called after each prompt with the records so far (to save partial results); `label` names
+    the progress bar."""
     records: list[dict] = []
-    for n, prompt in enumerate(tqdm(prompts, desc="evaluate", unit="prompt", disable=not args.progress)):
+    for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not args.progress)):
         seed = args.random_seed + prompt.id
         order = methods[n % len(methods):] + methods[:n % len(methods)]
         runs = {}
@@ -521,7 +522,7 @@ def setup(args: EvaluationArguments, model_args: ModelLoadingArguments, need_hea
 
 
 def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
-            cost: dict | None = None, results_path: Path | None = None) -> tuple[list[dict], dict]:
+            cost: dict | None = None, results_path: Path | None = None, label: str = "evaluate") -> tuple[list[dict], dict]:
     """Warm the methods up, measure the draft/target cost ratio (unless `cost` is given), then
     run every method on every prompt, saving the records so far to `results_path` after each
     prompt. Returns the records and the cost measurement."""
@@ -531,7 +532,7 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: Ev
         cost = metrics.measure_cost_ratio(pair.target, pair.draft, torch.tensor([prompts[0].ids]),
                                           steps=args.cost_ratio_steps)
     save = (lambda so_far: write_json(results_path, so_far)) if results_path is not None else None
-    return run_evaluation(methods, prompts, args, on_prompt=save), cost
+    return run_evaluation(methods, prompts, args, on_prompt=save, label=label), cost
 
 
 def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None = None, title: str = "") -> dict:

@@ -30,7 +30,7 @@ def cost_per_token(target_calls: int, draft_calls: int, generated_tokens: int, c
 
 
 def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
-                       k: int = 4, steps: int = 30, warmup_steps: int = 3) -> dict:
+                       k: int = 4, steps: int = 50, warmup_steps: int = 10) -> dict:
     """Measure `c` = median draft step time / median target verify time on this machine: a draft
     step feeds one token, a target verification feeds the last verified token plus `k` drafted
     ones, both after the prompt `input_ids` `[1, length]` is in the KV cache (as mid-generation).

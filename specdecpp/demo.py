@@ -1,0 +1,137 @@
+"""`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command.
+
+Four methods on the same prompts, interleaved per prompt (see `specdecpp.evaluate`): the target
+alone, speculative decoding with the best constant K, Hugging Face's own dynamic schedule
+(`generate(assistant_model=...)`), and SpecDec++ (`ada`, our engine with the trained head).
+The best K (and the ada threshold, when several are given) is chosen beforehand on separate
+tuning prompts, by the lowest cost per token: `(target calls + c * draft calls) / token`, with
+the draft/target cost ratio `c` measured in the same run. The evaluated prompts play no part in
+that choice, so no method is tuned on the prompts it is scored on.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+from transformers.utils import logging as hf_logging
+
+from specdecpp import metrics
+from specdecpp.evaluate import (EvaluationArguments, MethodSpec, ModelLoadingArguments, Pair, Prompt, measure,
+                                method_specs, report, results_file, setup)
+
+_DEFAULTS = EvaluationArguments()
+
+
+@dataclass
+class DemoArguments:
+    """What the demo runs on; the defaults are the embedded pair and a HumanEval subset sized to
+    finish within five minutes on two CPU cores."""
+
+    model_name: str = field(default=_DEFAULTS.model_name, metadata={"help": "target model"})
+    assistant_name: str = field(default=_DEFAULTS.assistant_name, metadata={"help": "draft model"})
+    assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir, metadata={"help": "the draft's head"})
+    data_path: str = field(default="humaneval", metadata={"help": "prompt set or file (see specdecpp evaluate)"})
+    prompts: int = field(default=10, metadata={"help": "prompts evaluated"})
+    tune_prompts: int = field(default=3, metadata={"help": "prompts before those, used only to choose K (and the threshold)"})
+    max_new_tokens: int = field(default=64, metadata={"help": "tokens generated per prompt at most"})
+    constant_ks: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6], metadata={"help": "K values to choose from"})
+    stop_threshold: list[float] = field(default_factory=lambda: [0.3], metadata={"help": "ada thresholds to choose from"})
+    save_path: str = field(default="outputs/demo", metadata={"help": "folder for records, summary and figures"})
+    random_seed: int = 47
+    progress: bool = field(default=True, metadata={"help": "progress bars (--no_progress to hide)"})
+
+
+def evaluation_arguments(demo: DemoArguments) -> EvaluationArguments:
+    """The evaluation settings the demo runs with: greedy, the target and Hugging Face's dynamic
+    schedule as baselines, our constant and ada schedules over the demo's K values and thresholds."""
+    if demo.prompts < 1 or demo.tune_prompts < 0:
+        raise ValueError(f"need --prompts >= 1 and --tune_prompts >= 0, got {demo.prompts} and {demo.tune_prompts}")
+    if demo.tune_prompts == 0 and (len(demo.constant_ks) > 1 or len(demo.stop_threshold) > 1):
+        raise ValueError("choosing among several --constant_ks or --stop_threshold values needs --tune_prompts >= 1")
+    return EvaluationArguments(
+        model_name=demo.model_name, assistant_name=demo.assistant_name, assist_acc_head_dir=demo.assist_acc_head_dir,
+        schedule=["constant", "ada"], num_assistant_tokens=demo.constant_ks, stop_threshold=demo.stop_threshold,
+        baselines=["target", "hf:dynamic"], data_path=demo.data_path, n_end=demo.tune_prompts + demo.prompts,
+        save_path=demo.save_path, max_new_tokens=demo.max_new_tokens, random_seed=demo.random_seed,
+        progress=demo.progress)
+
+
+def choose(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
+           cost: dict | None = None) -> tuple[dict[str, MethodSpec], list[dict], dict]:
+    """For each of our schedules, the spec with the lowest cost per token on `prompts` (measured
+    next to the target alone, as in any evaluation). With a single candidate per schedule there
+    is nothing to choose and nothing is run. Returns the choices, the tuning summary and the cost
+    measurement (measured here when `cost` is None)."""
+    candidates = [s for s in specs if s.engine == "specdecpp"]
+    schedules = {s.schedule for s in candidates}
+    if len(candidates) == len(schedules):
+        return {s.schedule: s for s in candidates}, [], cost
+    by_name = {s.name: s for s in specs}
+    records, cost = measure(pair, [by_name["target"]] + candidates, prompts, args, cost=cost, label="choose K")
+    summary = metrics.summarize(records, cost["cost_ratio"])
+    best = {schedule: by_name[min((row for row in summary if row["schedule"] == schedule),
+                                  key=lambda row: row["cost_per_token"])["method"]]
+            for schedule in schedules}
+    return best, summary, cost
+
+
+def run_demo(demo: DemoArguments) -> dict:
+    """Choose K (and the threshold) on the tuning prompts, then evaluate the four methods on the
+    others; print and save the table. Returns the summary document (see `specdecpp.evaluate.report`)."""
+    args = evaluation_arguments(demo)
+    specs = method_specs(args)
+    pair, prompts = setup(args, ModelLoadingArguments(), need_head=True)
+    if len(prompts) <= demo.tune_prompts:
+        raise ValueError(f"{demo.data_path} has only {len(prompts)} prompts; need more than --tune_prompts {demo.tune_prompts}")
+    tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
+    best, tuning_summary, cost = choose(pair, specs, tuning, args)
+    by_name = {spec.name: spec for spec in specs}
+    final = [by_name["target"], best["constant"], by_name["hf:dynamic"], best["ada"]]
+    records, cost = measure(pair, final, evaluated, args, cost=cost, results_path=results_file(args.save_path, evaluated))
+    how = how_chosen(best, tuning, evaluated, demo, cost)
+    print(how)
+    title = f"{demo.data_path} prompts {evaluated[0].id}-{evaluated[-1].id}, greedy, {demo.max_new_tokens} new tokens"
+    document = report(records, cost, args, title, chosen=how, tuning_summary=tuning_summary,
+                      records_file=str(results_file(args.save_path, evaluated)))
+    print(headline(document["summary"]))
+    return document
+
+
+def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: list[Prompt], demo: DemoArguments,
+               cost: dict) -> str:
+    """One paragraph saying which K and threshold were picked, and how."""
+    if not tuning:
+        return f"constant K = {best['constant'].num_assistant_tokens}, ada threshold = {best['ada'].stop_threshold:g} (given)."
+    return (f"constant K = {best['constant'].num_assistant_tokens} (of {demo.constant_ks}) and ada threshold = "
+            f"{best['ada'].stop_threshold:g} (of {demo.stop_threshold}) were chosen by the lowest cost per token, "
+            f"(target calls + c * draft calls) / token with c = {cost['cost_ratio']:.3f} measured in this run, "
+            f"on {len(tuning)} tuning prompts ({demo.data_path} {tuning[0].id}-{tuning[-1].id}) that are not among "
+            f"the {len(evaluated)} evaluated ({evaluated[0].id}-{evaluated[-1].id}).")
+
+
+def headline(summary: list[dict]) -> str:
+    """SpecDec++'s speedup next to the best constant K's and Hugging Face's dynamic schedule's."""
+    rows = {row["schedule"] if row["engine"] == "specdecpp" else row["method"]: row for row in summary}
+    ada, constant, dynamic = rows["ada"], rows["constant"], rows["hf:dynamic"]
+    gain = 100 * (ada["speedup"] / constant["speedup"] - 1)
+    return (f"SpecDec++ (ada): {ada['speedup']:.2f}x over the target alone, {gain:+.1f}% against the best constant K "
+            f"({constant['speedup']:.2f}x); Hugging Face dynamic: {dynamic['speedup']:.2f}x. "
+            "Speedups are medians over prompts of paired times, measured in this run.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`specdecpp demo [flags]`: run the demo; bad input exits with a one-line message."""
+    (demo,) = HfArgumentParser(DemoArguments, description=__doc__.splitlines()[0]).parse_args_into_dataclasses(args=argv)
+    # Hugging Face's assisted generation warns about its own internal generate call, and model
+    # loading draws progress bars: neither says anything about the demo.
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        run_demo(demo)
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"specdecpp demo: error: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The demo: K and threshold chosen on tuning prompts only, then four methods on the others."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_prompts
+
+from specdecpp import demo
+from specdecpp.head import AcceptancePredictionHead
+
+
+@pytest.fixture(scope="module")
+def demo_dirs(pair_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    torch.manual_seed(0)
+    hidden = json.loads((Path(pair_dirs[1]) / "config.json").read_text())["hidden_size"]
+    AcceptancePredictionHead(hidden_size=hidden, num_layers=1).save_pretrained(root / "head")
+    return {"target": pair_dirs[0], "draft": pair_dirs[1], "head": str(root / "head"),
+            "prompts": write_prompts(root / "prompts.jsonl", 6), "out": root / "out"}
+
+
+def flags(dirs, *extra: str) -> list[str]:
+    return ["--model_name", dirs["target"], "--assistant_name", dirs["draft"], "--assist_acc_head_dir", dirs["head"],
+            "--data_path", dirs["prompts"], "--save_path", str(dirs["out"]), "--max_new_tokens", "8",
+            "--no_progress", *extra]
+
+
+def test_demo_tunes_on_other_prompts_then_prints_four_methods(demo_dirs, capsys):
+    demo.main(flags(demo_dirs, "--prompts", "2", "--tune_prompts", "2", "--constant_ks", "1", "3",
+                    "--stop_threshold", "0.2", "0.9"))
+    out = capsys.readouterr().out
+    summary = json.loads((demo_dirs["out"] / "summary.json").read_text())
+    methods = [row["method"] for row in summary["summary"]]
+    assert methods[0] == "target" and methods[2] == "hf:dynamic"
+    assert methods[1].startswith("specdecpp:constant@K=") and methods[3].startswith("specdecpp:ada@")
+    tuning = summary["tuning_summary"]
+    assert [row["method"] for row in tuning] == ["target", "specdecpp:constant@K=1", "specdecpp:constant@K=3",
+                                                 "specdecpp:ada@0.2", "specdecpp:ada@0.9"]
+    for schedule, chosen in (("constant", methods[1]), ("ada", methods[3])):
+        rows = [row for row in tuning if row["schedule"] == schedule]
+        assert chosen == min(rows, key=lambda row: row["cost_per_token"])["method"]
+    records = json.loads((demo_dirs["out"] / "results_2to4.json").read_text())
+    assert sorted({r["id"] for r in records}) == [2, 3]  # the tuning prompts 0 and 1 are not scored
+    assert "chosen by the lowest cost per token" in summary["chosen"] and "0-1" in summary["chosen"]
+    assert summary["greedy_check"].startswith("greedy check passed")
+    for line in (summary["table"], summary["chosen"], summary["greedy_check"], "SpecDec++ (ada): "):
+        assert line in out
+
+
+def test_several_candidates_without_tuning_prompts_is_refused(demo_dirs):
+    with pytest.raises(SystemExit, match="needs --tune_prompts >= 1"):
+        demo.main(flags(demo_dirs, "--tune_prompts", "0"))
+
+
+def test_a_missing_pair_is_named(demo_dirs, tmp_path):
+    with pytest.raises(SystemExit, match="no model folder at /no/such/target"):
+        demo.main(flags(demo_dirs) + ["--model_name", "/no/such/target"])
