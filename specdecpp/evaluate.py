@@ -95,8 +95,9 @@ class EvaluationArguments:
 # -- checks that need no model ------------------------------------------------------------------
 def check_arguments(args: EvaluationArguments) -> None:
     """Raise ValueError on settings that cannot work, before anything is loaded: a bound out of
-    order, an empty sweep, ada without a head, a head trained for a draft of another hidden size,
-    models with different vocabularies, the oracle with sampling, a save path that cannot be written."""
+    order, a K or threshold out of range, an unknown prompt source, ada without a head, a head
+    trained for a draft of another hidden size, models with different vocabularies, the oracle
+    with sampling, a save path that cannot be written."""
     if len(args.bound) != 2 or not 0 <= args.bound[0] <= args.bound[1] or args.bound[1] < 1:
         raise ValueError(f"--bound takes MIN MAX with 0 <= MIN <= MAX and MAX >= 1, got {' '.join(map(str, args.bound))}")
     if any(k < 1 for k in args.num_assistant_tokens) or args.dynamic_num_assistant_tokens < 1:
