@@ -58,7 +58,7 @@ class EvaluationArguments:
         "aliases": ["--num_assistant_tokens_schedule"], "choices": SCHEDULES,
         "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
     num_assistant_tokens: list[int] = field(default_factory=lambda: [5], metadata={
-        "help": "K for constant (one method per value) and the starting K for heuristic, ours and Hugging Face's"})
+        "help": "K for constant (one method per value); heuristic, ours and Hugging Face's, starts from the first"})
     assistant_confidence_threshold: float = field(default=0.4, metadata={
         "help": "dynamic: stop drafting when the draft's token probability falls below this"})
     dynamic_num_assistant_tokens: int = field(default=20, metadata={
@@ -259,10 +259,13 @@ def method_specs(args: EvaluationArguments) -> list[MethodSpec]:
 
 
 def _knob_specs(engine: str, schedule: str, args: EvaluationArguments) -> list[MethodSpec]:
-    """One spec per K (constant, heuristic), per threshold (ada), or a single one."""
-    if schedule in ("constant", "heuristic"):
-        return [MethodSpec(f"{engine}:{schedule}@K={k}", engine, schedule, num_assistant_tokens=k)
+    """One spec per K (constant), per threshold (ada), or a single one."""
+    if schedule == "constant":
+        return [MethodSpec(f"{engine}:constant@K={k}", engine, schedule, num_assistant_tokens=k)
                 for k in dict.fromkeys(args.num_assistant_tokens)]
+    if schedule == "heuristic":  # it adapts K itself: one starting point is enough
+        k = args.num_assistant_tokens[0]
+        return [MethodSpec(f"{engine}:heuristic@K={k}", engine, schedule, num_assistant_tokens=k)]
     if schedule == "ada":
         return [MethodSpec(f"{engine}:ada@{t:g}", engine, schedule, stop_threshold=t)
                 for t in dict.fromkeys(args.stop_threshold)]

@@ -39,12 +39,12 @@ def make_args(dirs, tmp_path, **overrides) -> ev.EvaluationArguments:
 
 # -- flags -> methods ---------------------------------------------------------------------------
 def test_flags_give_one_method_per_schedule_and_knob_value():
-    args, _ = ev.parse_args(["--num_assistant_tokens_schedule", "constant", "ada", "dynamic",
+    args, _ = ev.parse_args(["--num_assistant_tokens_schedule", "constant", "ada", "heuristic", "dynamic",
                              "--num_assistant_tokens", "2", "4", "--stop_threshold", "0.1", "0.5",
-                             "--baselines", "target", "hf:dynamic"])
+                             "--baselines", "target", "hf:heuristic", "hf:dynamic"])
     names = [spec.name for spec in ev.method_specs(args)]
-    assert names == ["target", "hf:dynamic", "specdecpp:constant@K=2", "specdecpp:constant@K=4",
-                     "specdecpp:ada@0.1", "specdecpp:ada@0.5", "specdecpp:dynamic"]
+    assert names == ["target", "hf:heuristic@K=2", "hf:dynamic", "specdecpp:constant@K=2", "specdecpp:constant@K=4",
+                     "specdecpp:ada@0.1", "specdecpp:ada@0.5", "specdecpp:heuristic@K=2", "specdecpp:dynamic"]
 
 
 def test_target_alone_always_runs_and_none_means_baselines_only():
