@@ -5,6 +5,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+# Tiny models gain nothing from intra-op threads, and on a shared 2-core machine threads thrash.
+torch.set_num_threads(1)
+
 
 def tiny_llama(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2, seed: int = 0,
                dtype: torch.dtype = torch.float64, initializer_range: float = 0.3) -> LlamaForCausalLM:

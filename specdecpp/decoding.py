@@ -1,0 +1,270 @@
+"""The speculative decoding loop (Leviathan et al. 2023; Chen et al. 2023) with pluggable
+candidate-length schedules, SpecDec++'s `ada` among them.
+
+One round: the draft proposes `y_1..y_k` one token per forward (the schedule decides `k`), the
+target scores `[last verified token, y_1..y_k]` in one forward, the longest acceptable prefix is
+kept plus one token from the target, and both KV caches are cropped back to what was kept.
+Greedy keeps exactly the target's argmax tokens; sampling keeps exactly the target's distribution.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specdecpp.head import AcceptancePredictionHead
+from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample
+from specdecpp.schedules import SCHEDULES, DraftStep, Schedule, make_schedule
+
+
+@dataclass
+class GenerationStats:
+    """Counts for one generation. `target_calls` and `draft_calls` are forward passes (the
+    first of each also reads the prompt); `accepted_lengths` holds, per round, how many drafted
+    tokens the target accepted and `draft_lengths` how many were drafted;
+    `discarded_tokens` is how many it rejected. Without an EOS
+    inside the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`."""
+
+    target_calls: int = 0
+    draft_calls: int = 0
+    discarded_tokens: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
+    generated_length: int = 0
+    wall_time: float = 0.0
+
+
+@dataclass
+class SpeculativeOutput:
+    """`sequences`: `[1, prompt + generated]` token ids; `stats`: a `GenerationStats`."""
+
+    sequences: torch.LongTensor
+    stats: GenerationStats
+
+
+class CachedModel:
+    """A causal LM and its KV cache. `forward(seq)` feeds only the tokens of `seq` the cache has
+    not seen, so nothing is recomputed; `crop(n)` forgets everything past the first `n` tokens."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.device = model.device
+        self.cache = DynamicCache(config=model.config)
+        # Sliding-window layers drop old states unless told that we may roll back.
+        self.cache.activate_past_recording()
+        self.logits_kwarg = "logits_to_keep" if model._supports_logits_to_keep() else None
+
+    def forward(self, seq: list[int], num_logits: int, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq`, and (if
+        `hidden`) the last layer's hidden state at the last position."""
+        new_tokens = torch.tensor([seq[self.cache.get_seq_length():]], device=self.device)
+        kwargs = {self.logits_kwarg: num_logits} if self.logits_kwarg else {}
+        out = self.model(input_ids=new_tokens, past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=hidden, **kwargs)
+        return out.logits[0, -num_logits:], (out.hidden_states[-1][0, -1] if hidden else None)
+
+    def crop(self, length: int) -> None:
+        extra = self.cache.get_seq_length() - length
+        if extra > 0:
+            self.cache.crop(-extra)  # transformers 5: a negative count removes that many positions
+
+
+def speculative_generate(
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    input_ids: torch.LongTensor,
+    *,
+    schedule: str,
+    head: AcceptancePredictionHead | None = None,
+    stop_threshold: float = 0.3,
+    bound: tuple[int, int] = (2, 20),
+    num_assistant_tokens: int = 5,
+    assistant_confidence_threshold: float = 0.4,
+    max_new_tokens: int = 128,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+    streamer=None,
+) -> SpeculativeOutput:
+    """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
+    `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `oracle`; see
+    `specdecpp.schedules`). Greedy output equals `target.generate(do_sample=False)` token for
+    token; sampled output (temperature, top-k, top-p applied to both models) follows the
+    target's distribution, reproducibly given `generator`. Generation stops at EOS (the target's
+    generation config's, or `eos_token_id`) or after `max_new_tokens`. `streamer` (a
+    `transformers` `TextStreamer` or anything with `put`/`end`) receives tokens as rounds end.
+    Batch size 1. Returns the sequences (prompt included) and a `GenerationStats`."""
+    input_ids = _check_inputs(target, draft, input_ids, schedule, head, stop_threshold, bound,
+                              num_assistant_tokens, assistant_confidence_threshold, max_new_tokens, do_sample)
+    warpers = make_warpers(temperature, top_k, top_p) if do_sample else None
+    eos = _eos_ids(target, eos_token_id)
+    draft_correct = _draft_correct(target, draft, input_ids, max_new_tokens, eos) if schedule == "oracle" else None
+    policy = make_schedule(schedule, head=head, stop_threshold=stop_threshold, bound=tuple(bound),
+                           num_assistant_tokens=num_assistant_tokens,
+                           assistant_confidence_threshold=assistant_confidence_threshold, draft_correct=draft_correct)
+
+    stats = GenerationStats()
+    start = time.perf_counter()
+    seq = input_ids[0].tolist()
+    prompt_length = len(seq)
+    target_model = CachedModel(target)
+    draft_model = CachedModel(draft) if schedule != "none" else None
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    with torch.inference_mode():
+        while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
+            # A round emits up to k + 1 tokens, so never draft past the length limit.
+            drafted, draft_probs = _draft(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
+                                          warpers, generator, stats)
+            target_logits, _ = target_model.forward(seq + drafted, num_logits=len(drafted) + 1)
+            stats.target_calls += 1
+            num_accepted, next_token = _verify(drafted, draft_probs, target_logits, warpers, generator)
+
+            stats.accepted_lengths.append(num_accepted)
+            stats.draft_lengths.append(len(drafted))
+            stats.discarded_tokens += len(drafted) - num_accepted
+            policy.end_round(len(drafted), num_accepted)
+            new_tokens = _cut_at_eos(drafted[:num_accepted] + [next_token], eos)
+            seq += new_tokens
+            # Both caches keep everything but the last token, which the next round feeds.
+            target_model.crop(len(seq) - 1)
+            if draft_model is not None:
+                draft_model.crop(len(seq) - 1)
+            if streamer is not None:
+                streamer.put(torch.tensor(new_tokens))
+            if new_tokens[-1] in eos:
+                break
+    if streamer is not None:
+        streamer.end()
+    stats.generated_length = len(seq) - prompt_length
+    stats.wall_time = time.perf_counter() - start
+    return SpeculativeOutput(torch.tensor([seq], dtype=torch.long, device=input_ids.device), stats)
+
+
+def _draft(draft_model: CachedModel | None, seq: list[int], policy: Schedule, max_tokens: int,
+           warpers, generator: torch.Generator | None, stats: GenerationStats) -> tuple[list[int], list[torch.Tensor]]:
+    """Draft up to `max_tokens` tokens after `seq`, one draft forward each, until the policy
+    stops. Returns the tokens and, when sampling, the draft's distribution for each."""
+    drafted: list[int] = []
+    draft_probs: list[torch.Tensor] = []
+    for num_drafted in range(1, max_tokens + 1):
+        logits, hidden = draft_model.forward(seq + drafted, num_logits=1, hidden=policy.needs_hidden_states)
+        stats.draft_calls += 1
+        if warpers is None:
+            probs = logits[0].float().softmax(-1)
+            token = int(probs.argmax())
+        else:
+            probs = logits_to_probs(logits, warpers)[0]
+            token = int(sample(probs[None], generator))
+            draft_probs.append(probs)
+        drafted.append(token)
+        if policy.stop_after(DraftStep(num_drafted, float(probs[token]), hidden)):
+            break
+    return drafted, draft_probs
+
+
+def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: torch.Tensor, warpers,
+            generator: torch.Generator | None) -> tuple[int, int]:
+    """Given the target's logits `[k + 1, vocab]` at `[last verified, y_1..y_k]`, return how many
+    drafted tokens are accepted and the token the target adds after them. Greedy: accept while
+    the target's argmax agrees. Sampling: accept `y_i` with probability `min(1, p_i / q_i)`,
+    resample the first rejection from `normalize(max(0, p - q))`, or sample `p_{k+1}` if none."""
+    if warpers is None:
+        target_tokens = target_logits.argmax(-1).tolist()
+        num_accepted = 0
+        while num_accepted < len(drafted) and drafted[num_accepted] == target_tokens[num_accepted]:
+            num_accepted += 1
+        return num_accepted, target_tokens[num_accepted]
+    target_probs = logits_to_probs(target_logits, warpers)
+    for i, (token, q) in enumerate(zip(drafted, draft_probs)):
+        p = target_probs[i]
+        uniform = torch.rand((), generator=generator, device=p.device)
+        if uniform * q[token] >= p[token]:  # rejected: P(accept) = min(1, p / q)
+            return i, int(sample(residual_distribution(p, q)[None], generator))
+    return len(drafted), int(sample(target_probs[-1:], generator))
+
+
+def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """`tokens` up to and including the first EOS."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _eos_ids(target: PreTrainedModel, eos_token_id: int | list[int] | None) -> set[int]:
+    """The EOS ids generation stops at: `eos_token_id` if given, else the target's generation config's."""
+    if eos_token_id is None:
+        config = getattr(target, "generation_config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.tolist()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
+
+
+def _draft_correct(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
+                   max_new_tokens: int, eos: set[int]) -> list[bool]:
+    """For the oracle: the target's greedy continuation, then whether the draft's greedy
+    proposal (teacher-forced on that continuation) is right at each generated position. This
+    look-ahead is the oracle's knowledge, not counted in its stats."""
+    reference = speculative_generate(target, None, input_ids, schedule="none", max_new_tokens=max_new_tokens,
+                                     eos_token_id=list(eos)).sequences
+    generated = reference[0, input_ids.shape[1]:]
+    with torch.inference_mode():
+        logits = draft(input_ids=reference).logits[0, input_ids.shape[1] - 1: -1]
+    return (logits.argmax(-1) == generated).tolist()
+
+
+def _vocab_size(model: PreTrainedModel) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def _check_inputs(target, draft, input_ids, schedule, head, stop_threshold, bound, num_assistant_tokens,
+                  assistant_confidence_threshold, max_new_tokens, do_sample) -> torch.LongTensor:
+    """Fail at once, with a message naming the problem, on input the loop cannot honour.
+    Returns `input_ids` as `[1, length]`."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int, torch.int16):
+        raise TypeError(f"input_ids must be an integer torch.Tensor, got {type(input_ids).__name__}"
+                        + (f" of {input_ids.dtype}" if isinstance(input_ids, torch.Tensor) else ""))
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"batch size must be 1 (input_ids of shape [1, length]), got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: the prompt needs at least one token")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not 0.0 <= stop_threshold <= 1.0:
+        raise ValueError(f"stop_threshold must be in [0, 1], got {stop_threshold}")
+    if not 0.0 <= assistant_confidence_threshold <= 1.0:
+        raise ValueError(f"assistant_confidence_threshold must be in [0, 1], got {assistant_confidence_threshold}")
+    if len(bound) != 2 or not all(isinstance(b, int) for b in bound) or not 0 <= bound[0] <= bound[1] or bound[1] < 1:
+        raise ValueError(f"bound must be (min, max) integers with 0 <= min <= max and max >= 1, got {tuple(bound)}")
+    if schedule in ("constant", "heuristic", "dynamic") and num_assistant_tokens < 1:
+        raise ValueError(f"num_assistant_tokens must be >= 1 for schedule {schedule!r}, got {num_assistant_tokens}")
+    if schedule == "oracle" and do_sample:
+        raise ValueError("the oracle schedule is defined for greedy decoding only (do_sample=False)")
+    if schedule == "none":
+        return input_ids
+    if draft is None:
+        raise ValueError(f"schedule {schedule!r} needs a draft model")
+    if _vocab_size(target) != _vocab_size(draft):
+        raise ValueError(f"draft and target vocabularies differ: target has {_vocab_size(target)} tokens, "
+                         f"draft {_vocab_size(draft)}; speculative decoding needs one shared vocabulary")
+    if schedule == "ada":
+        if head is None:
+            raise ValueError("schedule 'ada' needs an acceptance prediction head (head=AcceptancePredictionHead...)")
+        draft_hidden = draft.config.get_text_config().hidden_size
+        if head.hidden_size != draft_hidden:
+            raise ValueError(f"the head reads hidden states of size {head.hidden_size}, "
+                             f"but the draft's hidden size is {draft_hidden}: it was trained for another draft")
+    return input_ids

@@ -1,0 +1,150 @@
+"""Candidate-length schedules: how many tokens the draft proposes in each round.
+
+Every schedule is a small policy behind one interface, so the decode loop never branches on a
+schedule's name and a new schedule is one class:
+
+- `max_draft()` — at round start, the most tokens this round may draft;
+- `stop_after(step)` — after each drafted token, whether to stop drafting now;
+- `end_round(num_drafted, num_accepted)` — after verification, to adapt for the next round.
+
+A schedule object holds the state of one generation; `make_schedule` builds a fresh one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdecpp.head import AcceptancePredictionHead
+
+SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "oracle")
+
+
+@dataclass
+class DraftStep:
+    """What the loop knows right after drafting token `y_j` (`num_drafted = j`): the draft's
+    probability of that token, and the draft's last-layer hidden state at the input position of
+    the forward that proposed it — the state of `y_{j-1}`, or of the last verified token when
+    `j == 1` (only computed when the schedule asks for hidden states)."""
+
+    num_drafted: int
+    token_prob: float
+    hidden: torch.Tensor | None = None
+
+
+class Schedule:
+    """Base policy: draft up to `max_draft()` tokens, never stop early, never adapt."""
+
+    needs_hidden_states = False
+
+    def max_draft(self) -> int:
+        raise NotImplementedError
+
+    def stop_after(self, step: DraftStep) -> bool:
+        return False
+
+    def end_round(self, num_drafted: int, num_accepted: int) -> None:
+        pass
+
+
+class NoDraft(Schedule):
+    """`none`: the target alone, one token per round (the baseline, through the same loop)."""
+
+    def max_draft(self) -> int:
+        return 0
+
+
+class Constant(Schedule):
+    """`constant`: exactly `num_assistant_tokens` per round (Leviathan et al.)."""
+
+    def __init__(self, num_assistant_tokens: int):
+        self.k = num_assistant_tokens
+
+    def max_draft(self) -> int:
+        return self.k
+
+
+class Heuristic(Constant):
+    """`heuristic`, Hugging Face's: K += 2 after a fully accepted round, else K = max(1, K - 1)."""
+
+    def end_round(self, num_drafted: int, num_accepted: int) -> None:
+        self.k = self.k + 2 if num_accepted == num_drafted else max(1, self.k - 1)
+
+
+class Dynamic(Constant):
+    """`dynamic`, Hugging Face's default since 4.45: at most `num_assistant_tokens`, and stop as
+    soon as the draft's probability of the token it just drafted (its top token, greedy) falls
+    below `assistant_confidence_threshold` — that token still goes to the target, as in HF."""
+
+    def __init__(self, num_assistant_tokens: int, assistant_confidence_threshold: float):
+        super().__init__(num_assistant_tokens)
+        self.threshold = assistant_confidence_threshold
+
+    def stop_after(self, step: DraftStep) -> bool:
+        return step.token_prob < self.threshold
+
+
+class Ada(Schedule):
+    """`ada`, SpecDec++: keep `P(all accepted) = prod p_hat_i` over the drafted tokens the head has
+    judged and stop once `1 - P(all accepted) > stop_threshold`, within `bound = (min, max)`.
+    The head judges `y_{j-1}` from the state that proposes `y_j`; the last verified token's state
+    (seen at `j == 1`) counts as accepted with probability 1."""
+
+    needs_hidden_states = True
+
+    def __init__(self, head: AcceptancePredictionHead, stop_threshold: float, bound: tuple[int, int]):
+        self.head = head
+        self.stop_threshold = stop_threshold
+        self.min_draft, self.max_k = bound
+        self.head_device = next(head.parameters()).device
+        self.p_all_accepted = 1.0
+
+    def max_draft(self) -> int:
+        self.p_all_accepted = 1.0
+        return self.max_k
+
+    def stop_after(self, step: DraftStep) -> bool:
+        if step.num_drafted >= 2:
+            self.p_all_accepted *= float(self.head.accept_prob(step.hidden.to(self.head_device)))
+        return step.num_drafted >= self.min_draft and 1.0 - self.p_all_accepted > self.stop_threshold
+
+
+class Oracle(Schedule):
+    """`oracle` (greedy only, for measurement): each round drafts exactly the tokens the target
+    will accept. `draft_correct[i]` says whether the draft's greedy proposal for generated
+    position `i` equals the target's token there (known in advance from the target's own greedy
+    output); the round at position `pos` drafts the run of correct proposals starting there."""
+
+    def __init__(self, draft_correct: list[bool], max_k: int):
+        self.draft_correct = draft_correct
+        self.max_k = max_k
+        self.position = 0
+
+    def max_draft(self) -> int:
+        run = 0
+        while run < self.max_k and self.position + run < len(self.draft_correct) and self.draft_correct[self.position + run]:
+            run += 1
+        return run
+
+    def end_round(self, num_drafted: int, num_accepted: int) -> None:
+        self.position += num_accepted + 1
+
+
+def make_schedule(name: str, *, head: AcceptancePredictionHead | None = None, stop_threshold: float = 0.3,
+                  bound: tuple[int, int] = (2, 20), num_assistant_tokens: int = 5,
+                  assistant_confidence_threshold: float = 0.4, draft_correct: list[bool] | None = None) -> Schedule:
+    """A fresh policy for one generation, by schedule name (see `SCHEDULES`). Arguments a schedule
+    does not use are ignored; `oracle` needs `draft_correct` (see `Oracle`)."""
+    if name == "none":
+        return NoDraft()
+    if name == "constant":
+        return Constant(num_assistant_tokens)
+    if name == "heuristic":
+        return Heuristic(num_assistant_tokens)
+    if name == "dynamic":
+        return Dynamic(num_assistant_tokens, assistant_confidence_threshold)
+    if name == "ada":
+        return Ada(head, stop_threshold, bound)
+    if name == "oracle":
+        return Oracle(draft_correct, bound[1])
+    raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")

@@ -1,0 +1,315 @@
+"""The decode loop: lossless (greedy identical to the target; sampling distributed as the
+target), the stats add up, EOS and length limits, bounds, clear errors."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import perturbed_copy, tiny_llama
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
+
+from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.sampling import logits_to_probs, make_warpers
+from specdecpp.schedules import SCHEDULES
+
+HIDDEN = 32
+
+
+def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> torch.Tensor:
+    return target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                           max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+
+
+def prompts(n: int, vocab_size: int = 64, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (1, 1 + (3 * i) % 11), generator=generator) for i in range(n)]
+
+
+def constant_head(accept_logit: float) -> AcceptancePredictionHead:
+    """A head whose prediction ignores its input: accept with probability sigmoid(accept_logit)."""
+    head = AcceptancePredictionHead(HIDDEN, num_layers=1)
+    with torch.no_grad():
+        head.model[-1].weight.zero_()
+        head.model[-1].bias.copy_(torch.tensor([0.0, accept_logit]))
+    return head
+
+
+@pytest.fixture(scope="module")
+def random_head():
+    torch.manual_seed(3)
+    head = AcceptancePredictionHead(HIDDEN, num_layers=2)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5)
+    return head
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_greedy_equals_target_generate(tiny_pair, random_head, schedule):
+    target, draft = tiny_pair
+    for prompt, max_new_tokens in itertools.product(prompts(6), (1, 9, 40)):
+        expected = target_greedy(target, prompt, max_new_tokens)
+        out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head,
+                                   max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(2, 6))
+        assert torch.equal(out.sequences, expected), (schedule, prompt, max_new_tokens)
+
+
+@pytest.mark.parametrize("draft_kind", ["identical", "unrelated"])
+def test_greedy_equal_with_always_and_never_agreeing_drafts(tiny_pair, draft_kind):
+    """An identical draft exercises fully accepted rounds (bonus token, two-token catch-up of
+    the draft's cache); an unrelated one exercises a rejection in almost every round."""
+    target, _ = tiny_pair
+    draft = target if draft_kind == "identical" else tiny_llama(seed=7)
+    for prompt in prompts(4, seed=1):
+        out = speculative_generate(target, draft, prompt, schedule="constant", num_assistant_tokens=3, max_new_tokens=30)
+        assert torch.equal(out.sequences, target_greedy(target, prompt, 30))
+        if draft_kind == "identical":
+            assert out.stats.discarded_tokens == 0 and all(a == d for a, d in zip(out.stats.accepted_lengths, out.stats.draft_lengths))
+
+
+def tiny_family_model(family: str, seed: int):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=64, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    config = {
+        "gpt2": lambda: GPT2Config(n_layer=2, n_embd=HIDDEN, n_head=4, initializer_range=0.3, **common),
+        "gpt_neox": lambda: GPTNeoXConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=64, initializer_range=0.3, **common),
+        "qwen2": lambda: Qwen2Config(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     intermediate_size=64, initializer_range=0.3, **common),
+        "opt": lambda: OPTConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+                                 word_embed_proj_dim=HIDDEN, init_std=0.3, **common),
+    }[family]()
+    return AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "opt"])
+def test_greedy_equal_across_model_families(family, random_head):
+    target = tiny_family_model(family, seed=0)
+    draft = tiny_family_model(family, seed=1)
+    for schedule, prompt in itertools.product(("constant", "ada"), prompts(3, seed=2)):
+        out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head,
+                                   num_assistant_tokens=3, max_new_tokens=20)
+        assert torch.equal(out.sequences, target_greedy(target, prompt, 20)), (family, schedule)
+
+
+def test_eos_inside_a_draft_run_stops_where_the_target_stops(tiny_pair):
+    target, _ = tiny_pair
+    prompt = prompts(1, seed=4)[0]
+    continuation = target_greedy(target, prompt, 30)[0, prompt.shape[1]:].tolist()
+    eos = continuation[12]  # a token the target emits mid-generation
+    expected = target_greedy(target, prompt, 30, eos_token_id=eos)
+    # An identical draft proposes EOS inside a run of accepted tokens.
+    for draft in (target, perturbed_copy(target, 0.01)):
+        for schedule in ("constant", "heuristic", "oracle"):
+            out = speculative_generate(target, draft, prompt, schedule=schedule, num_assistant_tokens=6,
+                                       max_new_tokens=30, eos_token_id=[999, eos])
+            assert torch.equal(out.sequences, expected)
+            assert out.sequences[0, -1] == eos and out.stats.generated_length == continuation.index(eos) + 1
+
+
+def test_eos_from_the_generation_config(tiny_pair):
+    target, draft = tiny_pair
+    prompt = prompts(1, seed=4)[0]
+    eos = target_greedy(target, prompt, 30)[0, prompt.shape[1] + 5].item()
+    target.generation_config.eos_token_id = eos
+    try:
+        out = speculative_generate(target, draft, prompt, schedule="constant", max_new_tokens=30)
+    finally:
+        target.generation_config.eos_token_id = None
+    assert out.sequences[0, -1] == eos and eos not in out.sequences[0, prompt.shape[1]:-1].tolist()
+
+
+@pytest.mark.parametrize("schedule", ["constant", "heuristic", "dynamic", "ada", "oracle", "none"])
+def test_stats_add_up(tiny_pair, random_head, schedule):
+    target, draft = tiny_pair
+    for prompt in prompts(3, seed=5):
+        stats = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head,
+                                     max_new_tokens=37, num_assistant_tokens=4).stats
+        rounds = len(stats.accepted_lengths)
+        assert stats.generated_length == 37 == sum(stats.accepted_lengths) + rounds
+        assert stats.target_calls == rounds == len(stats.draft_lengths)
+        assert stats.draft_calls == sum(stats.draft_lengths)
+        assert stats.discarded_tokens == sum(stats.draft_lengths) - sum(stats.accepted_lengths)
+        assert all(0 <= a <= d for a, d in zip(stats.accepted_lengths, stats.draft_lengths))
+        assert stats.wall_time > 0
+        if schedule == "constant":  # exactly K, except where the length limit cuts the last rounds
+            assert all(d == min(4, 37 - sum(stats.accepted_lengths[:i]) - i - 1) for i, d in enumerate(stats.draft_lengths))
+        if schedule == "none":
+            assert stats.target_calls == 37 and stats.draft_calls == 0
+        if schedule == "oracle":
+            assert stats.discarded_tokens == 0
+
+
+@pytest.mark.parametrize("bound", [(3, 7), (2, 9), (5, 5)])
+def test_ada_bounds_with_always_reject_and_always_accept_heads(tiny_pair, bound):
+    target, draft = tiny_pair
+    prompt = prompts(1, seed=6)[0]
+    low, high = bound
+    never = speculative_generate(target, draft, prompt, schedule="ada", head=constant_head(-30.0), bound=bound,
+                                 stop_threshold=0.3, max_new_tokens=200).stats
+    always = speculative_generate(target, draft, prompt, schedule="ada", head=constant_head(30.0), bound=bound,
+                                  stop_threshold=0.3, max_new_tokens=200).stats
+    # Every round but a last one shortened by the length limit.
+    assert set(never.draft_lengths[:-1]) == {low}
+    assert set(always.draft_lengths[:-1]) == {high}
+
+
+def test_ada_threshold_sets_round_length(tiny_pair):
+    """P(accept) = 0.9 per token: the round stops after y_j once 1 - 0.9^(j-1) > threshold."""
+    target, draft = tiny_pair
+    head = constant_head(float(torch.logit(torch.tensor(0.9))))
+    prompt = prompts(1, seed=6)[0]
+    for threshold, expected_length in [(0.05, 2), (0.15, 3), (0.3, 5), (0.5, 8)]:
+        stats = speculative_generate(target, draft, prompt, schedule="ada", head=head, bound=(1, 20),
+                                     stop_threshold=threshold, max_new_tokens=200).stats
+        assert set(stats.draft_lengths[:-1]) == {expected_length}, threshold
+
+
+def test_ada_head_runs_in_its_own_dtype(tiny_pair, random_head):
+    """A bf16 draft with an fp32 head: the head casts the hidden state, the output is unchanged."""
+    target, draft = tiny_pair
+    draft_bf16 = perturbed_copy(target, 0.01).to(torch.bfloat16)
+    prompt = prompts(1, seed=8)[0]
+    out = speculative_generate(target, draft_bf16, prompt, schedule="ada", head=random_head.float(), max_new_tokens=25)
+    assert torch.equal(out.sequences, target_greedy(target, prompt, 25))
+    assert out.stats.draft_calls > 0
+
+
+def test_dynamic_stops_below_the_confidence_threshold(tiny_pair):
+    target, draft = tiny_pair
+    prompt = prompts(1)[0]
+    never_confident = speculative_generate(target, draft, prompt, schedule="dynamic", num_assistant_tokens=8,
+                                           assistant_confidence_threshold=1.0, max_new_tokens=40).stats
+    always_confident = speculative_generate(target, draft, prompt, schedule="dynamic", num_assistant_tokens=8,
+                                            assistant_confidence_threshold=0.0, max_new_tokens=40).stats
+    assert set(never_confident.draft_lengths[:-1]) == {1}
+    assert set(always_confident.draft_lengths[:-1]) == {8}
+
+
+def test_max_new_tokens_zero_returns_the_prompt(tiny_pair):
+    target, draft = tiny_pair
+    prompt = prompts(1)[0]
+    out = speculative_generate(target, draft, prompt, schedule="constant", max_new_tokens=0)
+    assert torch.equal(out.sequences, prompt) and out.stats.target_calls == 0
+
+
+def test_streamer_receives_the_prompt_then_every_token(tiny_pair):
+    class Collector:
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    target, draft = tiny_pair
+    prompt = prompts(1, seed=2)[0]
+    streamer = Collector()
+    out = speculative_generate(target, draft, prompt, schedule="heuristic", max_new_tokens=20, streamer=streamer)
+    assert streamer.ended and streamer.chunks[0] == prompt[0].tolist()
+    assert sum(streamer.chunks, []) == out.sequences[0].tolist()
+    assert len(streamer.chunks) == 1 + out.stats.target_calls
+
+
+# -- sampling: the output distribution is the target's ---------------------------------------------
+
+VOCAB = 6
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    """A tiny-vocabulary target and an unrelated draft, so rejections and residual draws are common."""
+    return (tiny_llama(vocab_size=VOCAB, seed=0, initializer_range=0.5),
+            tiny_llama(vocab_size=VOCAB, seed=5, initializer_range=0.5))
+
+
+def exact_first_two_token_distribution(target, prompt, warpers) -> torch.Tensor:
+    """P(x1, x2) under the target with the same logits processing, `[VOCAB * VOCAB]`."""
+    with torch.no_grad():
+        p1 = logits_to_probs(target(prompt).logits[:, -1], warpers)[0]
+        rows = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+        p2 = logits_to_probs(target(rows).logits[:, -1], warpers)
+    return (p1[:, None] * p2).reshape(-1)
+
+
+def chi_square_pvalue(samples: list[tuple[int, int]], expected_probs: torch.Tensor) -> float:
+    """Goodness of fit of joint (x1, x2) counts, pooling cells expected fewer than 5 times."""
+    counts = torch.zeros(VOCAB * VOCAB)
+    for x1, x2 in samples:
+        counts[x1 * VOCAB + x2] += 1
+    if counts[expected_probs == 0].sum() > 0:  # an impossible outcome was sampled
+        return 0.0
+    expected = expected_probs * len(samples)
+    possible = expected > 0
+    counts, expected = counts[possible], expected[possible]
+    small = expected < 5
+    if small.any():
+        counts = torch.cat([counts[~small], counts[small].sum()[None]])
+        expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    return chisquare(counts.numpy(), expected.numpy() * len(samples) / expected.sum().item()).pvalue
+
+
+@pytest.mark.parametrize("schedule,settings", [
+    ("constant", dict()),
+    ("constant", dict(temperature=0.7, top_k=4)),
+    ("heuristic", dict(top_p=0.8)),
+    ("ada", dict(temperature=1.3)),
+])
+def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, settings):
+    target, draft = small_vocab_pair
+    prompt = torch.tensor([[1, 4, 2]])
+    head = AcceptancePredictionHead(HIDDEN, num_layers=1)  # fresh head: P(accept) = 0.5, varied round lengths
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(2000):
+        out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, bound=(1, 4),
+                                   num_assistant_tokens=3, max_new_tokens=2, do_sample=True,
+                                   generator=generator, **settings)
+        samples.append(tuple(out.sequences[0, 3:5].tolist()))
+    warpers = make_warpers(**settings)
+    assert chi_square_pvalue(samples, exact_first_two_token_distribution(target, prompt, warpers)) > 1e-3
+    # The test has power: the draft's own distribution is rejected by it.
+    assert chi_square_pvalue(samples, exact_first_two_token_distribution(draft, prompt, warpers)) < 1e-6
+
+
+def test_sampling_is_reproducible_with_a_generator(small_vocab_pair):
+    target, draft = small_vocab_pair
+    prompt = torch.tensor([[1, 4, 2]])
+    runs = [speculative_generate(target, draft, prompt, schedule="constant", max_new_tokens=30, do_sample=True,
+                                 generator=torch.Generator().manual_seed(11)).sequences for _ in range(2)]
+    assert torch.equal(*runs)
+
+
+# -- bad input fails at once, clearly ---------------------------------------------------------------
+
+@pytest.mark.parametrize("change,error,message", [
+    (dict(schedule="fastest"), ValueError, "unknown schedule"),
+    (dict(stop_threshold=1.5), ValueError, "stop_threshold"),
+    (dict(stop_threshold=-0.1), ValueError, "stop_threshold"),
+    (dict(bound=(5, 2)), ValueError, "bound"),
+    (dict(bound=(-1, 4)), ValueError, "bound"),
+    (dict(schedule="ada", head=None), ValueError, "head"),
+    (dict(schedule="ada", head=AcceptancePredictionHead(16, 1)), ValueError, "hidden size"),
+    (dict(schedule="oracle", do_sample=True), ValueError, "greedy"),
+    (dict(max_new_tokens=-1), ValueError, "max_new_tokens"),
+    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), ValueError, "batch size"),
+    (dict(input_ids=[[1, 2, 3]]), TypeError, "input_ids"),
+    (dict(input_ids=torch.zeros(1, 3)), TypeError, "integer"),
+    (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), ValueError, "empty"),
+    (dict(draft="other-vocab"), ValueError, "vocabularies differ"),
+    (dict(draft=None), ValueError, "draft"),
+    (dict(num_assistant_tokens=0), ValueError, "num_assistant_tokens"),
+    (dict(do_sample=True, temperature=0.0), ValueError, "temperature"),
+])
+def test_bad_input_fails_clearly(tiny_pair, change, error, message):
+    target, draft = tiny_pair
+    kwargs = dict(draft=draft, input_ids=torch.tensor([[1, 2, 3]]), schedule="constant", head=AcceptancePredictionHead(HIDDEN))
+    kwargs.update(change)
+    if kwargs["draft"] == "other-vocab":
+        kwargs["draft"] = tiny_llama(vocab_size=80)
+    with pytest.raises(error, match=message):
+        speculative_generate(target, kwargs.pop("draft"), kwargs.pop("input_ids"), **kwargs)
