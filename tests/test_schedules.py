@@ -1,0 +1,60 @@
+"""Each schedule policy on its own: the rule it implements, step by step."""
+import pytest
+import torch
+
+from specdecpp.head import AcceptancePredictionHead
+from specdecpp.schedules import SCHEDULES, Ada, DraftStep, Heuristic, make_schedule
+
+
+def test_heuristic_grows_by_two_after_full_acceptance_and_shrinks_by_one_otherwise():
+    policy = Heuristic(5)
+    lengths = []
+    for drafted, accepted in [(5, 5), (7, 7), (9, 3), (8, 0), (7, 0), (6, 6)]:
+        assert policy.max_draft() == drafted
+        policy.end_round(drafted, accepted)
+        lengths.append(policy.max_draft())
+    assert lengths == [7, 9, 8, 7, 6, 8]
+    for _ in range(10):
+        policy.end_round(policy.max_draft(), 0)
+    assert policy.max_draft() == 1
+
+
+def test_dynamic_stops_on_a_low_confidence_token():
+    policy = make_schedule("dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4)
+    assert policy.max_draft() == 20
+    assert not policy.stop_after(DraftStep(1, 0.41))
+    assert policy.stop_after(DraftStep(2, 0.39))
+
+
+def test_ada_keeps_a_running_product_of_the_judged_tokens():
+    head = AcceptancePredictionHead(4, num_layers=0)
+    with torch.no_grad():
+        head.model[-1].weight.zero_()
+        head.model[-1].bias.copy_(torch.tensor([0.0, float(torch.logit(torch.tensor(0.8)))]))
+    policy = Ada(head, stop_threshold=0.45, bound=(1, 10))
+    hidden = torch.zeros(4)
+    assert policy.max_draft() == 10
+    # j = 1: only the verified token's state is known, nothing is judged yet.
+    assert not policy.stop_after(DraftStep(1, 1.0, hidden)) and policy.p_all_accepted == 1.0
+    assert not policy.stop_after(DraftStep(2, 1.0, hidden))  # 1 - 0.8 = 0.2
+    assert not policy.stop_after(DraftStep(3, 1.0, hidden))  # 1 - 0.64 = 0.36
+    assert policy.stop_after(DraftStep(4, 1.0, hidden))      # 1 - 0.512 = 0.488 > 0.45
+    assert policy.p_all_accepted == pytest.approx(0.8 ** 3)
+    policy.max_draft()  # a new round starts from certainty
+    assert policy.p_all_accepted == 1.0
+
+
+def test_oracle_drafts_the_run_of_correct_proposals():
+    policy = make_schedule("oracle", draft_correct=[True, True, False, True, False, False, True], bound=(2, 20))
+    runs = []
+    for _ in range(4):
+        run = policy.max_draft()
+        runs.append(run)
+        policy.end_round(run, run)
+    assert runs == [2, 1, 0, 1]
+
+
+def test_unknown_schedule():
+    with pytest.raises(ValueError, match="unknown schedule"):
+        make_schedule("fastest")
+    assert set(SCHEDULES) == {"none", "constant", "heuristic", "dynamic", "ada", "oracle"}
