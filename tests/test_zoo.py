@@ -1,0 +1,108 @@
+"""The zoo builder: a micro pair built end to end in a temporary folder, and its parts."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+from specdecpp import stdlib_corpus, zoo
+
+MICRO = dict(max_train_files=8, vocab_size=400, seq_len=64, width=64, target_layers=2, draft_layers=1,
+             batch_size=4, target_steps=4, draft_steps=2, warmup_steps=2, eval_functions=3, eval_prompts=3,
+             continuation_tokens=6, cost_reps=3, bf16=False)
+
+
+@pytest.fixture(scope="module")
+def micro_build(tmp_path_factory):
+    """(output folder, card) of a micro build: a few files, a few steps, a few prompts."""
+    out = tmp_path_factory.mktemp("zoo")
+    card = zoo.build(zoo.ZooArguments(output_dir=str(out), **MICRO))
+    return out, card
+
+
+def test_saved_folders_load_as_float32_with_the_shared_tokenizer(micro_build):
+    out, _ = micro_build
+    target = AutoModelForCausalLM.from_pretrained(out / "target")  # dtype "auto" reads float32
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32)
+    assert target.dtype == draft.dtype == torch.float32
+    assert target.config.num_hidden_layers == 2 and draft.config.num_hidden_layers == 1
+    assert target.config.vocab_size == draft.config.vocab_size == 400
+    assert (out / "target" / "tokenizer.json").read_bytes() == (out / "draft" / "tokenizer.json").read_bytes()
+    with safe_open(out / "target" / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
+
+
+def test_tokenizer_round_trips_and_starts_documents_with_eos(micro_build):
+    out, _ = micro_build
+    tok = AutoTokenizer.from_pretrained(out / "draft")
+    text = 'def f(x):\n    """Return x, ünïcode ∑ and\ttabs."""\n        return x  # 🙂\n'
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.eos_token_id == tok.bos_token_id == tok.pad_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert max(ids) < 400
+
+
+def test_card_records_the_figures(micro_build):
+    out, card = micro_build
+    on_disk = json.loads((out / "card.json").read_text())
+    assert on_disk["figures"].keys() == {"stdlib-heldout", "humaneval", "cost"}
+    for name in ("stdlib-heldout", "humaneval"):
+        fig = on_disk["figures"][name]
+        assert math.isfinite(fig["target_loss"]) and math.isfinite(fig["draft_loss"])
+        assert 0.0 <= fig["agreement"] <= 1.0 and fig["tokens"] > 0
+    assert on_disk["figures"]["cost"]["c"] > 0
+    assert on_disk["training"]["target"]["steps"] == 4 and on_disk["corpus"]["train_files"] == 8
+    assert on_disk["bytes"] == card["bytes"] > 0
+    assert "| humaneval |" in (out / "README.md").read_text()
+
+
+def test_agreement_of_a_model_with_itself_is_one(micro_build):
+    out, _ = micro_build
+    target = zoo.load_model(out / "target")
+    tok = AutoTokenizer.from_pretrained(out / "target")
+    prompts = stdlib_corpus.heldout_function_prompts(limit=2)
+    result = zoo.greedy_agreement(target, target, tok, prompts, zoo.ZooArguments(**MICRO))
+    assert result["agreement"] == 1.0 and result["tokens"] > 0
+
+
+def test_draft_copies_embeddings_first_layer_and_norm_of_the_target():
+    torch.manual_seed(0)
+    tok = zoo.train_tokenizer(["def f(x):\n    return x\n"] * 10, vocab_size=300)
+    args = zoo.ZooArguments(width=64)
+    target = LlamaForCausalLM(zoo.llama_config(args, 3, tok))
+    draft = zoo.draft_from_target(target, zoo.llama_config(args, 1, tok))
+    t, d = target.state_dict(), draft.state_dict()
+    assert len(draft.model.layers) == 1
+    for key in d:
+        assert torch.equal(d[key], t[key]), key
+    assert draft.lm_head.weight.data_ptr() == draft.model.embed_tokens.weight.data_ptr()  # still tied
+
+
+def test_training_is_deterministic_given_the_seed():
+    tok = zoo.train_tokenizer(["def f(x):\n    return x\n"] * 10, vocab_size=300)
+    args = zoo.ZooArguments(width=64, seq_len=16, batch_size=2, warmup_steps=1, bf16=False)
+    stream = torch.randint(0, len(tok), (500,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    states = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(zoo.llama_config(args, 1, tok))
+        log = zoo.train(model, zoo.lm_loss, stream, args, steps=3, minutes=10, lr=1e-3, desc="t", seed=7)
+        states.append(model.state_dict())
+    assert log["steps"] == 3 and log["tokens"] == 3 * 2 * 16
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_schedule_warms_up_then_decays_to_a_tenth():
+    assert zoo.lr_at(0, 0.0, 1.0, warmup=10) == pytest.approx(0.1)
+    assert zoo.lr_at(50, 0.0, 1.0, warmup=10) == pytest.approx(1.0)
+    assert zoo.lr_at(50, 0.5, 1.0, warmup=10) == pytest.approx(0.55)
+    assert zoo.lr_at(99, 1.0, 1.0, warmup=10) == pytest.approx(0.1)
+
+
+def test_main_requires_the_build_command():
+    with pytest.raises(SystemExit):
+        zoo.main([])
