@@ -38,6 +38,8 @@ class DemoArguments:
     constant_ks: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6], metadata={"help": "K values to choose from"})
     stop_threshold: list[float] = field(default_factory=lambda: [0.3], metadata={"help": "ada thresholds to choose from"})
     save_path: str = field(default="outputs/demo", metadata={"help": "folder for records, summary and figures"})
+    torch_dtype: str = field(default="float32", metadata={
+        "help": "dtype the models run in (the embedded pair is stored in float16, which CPUs run slowly)"})
     random_seed: int = 47
     progress: bool = field(default=True, metadata={"help": "progress bars (--no_progress to hide)"})
 
@@ -81,7 +83,7 @@ def run_demo(demo: DemoArguments) -> dict:
     others; print and save the table. Returns the summary document (see `specdecpp.evaluate.report`)."""
     args = evaluation_arguments(demo)
     specs = method_specs(args)
-    pair, prompts = setup(args, ModelLoadingArguments(), need_head=True)
+    pair, prompts = setup(args, ModelLoadingArguments(torch_dtype=demo.torch_dtype), need_head=True)
     if len(prompts) <= demo.tune_prompts:
         raise ValueError(f"{demo.data_path} has only {len(prompts)} prompts; need more than --tune_prompts {demo.tune_prompts}")
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
