@@ -178,3 +178,8 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
     assert document["table"] == summary["table"]
     for figure in ("pareto.png", "speedup_vs_threshold.png"):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_embedded_pairs_heldout_prompts_are_a_prompt_set():
+    ev.check_prompt_source("stdlib-heldout")
+    assert ev.PROMPT_SETS["stdlib-heldout"] is ev.stdlib_corpus.heldout_function_prompts
