@@ -98,9 +98,9 @@ def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
     for row, f in enumerate(features):
         labels[row, : len(f["labels"])] = torch.as_tensor(f["labels"], dtype=torch.float32)
     if "hidden_states" in features[0]:
-        hidden = torch.zeros(len(features), width, len(features[0]["hidden_states"][0]))
+        hidden = torch.zeros(len(features), width, features[0]["hidden_states"].shape[-1])
         for row, f in enumerate(features):
-            hidden[row, : len(f["labels"])] = torch.as_tensor(np.asarray(f["hidden_states"]), dtype=torch.float32)
+            hidden[row, : len(f["labels"])] = torch.as_tensor(f["hidden_states"], dtype=torch.float32)
         return {"hidden_states": hidden, "labels": labels}
     input_ids = torch.zeros(len(features), width, dtype=torch.long)
     attention_mask = torch.zeros(len(features), width, dtype=torch.long)
@@ -134,7 +134,7 @@ def cache_hidden_states(draft: PreTrainedModel, examples: Dataset, cache_dir: st
     Dataset.from_dict(rows, features=features).save_to_disk(path)
     state.wait_for_everyone()
     return concatenate_datasets([Dataset.load_from_disk(os.path.join(cache_dir, f"rank{r}"))
-                                 for r in range(state.num_processes)])
+                                 for r in range(state.num_processes)]).with_format("numpy")
 
 
 # -- model and loss ---------------------------------------------------------------------------------
