@@ -1,8 +1,9 @@
 """The acceptance prediction head: draft hidden state -> P(the target accepts this token).
 
 `k` residual blocks `x + SiLU(Linear(x))` then `Linear(hidden, 2)`; class 1 means accept.
-Saved and loaded through `PyTorchModelHubMixin` (`config.json` + `model.safetensors`), so a
-folder or a Hub id loads with `AcceptancePredictionHead.from_pretrained`.
+Saved and loaded through `PyTorchModelHubMixin` (`config.json` + `model.safetensors` + a model
+card naming the draft, the target, the training data and the eval metrics), so a folder or a Hub
+id loads with `AcceptancePredictionHead.from_pretrained` and `push_to_hub` publishes one.
 """
 from __future__ import annotations
 
