@@ -294,12 +294,8 @@ def load_pair(args: EvaluationArguments, model_args: ModelLoadingArguments, toke
     target = load_model(args.model_name, **load)
     draft = load_model(args.assistant_name, **load)
     check_same_vocab(target, draft)
-    head = None
-    if need_head:
-        head = AcceptancePredictionHead.from_pretrained(args.assist_acc_head_dir).to(draft.device)
-        if head.hidden_size != draft.config.get_text_config().hidden_size:
-            raise ValueError(f"the head reads hidden states of size {head.hidden_size}, but the draft's hidden size "
-                             f"is {draft.config.get_text_config().hidden_size}: it was trained for another draft")
+    # A head from the Hub (not checked beforehand) meets the engine's hidden-size check at warm-up.
+    head = AcceptancePredictionHead.from_pretrained(args.assist_acc_head_dir).to(draft.device) if need_head else None
     return Pair(target, draft, head, tokenizer)
 
 
@@ -439,12 +435,12 @@ def warm_up(methods: list[Method], prompt: Prompt, tokens: int, seed: int) -> No
             method.generate(short, seed)
 
 
-def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments,
+def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments, tokenizer=None,
                    on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate") -> list[dict]:
     """Every method on every prompt, interleaved per prompt with the starting method rotating,
-    timed one generation at a time. Returns one record per (prompt, method); `on_prompt(records)`
-    is called after each prompt with the records so far (to save partial results); `label` names
-    the progress bar."""
+    timed one generation at a time. Returns one record per (prompt, method), with the output
+    decoded when a `tokenizer` is given; `on_prompt(records)` is called after each prompt with the
+    records so far (to save partial results); `label` names the progress bar."""
     records: list[dict] = []
     for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not args.progress)):
         seed = args.random_seed + prompt.id
@@ -454,13 +450,13 @@ def run_evaluation(methods: list[Method], prompts: list[Prompt], args: Evaluatio
             start = time.perf_counter()
             counts = method.generate(prompt, seed)
             runs[method.spec.name] = (counts, time.perf_counter() - start)
-        records += [_record(prompt, method.spec, runs, args) for method in methods]
+        records += [_record(prompt, method.spec, runs, args, tokenizer) for method in methods]
         if on_prompt is not None:
             on_prompt(records)
     return records
 
 
-def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArguments) -> dict:
+def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArguments, tokenizer) -> dict:
     """The reference's per-prompt fields for one method (`spec_time`, `target_time`, `draft_time`,
     `num_mismatched_tokens` = discarded draft tokens, `num_LM_call` = target forward passes,
     `generated_length`, ...) plus ours."""
@@ -478,6 +474,7 @@ def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArgume
         "generated_length_draft": len(draft.tokens) if draft is not None else None,
         "draft_calls": counts.draft_calls, "accepted_lengths": counts.accepted_lengths,
         "speedup": target_time / seconds, "tokens": counts.tokens,
+        "output": tokenizer.decode(counts.tokens) if tokenizer is not None else None,
         "matches_target": counts.tokens == target.tokens if checked else None,
     }
 
@@ -539,7 +536,7 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: Ev
         cost = metrics.measure_cost_ratio(pair.target, pair.draft, torch.tensor([prompts[0].ids]),
                                           steps=args.cost_ratio_steps)
     save = (lambda so_far: write_json(results_path, so_far)) if results_path is not None else None
-    return run_evaluation(methods, prompts, args, on_prompt=save, label=label), cost
+    return run_evaluation(methods, prompts, args, pair.tokenizer, on_prompt=save, label=label), cost
 
 
 def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None = None, title: str = "") -> dict:

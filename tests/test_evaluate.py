@@ -169,6 +169,7 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
         if r["engine"] is not None:  # no EOS in these models: every round emits accepted + 1
             assert r["generated_length"] == sum(r["accepted_lengths"]) + len(r["accepted_lengths"])
             assert r["matches_target"] is True
+            assert r["output"] == next(t for t in records if t["id"] == r["id"] and t["method"] == "target")["output"]
     summary = json.loads((out / "summary.json").read_text())
     assert [row["method"] for row in summary["summary"]] == methods
     target_row = summary["summary"][0]
