@@ -22,7 +22,8 @@ class ModelLoadingArguments:
     """How every command loads its models (the flags are shared by build-data, train, evaluation)."""
 
     torch_dtype: str | None = field(default=None, metadata={
-        "help": f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: the checkpoint's float32 load)"})
+        "help": f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: the checkpoint's own; "
+                "on a CPU use float32 for a float16 checkpoint)"})
     device_map: str | None = field(default=None, metadata={
         "help": "device_map passed to from_pretrained, e.g. 'auto' for a model larger than one GPU"})
     trust_remote_code: bool = field(default=False, metadata={
