@@ -96,11 +96,11 @@ def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
     width = max(len(f["labels"]) for f in features)
     labels = torch.full((len(features), width), IGNORE)
     for row, f in enumerate(features):
-        labels[row, : len(f["labels"])] = torch.as_tensor(f["labels"], dtype=torch.float32)
+        labels[row, : len(f["labels"])] = torch.tensor(f["labels"], dtype=torch.float32)
     if "hidden_states" in features[0]:
         hidden = torch.zeros(len(features), width, features[0]["hidden_states"].shape[-1])
         for row, f in enumerate(features):
-            hidden[row, : len(f["labels"])] = torch.as_tensor(f["hidden_states"], dtype=torch.float32)
+            hidden[row, : len(f["labels"])] = torch.tensor(f["hidden_states"], dtype=torch.float32)
         return {"hidden_states": hidden, "labels": labels}
     input_ids = torch.zeros(len(features), width, dtype=torch.long)
     attention_mask = torch.zeros(len(features), width, dtype=torch.long)
