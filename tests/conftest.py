@@ -82,3 +82,12 @@ def pair_dirs(tmp_path_factory, tiny_pair):
         tiny_tokenizer().save_pretrained(root / name)
         dirs.append(str(root / name))
     return tuple(dirs)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a torchrun test's rendezvous (a fixed one may be taken)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

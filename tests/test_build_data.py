@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_tokenizer, write_prompts
+from conftest import free_port, tiny_tokenizer, write_prompts
 
 import specdecpp.build_data as build_module
 from specdecpp.build_data import BuildDataArguments, build_batch, build_data, trim_at_eos
@@ -167,7 +167,7 @@ def test_torchrun_two_ranks_build_the_same_file(pair_dirs, prompts_file, tmp_pat
     single = tmp_path / "single.jsonl"
     build_data(args_for(pair_dirs, prompts_file, single, batch_size=2))
     out = tmp_path / "ranks.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "specdecpp.build_data", "--target_name", pair_dirs[0], "--draft_name", pair_dirs[1],
            "--dataset", prompts_file, "--output_file", str(out), "--max_new_tokens", str(MAX_NEW), "--batch_size", "2"]
     env = os.environ | {"OMP_NUM_THREADS": "1"}

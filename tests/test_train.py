@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import free_port
 from safetensors.torch import load_file
 
 from specdecpp.head import AcceptancePredictionHead
@@ -154,7 +155,7 @@ def test_report_to_wandb_offline(pair_dirs, data_files, tmp_path, monkeypatch):
 
 def test_torchrun_two_ranks_train(pair_dirs, data_files, tmp_path):
     out = tmp_path / "head"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29518",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "specdecpp/train.py", "--model_name_or_path", pair_dirs[1], "--data_path", data_files[0],
            "--eval_data_path", data_files[1], "--output_dir", str(out), "--resnet_num_layers", "2",
            "--num_train_epochs", "1", "--per_device_train_batch_size", "2", "--save_strategy", "epoch",
