@@ -9,6 +9,11 @@ expected calibration error (ECE), the Brier score, the AUROC of accept vs reject
 (training's eval metric) and the per-bin table, and writes a reliability diagram.
 Labels are the records' soft `p_acc`: each bin compares the mean prediction with the mean label,
 and the AUROC weighs every position as an accept with weight `p_acc` and a reject with `1 - p_acc`.
+
+A head trained with `--weight_mismatch w` is pessimistic by design: the weighted BCE is minimised
+by `s = y / (y + w (1 - y))`, not by `y`. Its raw probabilities (what the stop rule reads) are
+reported by default; `--weight_mismatch w` reports the calibration of `w s / (1 - s + w s)`, the
+acceptance probability the head implies, which is what should match the labels.
 """
 from __future__ import annotations
 
@@ -36,12 +41,17 @@ class CalibrationArguments:
     seed: int = field(default=42, metadata={"help": "mixing seed; training's default --seed is 42"})
     batch_size: int = field(default=8, metadata={"help": "records per draft forward"})
     num_bins: int = field(default=10, metadata={"help": "equal-width probability bins"})
+    weight_mismatch: float = field(default=1.0, metadata={
+        "help": "the head's training weight w: undo it (w s / (1 - s + w s)) before comparing with the labels; "
+                "1 judges the raw predictions"})
     plot_path: str = field(default="reliability.png", metadata={"help": "where the reliability diagram goes"})
     output_json: str | None = field(default=None, metadata={"help": "also write the report as JSON here"})
 
     def __post_init__(self):
         if self.num_bins < 1 or self.batch_size < 1:
             raise ValueError(f"num_bins and batch_size must be >= 1, got {self.num_bins}, {self.batch_size}")
+        if self.weight_mismatch <= 0:
+            raise ValueError(f"weight_mismatch must be > 0, got {self.weight_mismatch}")
         if not 0 <= self.mixing_ratio < 1:
             raise ValueError(f"mixing_ratio must be in [0, 1), got {self.mixing_ratio}")
 
@@ -65,6 +75,12 @@ def predict(head: AcceptancePredictionHead, draft, records: list[dict], mixing_r
         labels.append(batch["labels"][keep].numpy())
         predictions.append(head.accept_prob(hidden).cpu()[keep].numpy())
     return np.concatenate(labels).astype(np.float64), np.concatenate(predictions).astype(np.float64)
+
+
+def unweight(predictions: np.ndarray, weight_mismatch: float) -> np.ndarray:
+    """The acceptance probability a head trained with reject weight `w` implies: it learns
+    `s = y / (y + w (1 - y))`, so `y = w s / (1 - s + w s)` (the identity for w = 1)."""
+    return weight_mismatch * predictions / (1 - predictions + weight_mismatch * predictions)
 
 
 def soft_auroc(labels: np.ndarray, predictions: np.ndarray) -> float:
@@ -156,9 +172,10 @@ def run(args: CalibrationArguments, loading: ModelLoadingArguments | None = None
     if loading.device_map is None and torch.cuda.is_available():
         draft = draft.to("cuda")
     labels, predictions = predict(head, draft, records, args.mixing_ratio, args.seed, args.batch_size)
-    report = calibration_report(labels, predictions, args.num_bins)
+    report = calibration_report(labels, unweight(predictions, args.weight_mismatch), args.num_bins)
     print(format_report(report))
-    plot_reliability(report, args.plot_path, title=f"head {args.head}")
+    title = f"head {args.head}" + (f" (w={args.weight_mismatch:g} undone)" if args.weight_mismatch != 1 else "")
+    plot_reliability(report, args.plot_path, title=title)
     print(f"reliability diagram: {args.plot_path}")
     if args.output_json:
         with open(args.output_json, "w", encoding="utf-8") as f:

@@ -9,9 +9,10 @@ import torch
 from sklearn.metrics import roc_auc_score
 from test_train import synthetic_records
 
-from specdecpp.calibration import calibration_report, main, predict, soft_auroc
+from specdecpp.calibration import calibration_report, main, predict, soft_auroc, unweight
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.models import load_model
+from specdecpp.train import acceptance_loss
 
 
 def test_ece_brier_auroc_by_hand():
@@ -65,3 +66,18 @@ def test_command_prints_report_and_writes_diagram(pair_dirs, tmp_path, capsys):
         assert name in out
     assert (tmp_path / "rel.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "rel.json").read_text())["positions"] > 0
+
+
+def test_unweight_inverts_the_weighted_optimum():
+    # the weighted BCE with weight w is minimised at s = y / (y + w (1 - y)); unweight maps it back to y
+    y, w = np.array([0.0, 0.1, 0.5, 0.9, 1.0]), 6.0
+    s = y / (y + w * (1 - y))
+    np.testing.assert_allclose(unweight(s, w), y)
+    np.testing.assert_allclose(unweight(s, 1.0), s)
+    logits = torch.zeros(5, 2, requires_grad=True)  # and it is the loss's minimum, found numerically
+    optimizer = torch.optim.Adam([logits], lr=0.05)
+    for _ in range(1500):
+        optimizer.zero_grad()
+        sum(acceptance_loss(logits[i: i + 1], torch.tensor([y[i]]), w) for i in range(5)).backward()
+        optimizer.step()
+    np.testing.assert_allclose(logits.softmax(-1)[:, 1].detach().numpy(), s, atol=2e-3)

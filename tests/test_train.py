@@ -14,6 +14,7 @@ from conftest import free_port
 from safetensors.torch import load_file
 
 from specdecpp.head import AcceptancePredictionHead
+from specdecpp.models import last_hidden_states, load_model
 from specdecpp.train import (IGNORE, DataArguments, HeadTrainingArguments, ModelArguments, acceptance_loss, binary_kl,
                              make_example, train)
 
@@ -90,6 +91,33 @@ def test_mixing_replaces_draft_tokens_and_ignores_their_labels():
     assert (ids[~replaced] == np.array(record["draft"])[~replaced]).all() and (labels[~replaced] == 0.5).all()
     assert mixed == make_example(record, 0, 0.3, seed=0), "draws are fixed per (seed, record)"
     assert mixed != make_example(record, 1, 0.3, seed=0)
+
+
+def test_head_learns_what_the_hidden_state_at_each_drafted_token_determines(pair_dirs, tmp_path):
+    # labels from a teacher head on the draft's hidden state at each drafted token: a student can
+    # only fit them if examples pair each label with exactly that position's state
+    draft = load_model(pair_dirs[1])
+    torch.manual_seed(0)
+    teacher = AcceptancePredictionHead(32, 0)
+    torch.nn.init.normal_(teacher.model[-1].weight)
+    paths = []
+    for name, seed, n in (("train", 0, 24), ("eval", 1, 8)):
+        paths.append(tmp_path / f"{name}.jsonl")
+        with open(paths[-1], "w") as f:
+            for r in synthetic_records(n, seed):
+                ids = torch.tensor([r["prefix"] + r["draft"]])
+                with torch.no_grad():
+                    hidden = last_hidden_states(draft, ids, torch.ones_like(ids))
+                f.write(json.dumps(r | {"p_acc": teacher.accept_prob(hidden)[0, len(r["prefix"]):].tolist()}) + "\n")
+    trainer = train(ModelArguments(model_name_or_path=pair_dirs[1], resnet_num_layers=1),
+                    DataArguments(data_path=str(paths[0]), eval_data_path=str(paths[1]), mixing_ratio=0.0),
+                    HeadTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=10, learning_rate=5e-2,
+                                          per_device_train_batch_size=4, weight_mismatch=1.0, report_to="none",
+                                          save_strategy="no", use_cpu=True, disable_tqdm=True, cache_hidden_states=True))
+    labels = np.array([p for line in paths[1].read_text().splitlines() for p in json.loads(line)["p_acc"]])
+    constant = binary_kl(labels, np.full_like(labels, labels.mean()))
+    learned = [log["eval_binary_kl"] for log in trainer.state.log_history if "eval_binary_kl" in log][-1]
+    assert learned < 0.25 * constant
 
 
 def test_only_the_head_is_saved_and_training_resumes(pair_dirs, data_files, tmp_path):
