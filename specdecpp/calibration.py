@@ -29,7 +29,7 @@ from transformers import HfArgumentParser
 from specdecpp.data_io import read_records
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.models import ModelLoadingArguments, last_hidden_states, load_model, model_device
-from specdecpp.train import IGNORE, binary_kl, make_example, pad_batch
+from specdecpp.train import IGNORE, binary_kl, check_data_fits_draft, make_example, pad_batch
 
 
 @dataclass
@@ -169,6 +169,7 @@ def run(args: CalibrationArguments, loading: ModelLoadingArguments | None = None
     records = read_records(args.data_path)  # bad data fails before any model loads
     head = AcceptancePredictionHead.from_pretrained(args.head)
     draft = load_model(args.draft, loading.torch_dtype, loading.device_map, loading.trust_remote_code)
+    check_data_fits_draft(records, draft)
     if loading.device_map is None and torch.cuda.is_available():
         draft = draft.to("cuda")
     labels, predictions = predict(head, draft, records, args.mixing_ratio, args.seed, args.batch_size)

@@ -232,6 +232,14 @@ class HeadTrainer(Trainer):
         self._load_from_checkpoint(self.state.best_model_checkpoint)
 
 
+def check_data_fits_draft(records: list[dict], draft: PreTrainedModel) -> None:
+    """ValueError when the records hold token ids the draft has no embedding for."""
+    top_id = max(max(r["prefix"] + r["tokens"] + r["draft"]) for r in records)
+    if top_id >= vocab_size(draft):
+        raise ValueError(f"the data holds token id {top_id} but the draft's vocabulary has {vocab_size(draft)} "
+                         "tokens: the data was built with another tokenizer")
+
+
 def check_head_fits(saved_hidden: int, saved_layers: int, hidden: int, layers: int, where: str) -> None:
     """ValueError unless a saved head has the shape of the one being trained."""
     if saved_hidden != hidden:
@@ -286,10 +294,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTraini
 
     draft = load_model(model_args.model_name_or_path, model_args.torch_dtype, model_args.device_map,
                        model_args.trust_remote_code)
-    top_id = max(max(r["prefix"] + r["tokens"] + r["draft"]) for r in train_records + (eval_records or []))
-    if top_id >= vocab_size(draft):
-        raise ValueError(f"the data holds token id {top_id} but the draft's vocabulary has {vocab_size(draft)} "
-                         "tokens: the data was built with another tokenizer")
+    check_data_fits_draft(train_records + (eval_records or []), draft)
     set_seed(args.seed)  # the head's initial weights, like everything else, follow --seed
     head = AcceptancePredictionHead(hidden_size, model_args.resnet_num_layers)
     train_set = examples_dataset(train_records, data_args.mixing_ratio, args.seed)
