@@ -36,17 +36,14 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, HfArgumentParser, PreTrainedModel
 
-from specdecpp import metrics, plots, stdlib_corpus
+from specdecpp import metrics, plots
 from specdecpp.decoding import speculative_generate
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.models import ModelLoadingArguments, check_same_vocab, is_peft_adapter, load_model, load_tokenizer
-from specdecpp.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, register_prompt_set, tokenize_prompt
+from specdecpp.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.schedules import SCHEDULES
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
-# The embedded pair's own held-out prompts: documented functions of standard-library files it
-# was not trained on (`def` line and docstring; the model writes the body).
-register_prompt_set("stdlib-heldout", stdlib_corpus.heldout_function_prompts)
 BASELINES = ("target", "draft", "hf:constant", "hf:heuristic", "hf:dynamic")
 
 

@@ -183,4 +183,3 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
 
 def test_the_embedded_pairs_heldout_prompts_are_a_prompt_set():
     ev.check_prompt_source("stdlib-heldout")
-    assert ev.PROMPT_SETS["stdlib-heldout"] is ev.stdlib_corpus.heldout_function_prompts
