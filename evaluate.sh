@@ -11,10 +11,11 @@ python specdecpp/evaluate.py \
     --assistant_name checkpoints/zoo/draft \
     --assist_acc_head_dir checkpoints/zoo/head \
     --schedule constant heuristic dynamic ada \
-    --num_assistant_tokens 2 3 4 5 6 \
+    --num_assistant_tokens 1 2 3 4 5 6 \
     --stop_threshold 0.1 0.2 0.3 0.5 0.7 0.9 \
     --bound 2 20 \
     --data_path humaneval \
     --max_new_tokens 128 \
+    --torch_dtype float32 \
     --save_path results/humaneval \
     "$@"
