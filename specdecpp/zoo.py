@@ -308,6 +308,21 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict
 
 # ----------------------------------------------------------------------------- card
 
+# The issue's targets for the committed pair: the target clearly better than the draft, the
+# draft agreeing with it often enough to be worth drafting with, and drafting cheap.
+TARGETS = {"gap": 0.3, "agreement": 0.7, "c": 0.25}
+
+
+def check_targets(figures: dict) -> dict:
+    """Each target with the worst measured value over the two sets and whether it is met."""
+    sets = ("stdlib-heldout", "humaneval")
+    worst = {"gap": min(figures[s]["gap"] for s in sets), "agreement": min(figures[s]["agreement"] for s in sets),
+             "c": figures["cost"]["c"]}
+    return {name: {"required": bound, "measured": round(worst[name], 4),
+                   "met": worst[name] <= bound if name == "c" else worst[name] >= bound}
+            for name, bound in TARGETS.items()}
+
+
 def dir_bytes(path: Path) -> int:
     """Total size of the files under `path`."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -320,6 +335,13 @@ def write_card(out: Path, card: dict) -> None:
     rows = "\n".join(f"| {name} | {f[name]['target_loss']:.3f} | {f[name]['draft_loss']:.3f} | "
                      f"{f[name]['gap']:.3f} | {f[name]['agreement']:.3f} |" for name in ("stdlib-heldout", "humaneval"))
     m = card["models"]
+    checks = "\n".join(f"| {name} | {'<=' if name == 'c' else '>='} {t['required']} | {t['measured']:.3f} | "
+                       f"{'met' if t['met'] else 'missed'} |" for name, t in card["targets"].items())
+    capped = [role for role in ("target", "draft")
+              if card["training"][role]["steps"] < card["training"][role]["planned_steps"]]
+    cap_note = (f" The {' and '.join(capped)} stopped at the wall-clock cap before the planned steps, so a"
+                " rebuild on another machine (or under other load) trains a different number of steps."
+                if capped else " Both stopped at their planned steps: the build is deterministic given the seed.")
     text = f"""# The zoo pair
 
 A small real target/draft pair for speculative decoding, built by `{card['command']}` from the
@@ -340,7 +362,7 @@ build configuration are excluded. Byte-level BPE tokenizer, {m['vocab_size']} to
 
 Llama architecture, tied embeddings, training windows of {card['args']['seq_len']} tokens, bf16 autocast: {card['args']['bf16']},
 device: {card['args']['device']}. Weights stored in float16 (config dtype float32). Total build time
-{card['build_minutes']} minutes; size on disk {card['bytes'] / 1e6:.1f} MB.
+{card['build_minutes']} minutes; size on disk {card['bytes'] / 1e6:.1f} MB.{cap_note}
 
 ## Measured (on the saved models, float32)
 Held-out loss in nats/token on held-out standard-library functions (whole source) and on
@@ -355,11 +377,24 @@ the target's, teacher-forced on the target's own greedy continuations
 Cost ratio c = one draft step (1 token) / one target verify step (k = {c['k']}, 5 tokens), warm KV caches,
 {c['threads']} CPU threads, median of {c['reps']} interleaved reps: **c = {c['c']:.3f}**
 ({c['draft_step_ms']:.2f} ms / {c['target_verify_ms']:.2f} ms). Timings depend on the machine and its load.
+
+## Targets (worst of the two sets)
+| figure | required | measured | |
+| --- | --- | --- | --- |
+{checks}
 """
     (out / "README.md").write_text(text)
 
 
 # ----------------------------------------------------------------------------- build
+
+def build_command(args: ZooArguments) -> str:
+    """The `specdecpp zoo build` command line that reproduces `args` (options left at their
+    defaults are not spelled out)."""
+    defaults = ZooArguments()
+    changed = [f"--{k} {v}" for k, v in asdict(args).items() if v != getattr(defaults, k)]
+    return " ".join(["specdecpp zoo build", *changed])
+
 
 def build(args: ZooArguments) -> dict:
     """Run the whole build into `args.output_dir` and return the card."""
@@ -390,7 +425,7 @@ def build(args: ZooArguments) -> dict:
     save_model(draft, tokenizer, out / "draft")
     figures = evaluate_pair(out / "target", out / "draft", args)
     card = {
-        "command": "specdecpp zoo build " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["build"] else sys.argv[1:]),
+        "command": build_command(args),
         "args": asdict(args),
         "corpus": {"python": sys.version.split()[0], "train_files": len(texts),
                    "heldout_files": len(stdlib_corpus.read_split("heldout")), "train_tokens": len(stream),
@@ -400,6 +435,7 @@ def build(args: ZooArguments) -> dict:
                    "draft": {"layers": args.draft_layers, "params": count_params(draft)}},
         "training": {"target": target_log, "draft": draft_log},
         "figures": figures,
+        "targets": check_targets(figures),
         "build_minutes": round((time.perf_counter() - build_start) / 60, 2),
     }
     card["bytes"] = dir_bytes(out / "target") + dir_bytes(out / "draft")

@@ -57,7 +57,17 @@ def test_card_records_the_figures(micro_build):
     assert on_disk["figures"]["cost"]["c"] > 0
     assert on_disk["training"]["target"]["steps"] == 4 and on_disk["corpus"]["train_files"] == 8
     assert on_disk["bytes"] == card["bytes"] > 0
+    assert on_disk["command"].startswith("specdecpp zoo build ") and "--vocab_size 400" in on_disk["command"]
+    assert on_disk["targets"].keys() == {"gap", "agreement", "c"}
     assert "| humaneval |" in (out / "README.md").read_text()
+
+
+def test_targets_use_the_worst_set():
+    sets = {"stdlib-heldout": {"gap": 0.5, "agreement": 0.9}, "humaneval": {"gap": 0.2, "agreement": 0.75}}
+    checks = zoo.check_targets({**sets, "cost": {"c": 0.3}})
+    assert checks["gap"] == {"required": 0.3, "measured": 0.2, "met": False}
+    assert checks["agreement"]["measured"] == 0.75 and checks["agreement"]["met"]
+    assert not checks["c"]["met"]
 
 
 def test_agreement_of_a_model_with_itself_is_one(micro_build):
