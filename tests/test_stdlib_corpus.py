@@ -62,3 +62,22 @@ def test_functions_of_dedents_methods_and_skips_undocumented():
     [f] = stdlib_corpus._functions_of("mod.py", source)
     assert f.prompt == 'def f(self, x):\n    """Return x."""\n'
     assert f.source == f.prompt + "    return x\n"
+
+
+def test_train_prompts_come_from_train_files_only_and_are_disjoint_from_heldout():
+    train_functions = stdlib_corpus.split_functions("train")
+    heldout_functions = stdlib_corpus.heldout_functions()
+    train_paths = {f.path for f in train_functions}
+    heldout_paths = {f.path for f in heldout_functions}
+    assert len(train_functions) > len(heldout_functions) > 100
+    assert all(stdlib_corpus.split_of(p) == "train" for p in train_paths)
+    assert not train_paths & heldout_paths
+    prompts = stdlib_corpus.train_function_prompts(limit=5)
+    assert prompts == [f.prompt for f in train_functions[:5]]
+
+
+def test_split_functions_rejects_unknown_split():
+    import pytest
+
+    with pytest.raises(ValueError):
+        stdlib_corpus.split_functions("dev")
