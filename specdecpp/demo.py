@@ -32,15 +32,18 @@ class DemoArguments:
     assistant_name: str = field(default=_DEFAULTS.assistant_name, metadata={"help": "draft model"})
     assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir, metadata={"help": "the draft's head"})
     data_path: str = field(default="humaneval", metadata={"help": "prompt set or file (see specdecpp evaluate)"})
-    prompts: int = field(default=10, metadata={"help": "prompts evaluated"})
-    tune_prompts: int = field(default=3, metadata={"help": "prompts before those, used only to choose K (and the threshold)"})
-    max_new_tokens: int = field(default=64, metadata={"help": "tokens generated per prompt at most"})
-    constant_ks: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6], metadata={"help": "K values to choose from"})
-    stop_threshold: list[float] = field(default_factory=lambda: [0.3], metadata={"help": "ada thresholds to choose from"})
+    prompts: int = field(default=20, metadata={"help": "prompts evaluated"})
+    tune_prompts: int = field(default=4, metadata={"help": "prompts before those, used only to choose K (and the threshold)"})
+    max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
+    constant_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6], metadata={"help": "K values to choose from"})
+    stop_threshold: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.5, 0.7], metadata={"help": "ada thresholds to choose from"})
     save_path: str = field(default="outputs/demo", metadata={"help": "folder for records, summary and figures"})
     torch_dtype: str = field(default="float32", metadata={
         "help": "dtype the models run in (the embedded pair is stored in float16, which CPUs run slowly)"})
     random_seed: int = 47
+    threads: int = field(default=1, metadata={
+        "help": "torch CPU threads: the embedded pair runs as fast on one, and one thread is not slowed down "
+                "by other processes the way a team of threads is"})
     progress: bool = field(default=True, metadata={"help": "progress bars (--no_progress to hide)"})
 
 
@@ -56,7 +59,7 @@ def evaluation_arguments(demo: DemoArguments) -> EvaluationArguments:
         schedule=["constant", "ada"], num_assistant_tokens=demo.constant_ks, stop_threshold=demo.stop_threshold,
         baselines=["target", "hf:dynamic"], data_path=demo.data_path, n_end=demo.tune_prompts + demo.prompts,
         save_path=demo.save_path, max_new_tokens=demo.max_new_tokens, random_seed=demo.random_seed,
-        progress=demo.progress)
+        threads=demo.threads, progress=demo.progress)
 
 
 def choose(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,

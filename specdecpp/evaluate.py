@@ -88,6 +88,9 @@ class EvaluationArguments:
     warmup_tokens: int = field(default=16, metadata={
         "help": "each method first generates this many tokens on the first prompt, untimed (0: no warm-up)"})
     cost_ratio_steps: int = field(default=50, metadata={"help": "timed steps for the draft/target cost ratio"})
+    threads: int = field(default=0, metadata={
+        "help": "torch CPU threads (0: torch's default); small models run as fast on one, which also keeps "
+                "other processes on a shared machine from slowing the run down"})
     plots: bool = field(default=True, metadata={"help": "draw the PNG figures (--no_plots to skip)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar (--no_progress to hide)"})
 
@@ -516,6 +519,8 @@ def machine_info() -> dict:
 def setup(args: EvaluationArguments, model_args: ModelLoadingArguments, need_head: bool) -> tuple[Pair, list[Prompt]]:
     """Check the settings, read the prompts, then (only then) load the pair."""
     check_arguments(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model_name, trust_remote_code=model_args.trust_remote_code)
     prompts = load_eval_prompts(args, tokenizer)
     torch.manual_seed(args.random_seed)

@@ -25,7 +25,7 @@ def demo_dirs(pair_dirs, tmp_path_factory):
 def flags(dirs, *extra: str) -> list[str]:
     return ["--model_name", dirs["target"], "--assistant_name", dirs["draft"], "--assist_acc_head_dir", dirs["head"],
             "--data_path", dirs["prompts"], "--save_path", str(dirs["out"]), "--max_new_tokens", "8",
-            "--no_progress", *extra]
+            "--no_progress", "--threads", "0", *extra]  # 0: leave the test session's threads alone
 
 
 def test_demo_tunes_on_other_prompts_then_prints_four_methods(demo_dirs, capsys):
