@@ -17,5 +17,6 @@ python specdecpp/evaluate.py \
     --data_path humaneval \
     --max_new_tokens 128 \
     --torch_dtype float32 \
+    --threads 1 \
     --save_path results/humaneval \
     "$@"

@@ -485,8 +485,8 @@ def results_file(save_path: str | Path, prompts: list[Prompt]) -> Path:
     return Path(save_path) / f"results_{prompts[0].id}to{prompts[-1].id + 1}.json"
 
 
-def write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+def write_json(path: Path, data, indent: int | None = None) -> None:
+    path.write_text(json.dumps(data, indent=indent) + "\n", encoding="utf-8")
 
 
 def report(records: list[dict], cost: dict, args: EvaluationArguments, title: str = "", **extra) -> dict:
@@ -501,7 +501,7 @@ def report(records: list[dict], cost: dict, args: EvaluationArguments, title: st
     if args.plots:
         document["figures"] = [str(plots.plot_pareto(summary, save_path / "pareto.png", title)),
                                str(plots.plot_speedup(summary, save_path / "speedup_vs_threshold.png", title))]
-    write_json(save_path / "summary.json", document)
+    write_json(save_path / "summary.json", document, indent=1)
     print(table)
     if verdict:
         print(verdict)
