@@ -183,3 +183,14 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
 
 def test_the_embedded_pairs_heldout_prompts_are_a_prompt_set():
     ev.check_prompt_source("stdlib-heldout")
+
+
+def test_sampling_runs_are_seeded_per_prompt_and_not_greedy_checked(eval_dirs, tmp_path):
+    args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[2],
+                     baselines=["target", "hf:constant"], do_sample=True, temperature=0.8, top_k=20, n_end=2,
+                     plots=False)
+    first = ev.evaluate(args)
+    records = json.loads(Path(first["records_file"]).read_text())
+    assert all(r["matches_target"] is None for r in records) and first["greedy_check"] is None
+    again = json.loads(Path(ev.evaluate(args)["records_file"]).read_text())
+    assert [r["tokens"] for r in again] == [r["tokens"] for r in records]  # same seeds, same samples
