@@ -33,10 +33,13 @@ class DemoArguments:
     assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir, metadata={"help": "the draft's head"})
     data_path: str = field(default="humaneval", metadata={"help": "prompt set or file (see specdecpp evaluate)"})
     prompts: int = field(default=20, metadata={"help": "prompts evaluated"})
-    tune_prompts: int = field(default=4, metadata={"help": "prompts before those, used only to choose K (and the threshold)"})
+    tune_prompts: int = field(default=4, metadata={
+        "help": "prompts before those, used only to choose K (and the threshold)"})
     max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
-    constant_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6], metadata={"help": "K values to choose from"})
-    stop_threshold: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.5, 0.7], metadata={"help": "ada thresholds to choose from"})
+    constant_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6], metadata={
+        "help": "K values to choose from"})
+    stop_threshold: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.5, 0.7], metadata={
+        "help": "ada thresholds to choose from"})
     save_path: str = field(default="outputs/demo", metadata={"help": "folder for records, summary and figures"})
     torch_dtype: str = field(default="float32", metadata={
         "help": "dtype the models run in (the embedded pair is stored in float16, which CPUs run slowly)"})
@@ -88,17 +91,19 @@ def run_demo(demo: DemoArguments) -> dict:
     specs = method_specs(args)
     pair, prompts = setup(args, ModelLoadingArguments(torch_dtype=demo.torch_dtype), need_head=True)
     if len(prompts) <= demo.tune_prompts:
-        raise ValueError(f"{demo.data_path} has only {len(prompts)} prompts; need more than --tune_prompts {demo.tune_prompts}")
+        raise ValueError(f"{demo.data_path} has only {len(prompts)} prompts; "
+                         f"need more than --tune_prompts {demo.tune_prompts}")
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
     best, tuning_summary, cost = choose(pair, specs, tuning, args)
     by_name = {spec.name: spec for spec in specs}
     final = [by_name["target"], best["constant"], by_name["hf:dynamic"], best["ada"]]
-    records, cost = measure(pair, final, evaluated, args, cost=cost, results_path=results_file(args.save_path, evaluated))
+    path = results_file(args.save_path, evaluated)
+    records, cost = measure(pair, final, evaluated, args, cost=cost, results_path=path)
     how = how_chosen(best, tuning, evaluated, demo, cost)
     print(how)
     title = f"{demo.data_path} prompts {evaluated[0].id}-{evaluated[-1].id}, greedy, {demo.max_new_tokens} new tokens"
     document = report(records, cost, args, title, chosen=how, tuning_summary=tuning_summary,
-                      records_file=str(results_file(args.save_path, evaluated)))
+                      records_file=str(path))
     print(headline(document["summary"]))
     return document
 
@@ -107,7 +112,8 @@ def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: lis
                cost: dict) -> str:
     """One paragraph saying which K and threshold were picked, and how."""
     if not tuning:
-        return f"constant K = {best['constant'].num_assistant_tokens}, ada threshold = {best['ada'].stop_threshold:g} (given)."
+        return (f"constant K = {best['constant'].num_assistant_tokens}, "
+                f"ada threshold = {best['ada'].stop_threshold:g} (given).")
     return (f"constant K = {best['constant'].num_assistant_tokens} (of {demo.constant_ks}) and ada threshold = "
             f"{best['ada'].stop_threshold:g} (of {demo.stop_threshold}) were chosen by the lowest cost per token, "
             f"(target calls + c * draft calls) / token with c = {cost['cost_ratio']:.3f} measured in this run, "
@@ -127,7 +133,8 @@ def headline(summary: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """`specdecpp demo [flags]`: run the demo; bad input exits with a one-line message."""
-    (demo,) = HfArgumentParser(DemoArguments, description=__doc__.splitlines()[0]).parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser(DemoArguments, description=__doc__.splitlines()[0])
+    (demo,) = parser.parse_args_into_dataclasses(args=argv)
     # Hugging Face's assisted generation warns about its own internal generate call, and model
     # loading draws progress bars: neither says anything about the demo.
     hf_logging.set_verbosity_error()

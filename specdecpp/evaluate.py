@@ -67,13 +67,16 @@ class EvaluationArguments:
         "help": "acceptance prediction head for ada (folder or Hub id)"})
     stop_threshold: list[float] = field(default_factory=lambda: [0.3], metadata={
         "help": "ada stop thresholds (one method per value)"})
-    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={"help": "ada: MIN MAX drafted tokens per round"})
+    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
+        "help": "ada: MIN MAX drafted tokens per round"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
         "choices": BASELINES, "help": "baselines run next to the schedules (the target alone always runs)"})
     data_path: str = field(default="humaneval", metadata={
         "help": "prompts: a prompt set name (humaneval, ...), a .json/.jsonl file, or a Hub dataset"})
-    data_split: str | None = field(default=None, metadata={"help": "Hub dataset split (default: the dataset's usual one)"})
-    prompt_format: str = field(default="auto", metadata={"choices": FORMATS, "help": "how prompts are shown to the model"})
+    data_split: str | None = field(default=None, metadata={
+        "help": "Hub dataset split (default: the dataset's usual one)"})
+    prompt_format: str = field(default="auto", metadata={
+        "choices": FORMATS, "help": "how prompts are shown to the model"})
     n_begin: int = field(default=0, metadata={"help": "first prompt index"})
     n_end: int | None = field(default=None, metadata={"help": "one past the last prompt index (default: all)"})
     save_path: str = field(default="outputs/evaluate", metadata={"help": "folder for records, summary and plots"})
@@ -102,7 +105,8 @@ def check_arguments(args: EvaluationArguments) -> None:
     trained for a draft of another hidden size, models with different vocabularies, the oracle
     with sampling, a save path that cannot be written."""
     if len(args.bound) != 2 or not 0 <= args.bound[0] <= args.bound[1] or args.bound[1] < 1:
-        raise ValueError(f"--bound takes MIN MAX with 0 <= MIN <= MAX and MAX >= 1, got {' '.join(map(str, args.bound))}")
+        raise ValueError("--bound takes MIN MAX with 0 <= MIN <= MAX and MAX >= 1, got "
+                         + " ".join(map(str, args.bound)))
     if any(k < 1 for k in args.num_assistant_tokens) or args.dynamic_num_assistant_tokens < 1:
         raise ValueError("--num_assistant_tokens and --dynamic_num_assistant_tokens must be >= 1")
     if any(not 0.0 <= t <= 1.0 for t in args.stop_threshold) or not 0.0 <= args.assistant_confidence_threshold <= 1.0:
@@ -273,7 +277,8 @@ def _knob_specs(engine: str, schedule: str, args: EvaluationArguments) -> list[M
         return [MethodSpec(f"{engine}:ada@{t:g}", engine, schedule, stop_threshold=t)
                 for t in dict.fromkeys(args.stop_threshold)]
     if schedule == "dynamic":
-        return [MethodSpec(f"{engine}:dynamic", engine, schedule, num_assistant_tokens=args.dynamic_num_assistant_tokens)]
+        return [MethodSpec(f"{engine}:dynamic", engine, schedule,
+                           num_assistant_tokens=args.dynamic_num_assistant_tokens)]
     return [MethodSpec(f"{engine}:{schedule}", engine, schedule)]
 
 
@@ -315,7 +320,8 @@ def _sampling_kwargs(args: EvaluationArguments) -> dict:
 
 
 def _engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,
-                     head: AcceptancePredictionHead | None, args: EvaluationArguments) -> Callable[[Prompt, int], Counts]:
+                     head: AcceptancePredictionHead | None,
+                     args: EvaluationArguments) -> Callable[[Prompt, int], Counts]:
     """Our engine with `spec`'s schedule; a model alone (`schedule="none"`) runs through the same
     loop, its forward passes counted as target calls for the target and draft calls for the draft."""
     knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
@@ -335,7 +341,8 @@ def _engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTraine
         if spec.engine is None:
             calls = (0, stats.target_calls) if alone_is_draft else (stats.target_calls, 0)
             return Counts(tokens, *calls, discarded_tokens=0, accepted_lengths=None)
-        return Counts(tokens, stats.target_calls, stats.draft_calls, stats.discarded_tokens, list(stats.accepted_lengths))
+        return Counts(tokens, stats.target_calls, stats.draft_calls, stats.discarded_tokens,
+                      list(stats.accepted_lengths))
 
     return generate
 
@@ -367,13 +374,16 @@ def _hf_generate(spec: MethodSpec, pair: Pair, args: EvaluationArguments) -> Cal
         setattr(config, name, value)
     eos = target.generation_config.eos_token_id
     pad = target.generation_config.pad_token_id
-    extra = {"pad_token_id": pad if pad is not None else (eos[0] if isinstance(eos, list) else eos)} if eos is not None else {}
+    if pad is None and eos is not None:  # else Hugging Face warns that it picks one
+        pad = eos[0] if isinstance(eos, list) else eos
+    extra = {"pad_token_id": pad} if pad is not None else {}
 
     def generate(prompt: Prompt, seed: int) -> Counts:
         device = target.get_input_embeddings().weight.device
         input_ids = torch.tensor([prompt.ids], device=device)
         torch.manual_seed(seed)
-        with _generation_config(draft, config), count_forwards(target) as target_calls, count_forwards(draft) as draft_calls:
+        with _generation_config(draft, config), count_forwards(target) as target_calls, \
+                count_forwards(draft) as draft_calls:
             sequences = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
                                         max_new_tokens=prompt.max_new_tokens, **_sampling_kwargs(args), **extra)
         tokens = sequences[0, len(prompt.ids):].tolist()
@@ -528,7 +538,8 @@ def setup(args: EvaluationArguments, model_args: ModelLoadingArguments, need_hea
 
 
 def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
-            cost: dict | None = None, results_path: Path | None = None, label: str = "evaluate") -> tuple[list[dict], dict]:
+            cost: dict | None = None, results_path: Path | None = None,
+            label: str = "evaluate") -> tuple[list[dict], dict]:
     """Warm the methods up, measure the draft/target cost ratio (unless `cost` is given), then
     run every method on every prompt, saving the records so far to `results_path` after each
     prompt. Returns the records and the cost measurement."""
@@ -545,7 +556,8 @@ def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None
     """The whole evaluation the flags describe: `setup`, `measure`, `report`. Returns the summary
     document, with `records_file` the path of the per-prompt records."""
     specs = method_specs(args)
-    pair, prompts = setup(args, model_args or ModelLoadingArguments(), need_head=any(s.schedule == "ada" for s in specs))
+    need_head = any(spec.schedule == "ada" for spec in specs)
+    pair, prompts = setup(args, model_args or ModelLoadingArguments(), need_head)
     path = results_file(args.save_path, prompts)
     records, cost = measure(pair, specs, prompts, args, results_path=path)
     return report(records, cost, args, title, records_file=str(path))

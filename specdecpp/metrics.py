@@ -157,8 +157,8 @@ def format_table(summary: list[dict], cost_ratio: float | None = None) -> str:
     for row in summary:
         cells.append([_cell(row, key, fmt) for _, key, fmt in COLUMNS])
     widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
-    lines = ["| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) + " |"
-             for line in cells]
+    lines = ["| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+             + " |" for line in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|")
     if cost_ratio is not None:
         lines.append(f"cost/tok = (target calls + c * draft calls) / token, c = {cost_ratio:.3f} "
