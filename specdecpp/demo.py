@@ -18,7 +18,7 @@ from transformers.utils import logging as hf_logging
 
 from specdecpp import metrics
 from specdecpp.evaluate import (EvaluationArguments, MethodSpec, ModelLoadingArguments, Pair, Prompt, measure,
-                                method_specs, report, results_file, setup)
+                                method_specs, report, results_file, run_title, setup)
 
 _DEFAULTS = EvaluationArguments()
 
@@ -101,8 +101,7 @@ def run_demo(demo: DemoArguments) -> dict:
     records, cost = measure(pair, final, evaluated, args, cost=cost, results_path=path)
     how = how_chosen(best, tuning, evaluated, demo, cost)
     print(how)
-    title = f"{demo.data_path} prompts {evaluated[0].id}-{evaluated[-1].id}, greedy, {demo.max_new_tokens} new tokens"
-    document = report(records, cost, args, title, chosen=how, tuning_summary=tuning_summary,
+    document = report(records, cost, args, run_title(args, evaluated), chosen=how, tuning_summary=tuning_summary,
                       records_file=str(path))
     print(headline(document["summary"]))
     return document

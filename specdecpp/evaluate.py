@@ -552,15 +552,22 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: Ev
     return run_evaluation(methods, prompts, args, pair.tokenizer, on_prompt=save, label=label), cost
 
 
+def run_title(args: EvaluationArguments, prompts: list[Prompt]) -> str:
+    """What a run measured, in a few words: `humaneval prompts 0-163, greedy, 128 new tokens`."""
+    decoding = f"sampled (temperature {args.temperature:g})" if args.do_sample else "greedy"
+    return f"{args.data_path} prompts {prompts[0].id}-{prompts[-1].id}, {decoding}, {args.max_new_tokens} new tokens"
+
+
 def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None = None, title: str = "") -> dict:
-    """The whole evaluation the flags describe: `setup`, `measure`, `report`. Returns the summary
-    document, with `records_file` the path of the per-prompt records."""
+    """The whole evaluation the flags describe: `setup`, `measure`, `report` (under `title`, by
+    default `run_title`). Returns the summary document, with `records_file` the path of the
+    per-prompt records."""
     specs = method_specs(args)
     need_head = any(spec.schedule == "ada" for spec in specs)
     pair, prompts = setup(args, model_args or ModelLoadingArguments(), need_head)
     path = results_file(args.save_path, prompts)
     records, cost = measure(pair, specs, prompts, args, results_path=path)
-    return report(records, cost, args, title, records_file=str(path))
+    return report(records, cost, args, title or run_title(args, prompts), records_file=str(path))
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[EvaluationArguments, ModelLoadingArguments]:

@@ -4,10 +4,14 @@
   schedule (constant over K, ada over thresholds, ...) and the Pareto front over all points —
   the paper's main figure. Both axes are hardware-independent; lower-left is better.
 - `plot_speedup`: measured speedup over target alone against the `ada` stop threshold, with the
-  other methods as horizontal reference lines.
+  target alone and the fastest method of each other schedule as horizontal reference lines.
+
+`python -m specdecpp.plots results/*/summary.json` redraws both next to each saved summary.
 """
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -55,7 +59,11 @@ def plot_pareto(summary: list[dict], path: str | Path, title: str = "") -> Path:
         xs = [r["discarded_per_token"] for r in rows]
         ys = [r["target_calls_per_token"] for r in rows]
         points += list(zip(xs, ys))
-        ax.plot(xs, ys, marker="o", linestyle="-" if len(rows) > 1 else "none", label=name)
+        # Hugging Face's rows often coincide with ours (same schedule, same counts): open markers
+        # and dashes keep both visible.
+        hf = rows[0]["engine"] == "hf"
+        ax.plot(xs, ys, marker="s" if hf else "o", markerfacecolor="none" if hf else None, markersize=8 if hf else 6,
+                linestyle=("--" if hf else "-") if len(rows) > 1 else "none", label=name)
         for row, x, y in zip(rows, xs, ys):
             if label := _knob_label(row):
                 ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
@@ -71,13 +79,26 @@ def plot_speedup(summary: list[dict], path: str | Path, title: str = "") -> Path
     ada = sorted((r for r in summary if r["schedule"] == "ada"), key=lambda r: r["stop_threshold"])
     if ada:
         ax.plot([r["stop_threshold"] for r in ada], [r["speedup"] for r in ada], marker="o", label="specdecpp:ada")
-    others = [r for r in summary if r["schedule"] != "ada"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, row in enumerate(others):
+    for i, row in enumerate(_fastest_per_family(summary)):
         ax.axhline(row["speedup"], linestyle="--", linewidth=1, color=colors[(i + 1) % len(colors)],
                    label=f"{row['method']} ({row['speedup']:.2f}x)")
     return _finish(fig, ax, path, "stop threshold (ada)", "speedup over target alone (median over prompts)",
                    title or "Speedup against the stop threshold")
+
+
+def _fastest_per_family(summary: list[dict]) -> list[dict]:
+    """The reference lines: the target alone and the fastest row of every other speculative
+    family (e.g. the best K of constant). The draft alone is left out: it is not lossless, and
+    its speedup would squeeze every other line together."""
+    best: dict[str, dict] = {}
+    for row in summary:
+        family = "target" if row["method"] == "target" else f"{row['engine']}:{row['schedule']}"
+        if row["engine"] is None and row["method"] != "target" or row["schedule"] == "ada":
+            continue
+        if family not in best or row["speedup"] > best[family]["speedup"]:
+            best[family] = row
+    return list(best.values())
 
 
 def _finish(fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> Path:
@@ -92,3 +113,23 @@ def _finish(fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def redraw(summary_file: str | Path) -> list[Path]:
+    """Draw both figures again from a saved `summary.json`, next to it."""
+    summary_file = Path(summary_file)
+    document = json.loads(summary_file.read_text(encoding="utf-8"))
+    folder, title = summary_file.parent, document.get("title", "")
+    return [plot_pareto(document["summary"], folder / "pareto.png", title),
+            plot_speedup(document["summary"], folder / "speedup_vs_threshold.png", title)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m specdecpp.plots SUMMARY_JSON...`: redraw the figures of saved evaluations."""
+    for summary_file in sys.argv[1:] if argv is None else argv:
+        for path in redraw(summary_file):
+            print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -177,6 +177,7 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
     assert summary["greedy_check"].startswith("greedy check passed") and "(4)" in summary["greedy_check"]
     assert summary["cost"]["cost_ratio"] > 0
     assert document["table"] == summary["table"]
+    assert summary["title"] == f"{eval_dirs['prompts']} prompts 0-2, greedy, 10 new tokens"
     for figure in ("pareto.png", "speedup_vs_threshold.png"):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

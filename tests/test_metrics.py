@@ -2,6 +2,7 @@
 tiny pair for the cost ratio)."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -95,3 +96,18 @@ def test_figures_are_written_as_png(tmp_path):
     for draw, name in ((plots.plot_pareto, "pareto.png"), (plots.plot_speedup, "speedup.png")):
         path = draw(rows, tmp_path / name)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_speedup_figure_compares_with_the_fastest_of_each_family():
+    rows = metrics.summarize(RECORDS, 0.5)
+    faster = dict(rows[1], method="specdecpp:constant@K=2", num_assistant_tokens=2, speedup=9.0)
+    draft = dict(rows[0], method="draft", speedup=6.0)
+    ada = dict(rows[1], method="specdecpp:ada@0.3", schedule="ada", stop_threshold=0.3)
+    lines = plots._fastest_per_family(rows + [faster, draft, ada])
+    assert [row["method"] for row in lines] == ["target", "specdecpp:constant@K=2"]
+
+
+def test_figures_are_redrawn_from_a_saved_summary(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"title": "t", "summary": metrics.summarize(RECORDS, 0.5)}))
+    paths = plots.redraw(tmp_path / "summary.json")
+    assert [p.name for p in paths] == ["pareto.png", "speedup_vs_threshold.png"] and all(p.exists() for p in paths)
