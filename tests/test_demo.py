@@ -46,7 +46,7 @@ def test_demo_tunes_on_other_prompts_then_prints_four_methods(demo_dirs, capsys)
     assert sorted({r["id"] for r in records}) == [2, 3]  # the tuning prompts 0 and 1 are not scored
     assert "chosen by the lowest cost per token" in summary["chosen"] and "0-1" in summary["chosen"]
     assert summary["greedy_check"].startswith("greedy check passed")
-    for line in (summary["table"], summary["chosen"], summary["greedy_check"], "SpecDec++ (ada): "):
+    for line in (summary["table"], summary["chosen"], summary["greedy_check"], f"SpecDec++ ({methods[3]}): cost per"):
         assert line in out
 
 
