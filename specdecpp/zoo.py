@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specdecpp import stdlib_corpus
+from specdecpp.metrics import measure_cost_ratio
 
 EOS = "<|endoftext|>"
 
@@ -257,27 +258,13 @@ def greedy_agreement(target, draft, tokenizer, prompts: list[str], args: ZooArgu
 
 @torch.no_grad()
 def cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 4) -> dict:
-    """c = one draft step (1 token) / one target verify step (k + 1 tokens), both on warm KV
-    caches of the same context, float32 on the CPU with torch's thread setting, medians of
-    `reps` interleaved repetitions (interleaving keeps load from other processes fair)."""
-    from transformers import DynamicCache
-
+    """c = one draft step (1 token) / one target verify step (k + 1 tokens) on warm KV caches of
+    `context`, measured by `specdecpp.metrics.measure_cost_ratio` (the evaluation's own
+    measurement), with the card's field names."""
     ids = torch.tensor([tokenizer(context)["input_ids"][-256:]])
-    caches = {}
-    for name, model in (("draft", draft), ("target", target)):
-        caches[name] = DynamicCache(config=model.config)
-        model(input_ids=ids, past_key_values=caches[name], use_cache=True)
-    times = {"draft": [], "target": []}
-    step_ids = {"draft": ids[:, -1:], "target": ids[:, -(k + 1):]}
-    for _ in range(reps + 10):
-        for name, model in (("draft", draft), ("target", target)):
-            start = time.perf_counter()
-            model(input_ids=step_ids[name], past_key_values=caches[name], use_cache=True)
-            times[name].append(time.perf_counter() - start)
-            caches[name].crop(-step_ids[name].shape[1])  # back to the context: every rep is the same step
-    median = {name: sorted(t[10:])[len(t[10:]) // 2] for name, t in times.items()}  # first 10 are warm-up
-    return {"c": median["draft"] / median["target"], "draft_step_ms": 1000 * median["draft"],
-            "target_verify_ms": 1000 * median["target"], "k": k, "context_tokens": ids.shape[1],
+    cost = measure_cost_ratio(target, draft, ids, k=k, steps=reps)
+    return {"c": cost["cost_ratio"], "draft_step_ms": cost["draft_step_ms"],
+            "target_verify_ms": cost["target_verify_ms"], "k": k, "context_tokens": ids.shape[1],
             "threads": torch.get_num_threads(), "reps": reps}
 
 
