@@ -47,12 +47,12 @@ class ZooArguments:
     vocab_size: int = 4096
     seq_len: int = 512  # training window; also the longest context the pair is evaluated at
     width: int = 256
-    target_layers: int = 6
+    target_layers: int = 8
     draft_layers: int = 1
     batch_size: int = 8
     bf16: bool = True  # bf16 autocast for training (AVX-512 bf16 on this CPU, tensor cores on GPUs)
-    target_steps: int = 2400
-    target_minutes: float = 36.0  # wall-clock cap: the schedule ends at whichever comes first
+    target_steps: int = 2100
+    target_minutes: float = 44.0  # wall-clock cap: the schedule ends at whichever comes first
     target_lr: float = 3e-3
     draft_steps: int = 1200
     draft_minutes: float = 8.0
