@@ -17,6 +17,8 @@ that every speculative method's output equals the target's.
 Output in `--save_path`: `results_{n_begin}to{n_end}.json` (one record per prompt and method,
 the reference's fields plus ours), `summary.json` (the table below, the measured cost ratio,
 the greedy verdict, the settings), `pareto.png` and `speedup_vs_threshold.png`.
+Records are saved after every prompt; `--resume` reruns an interrupted run with the same flags,
+keeping the prompts it finished.
 """
 from __future__ import annotations
 
@@ -96,6 +98,9 @@ class EvaluationArguments:
                 "other processes on a shared machine from slowing the run down"})
     plots: bool = field(default=True, metadata={"help": "draw the PNG figures (--no_plots to skip)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar (--no_progress to hide)"})
+    resume: bool = field(default=False, metadata={
+        "help": "keep the prompts already in --save_path's records file (an interrupted run with the same "
+                "flags) and run only the rest"})
 
 
 # -- checks that need no model ------------------------------------------------------------------
@@ -538,18 +543,42 @@ def setup(args: EvaluationArguments, model_args: ModelLoadingArguments, need_hea
 
 
 def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
-            cost: dict | None = None, results_path: Path | None = None,
-            label: str = "evaluate") -> tuple[list[dict], dict]:
+            cost: dict | None = None, results_path: Path | None = None, label: str = "evaluate",
+            done: list[dict] | None = None) -> tuple[list[dict], dict]:
     """Warm the methods up, measure the draft/target cost ratio (unless `cost` is given), then
-    run every method on every prompt, saving the records so far to `results_path` after each
-    prompt. Returns the records and the cost measurement."""
+    run every method on every prompt not already in `done` (records of an interrupted run),
+    saving all records so far to `results_path` after each prompt. Returns the records (`done`
+    first) and the cost measurement."""
+    done = done or []
     methods = [build_method(spec, pair, args) for spec in specs]
     warm_up(methods, prompts[0], args.warmup_tokens, args.random_seed)
     if cost is None:
         cost = metrics.measure_cost_ratio(pair.target, pair.draft, torch.tensor([prompts[0].ids]),
                                           steps=args.cost_ratio_steps)
-    save = (lambda so_far: write_json(results_path, so_far)) if results_path is not None else None
-    return run_evaluation(methods, prompts, args, pair.tokenizer, on_prompt=save, label=label), cost
+    finished = {record["id"] for record in done}
+    todo = [prompt for prompt in prompts if prompt.id not in finished]
+    save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
+    return done + run_evaluation(methods, todo, args, pair.tokenizer, on_prompt=save, label=label), cost
+
+
+def finished_records(path: Path, specs: list[MethodSpec], prompts: list[Prompt]) -> list[dict]:
+    """The records of an interrupted run saved at `path` (none if there is no file), after checking
+    that they come from the same methods and prompts; a prompt is saved only once all its methods
+    have run, so every prompt found is complete."""
+    if not path.is_file():
+        return []
+    records = json.loads(path.read_text(encoding="utf-8"))
+    names = sorted(spec.name for spec in specs)
+    by_id = {prompt.id: prompt for prompt in prompts}
+    for prompt_id in {record["id"] for record in records}:
+        saved = [record for record in records if record["id"] == prompt_id]
+        if sorted(record["method"] for record in saved) != names:
+            raise ValueError(f"{path} holds other methods than this run ({', '.join(names)}); "
+                             "rerun with the same flags, or choose another --save_path to start afresh")
+        if prompt_id not in by_id or saved[0]["prefix"] != by_id[prompt_id].ids:
+            raise ValueError(f"{path} holds other prompts than this run (prompt {prompt_id} differs); "
+                             "rerun with the same flags, or choose another --save_path to start afresh")
+    return records
 
 
 def run_title(args: EvaluationArguments, prompts: list[Prompt]) -> str:
@@ -566,7 +595,8 @@ def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None
     need_head = any(spec.schedule == "ada" for spec in specs)
     pair, prompts = setup(args, model_args or ModelLoadingArguments(), need_head)
     path = results_file(args.save_path, prompts)
-    records, cost = measure(pair, specs, prompts, args, results_path=path)
+    done = finished_records(path, specs, prompts) if args.resume else []
+    records, cost = measure(pair, specs, prompts, args, results_path=path, done=done)
     return report(records, cost, args, title or run_title(args, prompts), records_file=str(path))
 
 

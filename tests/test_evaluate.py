@@ -195,3 +195,26 @@ def test_sampling_runs_are_seeded_per_prompt_and_not_greedy_checked(eval_dirs, t
     assert all(r["matches_target"] is None for r in records) and first["greedy_check"] is None
     again = json.loads(Path(ev.evaluate(args)["records_file"]).read_text())
     assert [r["tokens"] for r in again] == [r["tokens"] for r in records]  # same seeds, same samples
+
+
+def test_resume_keeps_finished_prompts_and_runs_only_the_rest(eval_dirs, tmp_path):
+    args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[2],
+                     baselines=["target"], n_end=3, plots=False)
+    full = json.loads(Path(ev.evaluate(args)["records_file"]).read_text())
+    interrupted = [dict(r, spec_time=-1.0) for r in full if r["id"] == 0]  # marked: must survive as saved
+    path = Path(args.save_path) / "results_0to3.json"
+    path.write_text(json.dumps(interrupted))
+    args.resume = True
+    resumed = json.loads(Path(ev.evaluate(args)["records_file"]).read_text())
+    assert [(r["id"], r["method"]) for r in resumed] == [(r["id"], r["method"]) for r in full]
+    assert [r["spec_time"] for r in resumed[:2]] == [-1.0, -1.0] and all(r["spec_time"] > 0 for r in resumed[2:])
+    assert [r["tokens"] for r in resumed] == [r["tokens"] for r in full]
+
+
+def test_resume_refuses_records_of_other_methods(eval_dirs, tmp_path):
+    args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[2],
+                     baselines=["target"], n_end=2, plots=False)
+    ev.evaluate(args)
+    args.num_assistant_tokens, args.resume = [3], True
+    with pytest.raises(ValueError, match="other methods than this run"):
+        ev.evaluate(args)
