@@ -116,3 +116,27 @@ def test_schedule_warms_up_then_decays_to_a_tenth():
 def test_main_requires_the_build_command():
     with pytest.raises(SystemExit):
         zoo.main([])
+
+
+def test_the_committed_pair_and_head_fit_together_and_decode_losslessly():
+    """checkpoints/zoo as committed: within its 40 MB, the card's sizes and target verdicts agree
+    with the files, the head fits the draft, and ada on the real pair gives the target's output."""
+    from specdecpp import AcceptancePredictionHead, speculative_generate
+
+    root = zoo.Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
+    assert zoo.dir_bytes(root) <= 40 * 2**20
+    card = json.loads((root / "card.json").read_text())
+    target, draft = zoo.load_model(root / "target"), zoo.load_model(root / "draft")
+    assert target.config.vocab_size == draft.config.vocab_size == card["models"]["vocab_size"]
+    assert zoo.count_params(target) == card["models"]["target"]["params"]
+    assert zoo.count_params(draft) == card["models"]["draft"]["params"]
+    assert zoo.check_targets(card["figures"]) == card["targets"]
+    head = AcceptancePredictionHead.from_pretrained(root / "head")
+    assert head.hidden_size == draft.config.hidden_size
+
+    tokenizer = AutoTokenizer.from_pretrained(root / "target")
+    ids = torch.tensor([tokenizer(stdlib_corpus.heldout_functions()[0].prompt)["input_ids"]])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                               pad_token_id=tokenizer.eos_token_id)
+    out = speculative_generate(target, draft, ids, schedule="ada", head=head, stop_threshold=0.7, max_new_tokens=24)
+    assert out.sequences.tolist() == expected.tolist()
