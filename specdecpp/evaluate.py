@@ -570,8 +570,10 @@ def finished_records(path: Path, specs: list[MethodSpec], prompts: list[Prompt])
     records = json.loads(path.read_text(encoding="utf-8"))
     names = sorted(spec.name for spec in specs)
     by_id = {prompt.id: prompt for prompt in prompts}
-    for prompt_id in {record["id"] for record in records}:
-        saved = [record for record in records if record["id"] == prompt_id]
+    saved_by_id: dict[int, list[dict]] = {}
+    for record in records:
+        saved_by_id.setdefault(record["id"], []).append(record)
+    for prompt_id, saved in saved_by_id.items():
         if sorted(record["method"] for record in saved) != names:
             raise ValueError(f"{path} holds other methods than this run ({', '.join(names)}); "
                              "rerun with the same flags, or choose another --save_path to start afresh")
