@@ -93,9 +93,9 @@ def _fastest_per_family(summary: list[dict]) -> list[dict]:
     its speedup would squeeze every other line together."""
     best: dict[str, dict] = {}
     for row in summary:
-        family = "target" if row["method"] == "target" else f"{row['engine']}:{row['schedule']}"
-        if row["engine"] is None and row["method"] != "target" or row["schedule"] == "ada":
+        if row["schedule"] == "ada" or (row["engine"] is None and row["method"] != "target"):
             continue
+        family = "target" if row["engine"] is None else f"{row['engine']}:{row['schedule']}"
         if family not in best or row["speedup"] > best[family]["speedup"]:
             best[family] = row
     return list(best.values())
