@@ -17,8 +17,8 @@ from transformers import HfArgumentParser
 from transformers.utils import logging as hf_logging
 
 from specdecpp import metrics
-from specdecpp.evaluate import (EvaluationArguments, MethodSpec, ModelLoadingArguments, Pair, Prompt, measure,
-                                method_specs, report, results_file, run_title, setup)
+from specdecpp.evaluate import (EvaluationArguments, MethodSpec, ModelLoadingArguments, Pair, Prompt, load_inputs,
+                                load_pair, measure, method_specs, report, results_file, run_title)
 
 _DEFAULTS = EvaluationArguments()
 
@@ -89,10 +89,12 @@ def run_demo(demo: DemoArguments) -> dict:
     others; print and save the table. Returns the summary document (see `specdecpp.evaluate.report`)."""
     args = evaluation_arguments(demo)
     specs = method_specs(args)
-    pair, prompts = setup(args, ModelLoadingArguments(torch_dtype=demo.torch_dtype), need_head=True)
+    model_args = ModelLoadingArguments(torch_dtype=demo.torch_dtype)
+    tokenizer, prompts = load_inputs(args, model_args)
     if len(prompts) <= demo.tune_prompts:
         raise ValueError(f"{demo.data_path} has only {len(prompts)} prompts; "
                          f"need more than --tune_prompts {demo.tune_prompts}")
+    pair = load_pair(args, model_args, tokenizer, need_head=True)
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
     best, tuning_summary, cost = choose(pair, specs, tuning, args)
     by_name = {spec.name: spec for spec in specs}

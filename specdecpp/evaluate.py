@@ -531,15 +531,16 @@ def machine_info() -> dict:
 
 
 # -- the whole evaluation -----------------------------------------------------------------------
-def setup(args: EvaluationArguments, model_args: ModelLoadingArguments, need_head: bool) -> tuple[Pair, list[Prompt]]:
-    """Check the settings, read the prompts, then (only then) load the pair."""
+def load_inputs(args: EvaluationArguments, model_args: ModelLoadingArguments) -> tuple[object, list[Prompt]]:
+    """Check the settings, load the tokenizer and read the prompts: everything that can fail on bad
+    input before a model is loaded. Returns the tokenizer and the prompts."""
     check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model_name, trust_remote_code=model_args.trust_remote_code)
     prompts = load_eval_prompts(args, tokenizer)
     torch.manual_seed(args.random_seed)
-    return load_pair(args, model_args, tokenizer, need_head), prompts
+    return tokenizer, prompts
 
 
 def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
@@ -590,14 +591,16 @@ def run_title(args: EvaluationArguments, prompts: list[Prompt]) -> str:
 
 
 def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None = None, title: str = "") -> dict:
-    """The whole evaluation the flags describe: `setup`, `measure`, `report` (under `title`, by
+    """The whole evaluation the flags describe: `load_inputs` (and the saved records when resuming), `load_pair`, `measure`, `report` (under `title`, by
     default `run_title`). Returns the summary document, with `records_file` the path of the
     per-prompt records."""
     specs = method_specs(args)
     need_head = any(spec.schedule == "ada" for spec in specs)
-    pair, prompts = setup(args, model_args or ModelLoadingArguments(), need_head)
+    model_args = model_args or ModelLoadingArguments()
+    tokenizer, prompts = load_inputs(args, model_args)
     path = results_file(args.save_path, prompts)
     done = finished_records(path, specs, prompts) if args.resume else []
+    pair = load_pair(args, model_args, tokenizer, need_head)
     records, cost = measure(pair, specs, prompts, args, results_path=path, done=done)
     return report(records, cost, args, title or run_title(args, prompts), records_file=str(path))
 

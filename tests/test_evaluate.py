@@ -211,10 +211,11 @@ def test_resume_keeps_finished_prompts_and_runs_only_the_rest(eval_dirs, tmp_pat
     assert [r["tokens"] for r in resumed] == [r["tokens"] for r in full]
 
 
-def test_resume_refuses_records_of_other_methods(eval_dirs, tmp_path):
+def test_resume_refuses_records_of_other_methods_before_loading_a_model(eval_dirs, tmp_path, monkeypatch):
     args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[2],
                      baselines=["target"], n_end=2, plots=False)
     ev.evaluate(args)
     args.num_assistant_tokens, args.resume = [3], True
+    monkeypatch.setattr(ev, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="other methods than this run"):
         ev.evaluate(args)
