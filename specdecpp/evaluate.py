@@ -591,9 +591,9 @@ def run_title(args: EvaluationArguments, prompts: list[Prompt]) -> str:
 
 
 def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None = None, title: str = "") -> dict:
-    """The whole evaluation the flags describe: `load_inputs` (and the saved records when resuming), `load_pair`, `measure`, `report` (under `title`, by
-    default `run_title`). Returns the summary document, with `records_file` the path of the
-    per-prompt records."""
+    """The whole evaluation the flags describe: `load_inputs`, the saved records when resuming,
+    `load_pair`, `measure`, `report` (under `title`, by default `run_title`). Returns the summary
+    document, with `records_file` the path of the per-prompt records."""
     specs = method_specs(args)
     need_head = any(spec.schedule == "ada" for spec in specs)
     model_args = model_args or ModelLoadingArguments()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import write_prompts
 
-from specdecpp import demo
+from specdecpp import demo, evaluate
 from specdecpp.head import AcceptancePredictionHead
 
 
@@ -58,3 +58,9 @@ def test_several_candidates_without_tuning_prompts_is_refused(demo_dirs):
 def test_a_missing_pair_is_named(demo_dirs, tmp_path):
     with pytest.raises(SystemExit, match="no model folder at /no/such/target"):
         demo.main(flags(demo_dirs) + ["--model_name", "/no/such/target"])
+
+
+def test_too_few_prompts_is_refused_before_loading_a_model(demo_dirs, monkeypatch):
+    monkeypatch.setattr(evaluate, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit, match="has only 6 prompts; need more than --tune_prompts 6"):
+        demo.main(flags(demo_dirs, "--tune_prompts", "6", "--prompts", "1"))
