@@ -13,7 +13,7 @@ from specdecpp import stdlib_corpus, zoo
 
 MICRO = dict(max_train_files=8, vocab_size=400, seq_len=64, width=64, target_layers=2, draft_layers=1,
              batch_size=4, target_steps=4, draft_steps=2, warmup_steps=2, eval_functions=3, eval_prompts=3,
-             continuation_tokens=6, cost_reps=3, bf16=False)
+             continuation_tokens=6, cost_reps=3, bf16=False, draft_hard_label_weight=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,9 @@ def test_card_records_the_figures(micro_build):
     assert on_disk["bytes"] == card["bytes"] > 0
     assert on_disk["command"].startswith("specdecpp zoo build ") and "--vocab_size 400" in on_disk["command"]
     assert on_disk["targets"].keys() == {"gap", "agreement", "c"}
-    assert "| humaneval |" in (out / "README.md").read_text()
+    assert "--draft_hard_label_weight 0.5" in on_disk["command"]
+    readme = (out / "README.md").read_text()
+    assert "| humaneval |" in readme and "KL on target logits + 0.5 x cross-entropy on its argmax" in readme
 
 
 def test_targets_use_the_worst_set():
@@ -140,3 +142,17 @@ def test_the_committed_pair_and_head_fit_together_and_decode_losslessly():
                                pad_token_id=tokenizer.eos_token_id)
     out = speculative_generate(target, draft, ids, schedule="ada", head=head, stop_threshold=0.7, max_new_tokens=24)
     assert out.sequences.tolist() == expected.tolist()
+
+
+def test_hard_labels_add_cross_entropy_on_the_targets_argmax():
+    torch.manual_seed(0)
+    tok = zoo.train_tokenizer(["def f(x):\n    return x\n"] * 10, vocab_size=300)
+    args = zoo.ZooArguments(width=64)
+    target = LlamaForCausalLM(zoo.llama_config(args, 2, tok)).eval()
+    draft = LlamaForCausalLM(zoo.llama_config(args, 1, tok))
+    x = torch.randint(0, len(tok), (2, 8))
+    kl = zoo.distill_loss(target)(draft, x)
+    labels = target(input_ids=x).logits.argmax(-1)
+    ce = torch.nn.functional.cross_entropy(draft(input_ids=x).logits.flatten(0, 1), labels.flatten())
+    assert zoo.distill_loss(target, 0.5)(draft, x).item() == pytest.approx(kl.item() + 0.5 * ce.item(), rel=1e-5)
+    assert zoo.distill_loss(target)(target, x).item() == pytest.approx(0.0, abs=1e-5)
