@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, HfArgumentParser
 
-from specdecpp import stdlib_corpus, zoo
+from specdecpp import zoo
 
 TARGET = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo" / "target"
 
@@ -28,12 +28,8 @@ def main() -> None:
     if out.resolve() == TARGET.parent.resolve():
         raise SystemExit("--output_dir must not be checkpoints/zoo: this script writes a trial draft")
     tokenizer = AutoTokenizer.from_pretrained(TARGET)
-    texts = [text for _, text in stdlib_corpus.read_split("train")][:args.max_train_files or None]
-    stream = zoo.encode_corpus(tokenizer, texts)
-    target = zoo.load_model(TARGET, args.device).requires_grad_(False)
-    draft = zoo.draft_from_target(target, zoo.llama_config(args, args.draft_layers, tokenizer))
-    log = zoo.train(draft, zoo.distill_loss(target, args.draft_hard_label_weight), stream, args, args.draft_steps,
-                    args.draft_minutes, args.draft_lr, "draft", args.seed + 1)
+    stream = zoo.encode_corpus(tokenizer, zoo.train_texts(args))
+    draft, log = zoo.distill_draft(zoo.load_model(TARGET, args.device), tokenizer, stream, args)
     zoo.save_model(draft, tokenizer, out / "draft")
     figures = zoo.evaluate_pair(TARGET, out / "draft", args)
     print(json.dumps({"args": asdict(args), "training": log, "figures": figures,

@@ -194,6 +194,22 @@ def distill_loss(teacher, hard_label_weight: float = 0.0) -> Callable:
     return loss_fn
 
 
+def train_texts(args: ZooArguments) -> list[str]:
+    """The train split's source files (the first `max_train_files` of them when set)."""
+    return [text for _, text in stdlib_corpus.read_split("train")][:args.max_train_files or None]
+
+
+def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -> tuple:
+    """The build's draft phase: a draft of `draft_layers` initialised from `target` and distilled
+    on its logits (plus `draft_hard_label_weight` x cross-entropy on its argmax) over `stream`.
+    Returns the draft and its training log."""
+    draft = draft_from_target(target, llama_config(args, args.draft_layers, tokenizer))
+    teacher = target.to(args.device).eval().requires_grad_(False)
+    log = train(draft, distill_loss(teacher, args.draft_hard_label_weight), stream, args, args.draft_steps,
+                args.draft_minutes, args.draft_lr, "draft", args.seed + 1)
+    return draft, log
+
+
 # ----------------------------------------------------------------------------- saving
 
 def save_model(model, tokenizer, path: Path) -> None:
@@ -403,8 +419,7 @@ def build(args: ZooArguments) -> dict:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    train_docs = stdlib_corpus.read_split("train")[:args.max_train_files or None]
-    texts = [text for _, text in train_docs]
+    texts = train_texts(args)
     tokenizer = train_tokenizer(texts, args.vocab_size)
     stream = encode_corpus(tokenizer, texts)
     print(f"corpus: {len(texts)} train files, {len(stream):,} tokens, vocabulary {len(tokenizer)}", flush=True)
@@ -412,10 +427,7 @@ def build(args: ZooArguments) -> dict:
     target = LlamaForCausalLM(llama_config(args, args.target_layers, tokenizer))
     target_log = train(target, lm_loss, stream, args, args.target_steps, args.target_minutes, args.target_lr,
                        "target", args.seed)
-    draft = draft_from_target(target, llama_config(args, args.draft_layers, tokenizer))
-    teacher = target.to(args.device).eval().requires_grad_(False)
-    draft_log = train(draft, distill_loss(teacher, args.draft_hard_label_weight), stream, args, args.draft_steps, args.draft_minutes,
-                      args.draft_lr, "draft", args.seed + 1)
+    draft, draft_log = distill_draft(target, tokenizer, stream, args)
 
     save_model(target, tokenizer, out / "target")
     save_model(draft, tokenizer, out / "draft")
