@@ -24,6 +24,7 @@ if __name__ == "__main__" and not __package__:
     # or their folder on sys.path would shadow top-level packages of the same name
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import gc
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -319,6 +320,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTraini
     if eval_set is not None:
         trainer.evaluate()
     trainer.save_model()
+    trainer.accelerator.wait_for_everyone()  # no rank may still read the cache when rank 0 removes it
     if args.cache_hidden_states and trainer.is_world_process_zero():
         shutil.rmtree(os.path.join(args.output_dir, "hidden_states_cache"), ignore_errors=True)
     return trainer
@@ -328,7 +330,23 @@ def main(argv: list[str] | None = None) -> None:
     """Command line: `python specdecpp/train.py --help` (all TrainingArguments flags work)."""
     parser = HfArgumentParser((ModelArguments, DataArguments, HeadTrainingArguments))
     model_args, data_args, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
-    train(model_args, data_args, args)
+    trainer = train(model_args, data_args, args)
+    release_process_group(trainer)
+
+
+def release_process_group(trainer: Trainer) -> None:
+    """Free the trainer's DDP model, then destroy the process group, in that order.
+
+    DDP's C++ reducer holds the gloo group; if the reducer drops the group's last reference (at exit, or when the
+    trainer is collected) gloo joins its worker thread while holding the GIL, and that thread may need the GIL to
+    free a finished collective's tensors: a deadlock, or an abort at interpreter exit. Freed first, the reducer
+    leaves the last reference to `destroy_process_group`, which releases the GIL before gloo tears down.
+    """
+    accelerator = trainer.accelerator
+    accelerator.free_memory()
+    trainer.model_wrapped = trainer.model = None
+    gc.collect()
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
