@@ -199,7 +199,7 @@ def train_texts(args: ZooArguments) -> list[str]:
     return [text for _, text in stdlib_corpus.read_split("train")][:args.max_train_files or None]
 
 
-def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -> tuple:
+def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -> tuple["LlamaForCausalLM", dict]:
     """The build's draft phase: a draft of `draft_layers` initialised from `target` and distilled
     on its logits (plus `draft_hard_label_weight` x cross-entropy on its argmax) over `stream`.
     Returns the draft and its training log."""
