@@ -65,18 +65,18 @@ def evaluation_arguments(demo: DemoArguments) -> EvaluationArguments:
         threads=demo.threads, progress=demo.progress)
 
 
-def choose(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
-           cost: dict | None = None) -> tuple[dict[str, MethodSpec], list[dict], dict]:
+def choose(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt],
+           args: EvaluationArguments) -> tuple[dict[str, MethodSpec], list[dict], dict | None]:
     """For each of our schedules, the spec with the lowest cost per token on `prompts` (measured
     next to the target alone, as in any evaluation). With a single candidate per schedule there
     is nothing to choose and nothing is run. Returns the choices, the tuning summary and the cost
-    measurement (measured here when `cost` is None)."""
+    measurement on the tuning prompts (None when nothing was run)."""
     candidates = [s for s in specs if s.engine == "specdecpp"]
     schedules = {s.schedule for s in candidates}
     if len(candidates) == len(schedules):
-        return {s.schedule: s for s in candidates}, [], cost
+        return {s.schedule: s for s in candidates}, [], None
     by_name = {s.name: s for s in specs}
-    records, cost = measure(pair, [by_name["target"]] + candidates, prompts, args, cost=cost, label="choose K")
+    records, cost = measure(pair, [by_name["target"]] + candidates, prompts, args, label="choose K")
     summary = metrics.summarize(records, cost["cost_ratio"])
     best = {schedule: by_name[min((row for row in summary if row["schedule"] == schedule),
                                   key=lambda row: row["cost_per_token"])["method"]]
@@ -96,12 +96,12 @@ def run_demo(demo: DemoArguments) -> dict:
                          f"need more than --tune_prompts {demo.tune_prompts}")
     pair = load_pair(args, model_args, tokenizer, need_head=True)
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
-    best, tuning_summary, cost = choose(pair, specs, tuning, args)
+    best, tuning_summary, tuning_cost = choose(pair, specs, tuning, args)
     by_name = {spec.name: spec for spec in specs}
     final = [by_name["target"], best["constant"], by_name["hf:dynamic"], best["ada"]]
     path = results_file(args.save_path, evaluated)
-    records, cost = measure(pair, final, evaluated, args, cost=cost, results_path=path)
-    how = how_chosen(best, tuning, evaluated, demo, cost)
+    records, cost = measure(pair, final, evaluated, args, results_path=path)
+    how = how_chosen(best, tuning, evaluated, demo, tuning_cost)
     print(how)
     document = report(records, cost, args, run_title(args, evaluated), chosen=how, tuning_summary=tuning_summary,
                       records_file=str(path))
@@ -110,16 +110,17 @@ def run_demo(demo: DemoArguments) -> dict:
 
 
 def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: list[Prompt], demo: DemoArguments,
-               cost: dict) -> str:
-    """One paragraph saying which K and threshold were picked, and how."""
-    if not tuning:
+               tuning_cost: dict | None) -> str:
+    """One paragraph saying which K and threshold were picked, and how; `tuning_cost` is the
+    cost measurement on the tuning prompts (None when there was nothing to choose)."""
+    if not tuning or tuning_cost is None:
         return (f"constant K = {best['constant'].num_assistant_tokens}, "
                 f"ada threshold = {best['ada'].stop_threshold:g} (given).")
     return (f"constant K = {best['constant'].num_assistant_tokens} (of {demo.constant_ks}) and ada threshold = "
             f"{best['ada'].stop_threshold:g} (of {demo.stop_threshold}) were chosen by the lowest cost per token, "
-            f"(target calls + c * draft calls) / token with c = {cost['cost_ratio']:.3f} measured in this run, "
-            f"on {len(tuning)} tuning prompts ({demo.data_path} {tuning[0].id}-{tuning[-1].id}) that are not among "
-            f"the {len(evaluated)} evaluated ({evaluated[0].id}-{evaluated[-1].id}).")
+            f"(target calls + c * draft calls) / token, on {len(tuning)} tuning prompts "
+            f"({demo.data_path} {tuning[0].id}-{tuning[-1].id}; c = {tuning_cost['cost_ratio']:.3f} measured there) "
+            f"that are not among the {len(evaluated)} evaluated ({evaluated[0].id}-{evaluated[-1].id}).")
 
 
 def headline(summary: list[dict]) -> str:

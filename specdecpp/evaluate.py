@@ -10,7 +10,8 @@ measured in the same run: the target alone, the draft alone, and Hugging Face's 
 Honest measurement (DESIGN section 4): every method runs on every prompt, methods interleaved
 per prompt (their order rotating) so that drift of the machine hits all alike; each method is
 warmed up once before anything is timed; speedups are paired with the target-alone time of the
-same prompt. Target calls, draft calls and discarded tokens are counted for every method —
+same prompt; the draft/target cost ratio c is timed after every prompt, so load hits it as it
+hits the methods. Target calls, draft calls and discarded tokens are counted for every method —
 for Hugging Face's by counting the models' forward passes. Greedy runs check, prompt by prompt,
 that every speculative method's output equals the target's.
 
@@ -26,6 +27,7 @@ import copy
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -92,7 +94,8 @@ class EvaluationArguments:
     random_seed: int = field(default=47, metadata={"help": "seeds torch and each prompt's sampling"})
     warmup_tokens: int = field(default=16, metadata={
         "help": "each method first generates this many tokens on the first prompt, untimed (0: no warm-up)"})
-    cost_ratio_steps: int = field(default=50, metadata={"help": "timed steps for the draft/target cost ratio"})
+    cost_steps_per_prompt: int = field(default=5, metadata={
+        "help": "draft steps and target verifications timed after each prompt for the cost ratio c"})
     threads: int = field(default=0, metadata={
         "help": "torch CPU threads (0: torch's default); small models run as fast on one, which also keeps "
                 "other processes on a shared machine from slowing the run down"})
@@ -451,11 +454,14 @@ def warm_up(methods: list[Method], prompt: Prompt, tokens: int, seed: int) -> No
 
 
 def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments, tokenizer=None,
-                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate") -> list[dict]:
+                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
+                   probe: metrics.CostProbe | None = None) -> list[dict]:
     """Every method on every prompt, interleaved per prompt with the starting method rotating,
-    timed one generation at a time. Returns one record per (prompt, method), with the output
-    decoded when a `tokenizer` is given; `on_prompt(records)` is called after each prompt with the
-    records so far (to save partial results); `label` names the progress bar."""
+    timed one generation at a time, then (given a `probe`) `--cost_steps_per_prompt` draft steps
+    and target verifications, whose medians go into the prompt's records. Returns one record per
+    (prompt, method), with the output decoded when a `tokenizer` is given; `on_prompt(records)` is
+    called after each prompt with the records so far (to save partial results); `label` names
+    the progress bar."""
     records: list[dict] = []
     for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not args.progress)):
         seed = args.random_seed + prompt.id
@@ -465,10 +471,18 @@ def run_evaluation(methods: list[Method], prompts: list[Prompt], args: Evaluatio
             start = time.perf_counter()
             counts = method.generate(prompt, seed)
             runs[method.spec.name] = (counts, time.perf_counter() - start)
-        records += [_record(prompt, method.spec, runs, args, tokenizer) for method in methods]
+        timing = _time_cost_steps(probe, args.cost_steps_per_prompt) if probe is not None else {}
+        records += [{**_record(prompt, method.spec, runs, args, tokenizer), **timing} for method in methods]
         if on_prompt is not None:
             on_prompt(records)
     return records
+
+
+def _time_cost_steps(probe: metrics.CostProbe, steps: int) -> dict:
+    """The medians of `steps` timed draft steps and target verifications, in ms."""
+    draft_times, target_times = probe.sample(steps)
+    return {"draft_step_ms": 1000 * statistics.median(draft_times),
+            "target_verify_ms": 1000 * statistics.median(target_times)}
 
 
 def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArguments, tokenizer) -> dict:
@@ -544,22 +558,36 @@ def load_inputs(args: EvaluationArguments, model_args: ModelLoadingArguments) ->
 
 
 def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
-            cost: dict | None = None, results_path: Path | None = None, label: str = "evaluate",
+            results_path: Path | None = None, label: str = "evaluate",
             done: list[dict] | None = None) -> tuple[list[dict], dict]:
-    """Warm the methods up, measure the draft/target cost ratio (unless `cost` is given), then
-    run every method on every prompt not already in `done` (records of an interrupted run),
-    saving all records so far to `results_path` after each prompt. Returns the records (`done`
-    first) and the cost measurement."""
+    """Warm the methods up, then run every method on every prompt not already in `done` (records
+    of an interrupted run), timing the cost ratio's steps after each prompt and saving all
+    records so far to `results_path`. Returns the records (`done` first) and the run's cost
+    measurement (`run_cost`)."""
     done = done or []
     methods = [build_method(spec, pair, args) for spec in specs]
     warm_up(methods, prompts[0], args.warmup_tokens, args.random_seed)
-    if cost is None:
-        cost = metrics.measure_cost_ratio(pair.target, pair.draft, torch.tensor([prompts[0].ids]),
-                                          steps=args.cost_ratio_steps)
+    probe = metrics.CostProbe(pair.target, pair.draft, torch.tensor([prompts[0].ids]))
     finished = {record["id"] for record in done}
     todo = [prompt for prompt in prompts if prompt.id not in finished]
     save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
-    return done + run_evaluation(methods, todo, args, pair.tokenizer, on_prompt=save, label=label), cost
+    records = done + run_evaluation(methods, todo, args, pair.tokenizer, on_prompt=save, label=label, probe=probe)
+    return records, run_cost(records, probe, args.cost_steps_per_prompt)
+
+
+def run_cost(records: list[dict], probe: metrics.CostProbe, steps_per_prompt: int) -> dict:
+    """The run's cost ratio c: the median over prompts of the draft step and of the target
+    verification timed after each prompt (`metrics.cost_ratio`), with `steps_per_prompt` and the
+    number of `prompts` timed. Records saved by a version that timed c only once carry no
+    timings; if none does, the probe times as many steps now."""
+    timed = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records if "draft_step_ms" in r}
+    if timed:
+        draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
+    else:
+        draft_times, target_times = probe.sample(steps_per_prompt * len({r["id"] for r in records}))
+        draft_ms, target_ms = [1000 * t for t in draft_times], [1000 * t for t in target_times]
+    return {**metrics.cost_ratio(draft_ms, target_ms, probe.k), "steps_per_prompt": steps_per_prompt,
+            "prompts": len(timed)}
 
 
 def finished_records(path: Path, specs: list[MethodSpec], prompts: list[Prompt]) -> list[dict]:

@@ -29,25 +29,45 @@ def cost_per_token(target_calls: int, draft_calls: int, generated_tokens: int, c
     return (target_calls + cost_ratio * draft_calls) / generated_tokens
 
 
+class CostProbe:
+    """Times draft steps and target verifications on demand, so that an evaluation can sample the
+    cost ratio between prompts all through a run (machine load then hits it as it hits the
+    methods) instead of once at the start. A draft step feeds one token, a target verification
+    the last verified token plus `k` drafted ones, both after the prompt `input_ids`
+    `[1, length]` is in the KV cache (as mid-generation); `warmup_steps` of each run untimed."""
+
+    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
+                 k: int = 4, warmup_steps: int = 10) -> None:
+        self.k = k
+        self.draft_step = _cached_step(draft, input_ids, 1)
+        self.target_verify = _cached_step(target, input_ids, k + 1)
+        for _ in range(warmup_steps):
+            self.draft_step()
+            self.target_verify()
+
+    def sample(self, steps: int) -> tuple[list[float], list[float]]:
+        """`steps` timings (seconds) of each kind of step, alternating so that load on the
+        machine hits both alike. Returns the draft step times and the target verification times."""
+        draft_times, target_times = [], []
+        for _ in range(steps):
+            draft_times.append(_timed(self.draft_step))
+            target_times.append(_timed(self.target_verify))
+        return draft_times, target_times
+
+
+def cost_ratio(draft_ms: list[float], target_ms: list[float], k: int = 4) -> dict:
+    """`c` = median draft step time / median target verification time from timings in
+    milliseconds. Returns `{"cost_ratio", "draft_step_ms", "target_verify_ms", "k"}`."""
+    draft, target = statistics.median(draft_ms), statistics.median(target_ms)
+    return {"cost_ratio": draft / target, "draft_step_ms": draft, "target_verify_ms": target, "k": k}
+
+
 def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                        k: int = 4, steps: int = 50, warmup_steps: int = 10) -> dict:
-    """Measure `c` = median draft step time / median target verify time on this machine: a draft
-    step feeds one token, a target verification feeds the last verified token plus `k` drafted
-    ones, both after the prompt `input_ids` `[1, length]` is in the KV cache (as mid-generation).
-    The two kinds of step alternate so that load on the machine hits both alike. Returns
-    `{"cost_ratio", "draft_step_ms", "target_verify_ms", "k", "steps"}`."""
-    draft_step = _cached_step(draft, input_ids, 1)
-    target_verify = _cached_step(target, input_ids, k + 1)
-    for _ in range(warmup_steps):
-        draft_step()
-        target_verify()
-    draft_times, target_times = [], []
-    for _ in range(steps):
-        draft_times.append(_timed(draft_step))
-        target_times.append(_timed(target_verify))
-    draft_ms, target_ms = 1000 * statistics.median(draft_times), 1000 * statistics.median(target_times)
-    return {"cost_ratio": draft_ms / target_ms, "draft_step_ms": draft_ms, "target_verify_ms": target_ms,
-            "k": k, "steps": steps}
+    """Measure `c` on this machine now: `steps` alternating timings of a `CostProbe`, reduced by
+    `cost_ratio`. Returns its figures plus `"steps"`."""
+    draft_times, target_times = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
+    return {**cost_ratio([1000 * t for t in draft_times], [1000 * t for t in target_times], k), "steps": steps}
 
 
 def _cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens: int) -> Callable[[], None]:

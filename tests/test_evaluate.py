@@ -3,6 +3,7 @@ counted like our engine, and a whole run's records, summary and figures."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def eval_dirs(pair_dirs, tmp_path_factory):
 def make_args(dirs, tmp_path, **overrides) -> ev.EvaluationArguments:
     settings = dict(model_name=dirs["target"], assistant_name=dirs["draft"], assist_acc_head_dir=dirs["head"],
                     data_path=dirs["prompts"], save_path=str(tmp_path / "out"), max_new_tokens=10,
-                    cost_ratio_steps=3, warmup_tokens=4, progress=False)
+                    cost_steps_per_prompt=2, warmup_tokens=4, progress=False)
     return ev.EvaluationArguments(**{**settings, **overrides})
 
 
@@ -175,7 +176,11 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
     target_row = summary["summary"][0]
     assert target_row["target_calls_per_token"] == 1.0 and target_row["cost_per_token"] == 1.0
     assert summary["greedy_check"].startswith("greedy check passed") and "(4)" in summary["greedy_check"]
-    assert summary["cost"]["cost_ratio"] > 0
+    per_prompt = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records}
+    assert all((r["draft_step_ms"], r["target_verify_ms"]) == per_prompt[r["id"]] for r in records)
+    draft_ms, target_ms = zip(*per_prompt.values())
+    assert summary["cost"]["prompts"] == 3 and summary["cost"]["steps_per_prompt"] == 2
+    assert summary["cost"]["cost_ratio"] == pytest.approx(statistics.median(draft_ms) / statistics.median(target_ms))
     assert document["table"] == summary["table"]
     assert summary["title"] == f"{eval_dirs['prompts']} prompts 0-2, greedy, 10 new tokens"
     for figure in ("pareto.png", "speedup_vs_threshold.png"):
@@ -219,3 +224,29 @@ def test_resume_refuses_records_of_other_methods_before_loading_a_model(eval_dir
     monkeypatch.setattr(ev, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="other methods than this run"):
         ev.evaluate(args)
+
+
+class FixedProbe:
+    k = 4
+
+    def __init__(self):
+        self.steps = []
+
+    def sample(self, steps):
+        self.steps.append(steps)
+        return [0.002] * steps, [0.010] * steps
+
+
+def test_run_cost_is_the_median_over_timed_prompts_and_times_now_when_none_was():
+    timed = [{"id": 0, "draft_step_ms": 1.0, "target_verify_ms": 10.0},
+             {"id": 0, "draft_step_ms": 1.0, "target_verify_ms": 10.0},
+             {"id": 1, "draft_step_ms": 3.0, "target_verify_ms": 12.0},
+             {"id": 2, "draft_step_ms": 2.0, "target_verify_ms": 20.0},
+             {"id": 3}]  # saved by a version that timed c once per run: left out
+    probe = FixedProbe()
+    cost = ev.run_cost(timed, probe, steps_per_prompt=5)
+    assert cost == {"cost_ratio": 2.0 / 12.0, "draft_step_ms": 2.0, "target_verify_ms": 12.0, "k": 4,
+                    "steps_per_prompt": 5, "prompts": 3}
+    assert probe.steps == []
+    untimed = ev.run_cost([{"id": 0}, {"id": 0}, {"id": 1}], probe, steps_per_prompt=5)
+    assert probe.steps == [10] and untimed["cost_ratio"] == pytest.approx(0.2) and untimed["prompts"] == 0

@@ -83,6 +83,11 @@ def test_cost_ratio_is_measured_on_cached_steps(tiny_pair):
     assert cost["k"] == 4 and cost["steps"] == 3
 
 
+def test_cost_ratio_divides_the_medians():
+    cost = metrics.cost_ratio([1.0, 9.0, 2.0], [10.0, 20.0, 40.0, 30.0], k=3)
+    assert cost == {"cost_ratio": 2.0 / 25.0, "draft_step_ms": 2.0, "target_verify_ms": 25.0, "k": 3}
+
+
 # -- figures ---------------------------------------------------------------------------------------
 def test_pareto_front_keeps_only_undominated_points():
     points = [(1.0, 0.5), (0.5, 0.6), (2.0, 0.4), (1.5, 0.55), (0.5, 0.7)]
