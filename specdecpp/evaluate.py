@@ -453,12 +453,12 @@ def warm_up(methods: list[Method], prompt: Prompt, tokens: int, seed: int) -> No
             method.generate(short, seed)
 
 
-def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments, tokenizer=None,
-                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
-                   probe: metrics.CostProbe | None = None) -> list[dict]:
+def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments,
+                   probe: metrics.CostProbe, tokenizer=None,
+                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate") -> list[dict]:
     """Every method on every prompt, interleaved per prompt with the starting method rotating,
-    timed one generation at a time, then (given a `probe`) `--cost_steps_per_prompt` draft steps
-    and target verifications, whose medians go into the prompt's records. Returns one record per
+    timed one generation at a time, then `--cost_steps_per_prompt` draft steps and target
+    verifications of the `probe`, whose medians go into the prompt's records. Returns one record per
     (prompt, method), with the output decoded when a `tokenizer` is given; `on_prompt(records)` is
     called after each prompt with the records so far (to save partial results); `label` names
     the progress bar."""
@@ -471,7 +471,7 @@ def run_evaluation(methods: list[Method], prompts: list[Prompt], args: Evaluatio
             start = time.perf_counter()
             counts = method.generate(prompt, seed)
             runs[method.spec.name] = (counts, time.perf_counter() - start)
-        timing = _time_cost_steps(probe, args.cost_steps_per_prompt) if probe is not None else {}
+        timing = _time_cost_steps(probe, args.cost_steps_per_prompt)
         records += [{**_record(prompt, method.spec, runs, args, tokenizer), **timing} for method in methods]
         if on_prompt is not None:
             on_prompt(records)
@@ -571,7 +571,7 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: Ev
     finished = {record["id"] for record in done}
     todo = [prompt for prompt in prompts if prompt.id not in finished]
     save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
-    records = done + run_evaluation(methods, todo, args, pair.tokenizer, on_prompt=save, label=label, probe=probe)
+    records = done + run_evaluation(methods, todo, args, probe, pair.tokenizer, on_prompt=save, label=label)
     return records, run_cost(records, probe, args.cost_steps_per_prompt)
 
 
