@@ -480,9 +480,8 @@ def run_evaluation(methods: list[Method], prompts: list[Prompt], args: Evaluatio
 
 def _time_cost_steps(probe: metrics.CostProbe, steps: int) -> dict:
     """The medians of `steps` timed draft steps and target verifications, in ms."""
-    draft_times, target_times = probe.sample(steps)
-    return {"draft_step_ms": 1000 * statistics.median(draft_times),
-            "target_verify_ms": 1000 * statistics.median(target_times)}
+    draft_ms, target_ms = probe.sample(steps)
+    return {"draft_step_ms": statistics.median(draft_ms), "target_verify_ms": statistics.median(target_ms)}
 
 
 def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArguments, tokenizer) -> dict:
@@ -584,8 +583,7 @@ def run_cost(records: list[dict], probe: metrics.CostProbe, steps_per_prompt: in
     if timed:
         draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
     else:
-        draft_times, target_times = probe.sample(steps_per_prompt * len({r["id"] for r in records}))
-        draft_ms, target_ms = [1000 * t for t in draft_times], [1000 * t for t in target_times]
+        draft_ms, target_ms = probe.sample(steps_per_prompt * len({r["id"] for r in records}))
     return {**metrics.cost_ratio(draft_ms, target_ms, probe.k), "steps_per_prompt": steps_per_prompt,
             "prompts": len(timed)}
 

@@ -46,13 +46,13 @@ class CostProbe:
             self.target_verify()
 
     def sample(self, steps: int) -> tuple[list[float], list[float]]:
-        """`steps` timings (seconds) of each kind of step, alternating so that load on the
-        machine hits both alike. Returns the draft step times and the target verification times."""
-        draft_times, target_times = [], []
+        """`steps` timings (ms) of each kind of step, alternating so that load on the machine
+        hits both alike. Returns the draft step times and the target verification times."""
+        draft_ms, target_ms = [], []
         for _ in range(steps):
-            draft_times.append(_timed(self.draft_step))
-            target_times.append(_timed(self.target_verify))
-        return draft_times, target_times
+            draft_ms.append(1000 * _timed(self.draft_step))
+            target_ms.append(1000 * _timed(self.target_verify))
+        return draft_ms, target_ms
 
 
 def cost_ratio(draft_ms: list[float], target_ms: list[float], k: int = 4) -> dict:
@@ -66,8 +66,8 @@ def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_id
                        k: int = 4, steps: int = 50, warmup_steps: int = 10) -> dict:
     """Measure `c` on this machine now: `steps` alternating timings of a `CostProbe`, reduced by
     `cost_ratio`. Returns its figures plus `"steps"`."""
-    draft_times, target_times = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
-    return {**cost_ratio([1000 * t for t in draft_times], [1000 * t for t in target_times], k), "steps": steps}
+    draft_ms, target_ms = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
+    return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
 
 
 def _cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens: int) -> Callable[[], None]:
