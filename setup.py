@@ -30,7 +30,8 @@ setup(
         "deepspeed": ["deepspeed"],
         "wandb": ["wandb"],
         "peft": ["peft"],
-        "test": ["pytest", "peft", "wandb"],
+        # deepspeed: a pure-Python wheel (~30 s to install, no torch of its own); its tests run on the CPU
+        "test": ["pytest", "peft", "wandb", "deepspeed"],
     },
     entry_points={"console_scripts": ["specdecpp=specdecpp.cli:main"]},
 )

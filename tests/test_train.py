@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import free_port
 from safetensors.torch import load_file
+from transformers import set_seed
 
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.models import last_hidden_states, load_model
@@ -181,18 +182,39 @@ def test_report_to_wandb_offline(pair_dirs, data_files, tmp_path, monkeypatch):
     assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
 
 
-def test_torchrun_two_ranks_train(pair_dirs, data_files, tmp_path):
-    out = tmp_path / "head"
+def torchrun_train(pair_dirs, data_files, out, *flags: str, timeout: int = 240) -> None:
+    """Run `torchrun --nproc_per_node 2 specdecpp/train.py` (one epoch, 2 per step, CPU) with extra `flags`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "specdecpp/train.py", "--model_name_or_path", pair_dirs[1], "--data_path", data_files[0],
            "--eval_data_path", data_files[1], "--output_dir", str(out), "--resnet_num_layers", "2",
            "--num_train_epochs", "1", "--per_device_train_batch_size", "2", "--save_strategy", "epoch",
-           "--report_to", "none", "--use_cpu", "--weight_mismatch", "6", "--mixing_ratio", "0.15",
-           "--cache_hidden_states"]
+           "--report_to", "none", "--use_cpu", "True", "--weight_mismatch", "6", "--mixing_ratio", "0.15", *flags]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=root)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_torchrun_two_ranks_train(pair_dirs, data_files, tmp_path):
+    out = tmp_path / "head"
+    torchrun_train(pair_dirs, data_files, out, "--cache_hidden_states")
     # 12 records, 2 ranks x 2 per step: 3 steps (one process would take 6)
     assert (out / "checkpoint-3").is_dir() and not (out / "checkpoint-6").exists()
     assert AcceptancePredictionHead.from_pretrained(out).hidden_size == 32
+
+
+def test_torchrun_two_ranks_deepspeed_zero2(pair_dirs, data_files, tmp_path):
+    """The shipped ZeRO-2 config trains a head on the CPU under 2 ranks (DeepSpeed's CPU accelerator). The first
+    run on a machine JIT-compiles DeepSpeed's shared-memory communication op (minutes on 2 cores; then cached)."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "head"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    torchrun_train(pair_dirs, data_files, out, "--deepspeed", os.path.join(root, "configs", "ds_zero2.json"),
+                   timeout=540)
+    head = AcceptancePredictionHead.from_pretrained(out)
+    assert (head.hidden_size, head.num_layers) == (32, 2)
+    set_seed(42)  # train.py's default seed: the head it started from
+    fresh = AcceptancePredictionHead(32, 2)
+    assert not torch.equal(head.model[-1].weight, fresh.model[-1].weight)  # trained, not the initial weights
+    assert not any(torch.equal(b.linear.weight, torch.zeros_like(b.linear.weight)) for b in head.model[:-1])
+    assert set(os.listdir(out / "checkpoint-3")) >= {"model.safetensors", "config.json", "global_step3"}
