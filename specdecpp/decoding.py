@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.utils import ModelOutput
 
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample
@@ -37,11 +38,12 @@ class GenerationStats:
 
 
 @dataclass
-class SpeculativeOutput:
-    """`sequences`: `[1, prompt + generated]` token ids; `stats`: a `GenerationStats`."""
+class SpeculativeOutput(ModelOutput):
+    """`sequences`: `[1, prompt + generated]` token ids; `stats`: a `GenerationStats`. A `transformers`
+    `ModelOutput`: `out.sequences`, `out["sequences"]` and `out[0]` are the same tensor."""
 
-    sequences: torch.LongTensor
-    stats: GenerationStats
+    sequences: torch.LongTensor | None = None
+    stats: GenerationStats | None = None
 
 
 class CachedModel:
@@ -76,7 +78,8 @@ def speculative_generate(
     draft: PreTrainedModel | None,
     input_ids: torch.LongTensor,
     *,
-    schedule: str,
+    attention_mask: torch.Tensor | None = None,
+    schedule: str | None = None,
     head: AcceptancePredictionHead | None = None,
     stop_threshold: float = 0.3,
     bound: tuple[int, int] = (2, 20),
@@ -98,9 +101,14 @@ def speculative_generate(
     target's distribution, reproducibly given `generator`. Generation stops at EOS (the target's
     generation config's, or `eos_token_id`) or after `max_new_tokens`. `streamer` (a
     `transformers` `TextStreamer` or anything with `put`/`end`) receives tokens as rounds end.
-    Batch size 1. Returns the sequences (prompt included) and a `GenerationStats`."""
+    Batch size 1, so `**tokenizer(text, return_tensors="pt")` works: `attention_mask` is accepted and
+    must be all ones (padding is refused). `schedule=None` means `ada` when a `head` is given, else
+    `dynamic` (what `target.generate(assistant_model=draft)` does) with a draft, else `none`.
+    Returns a `SpeculativeOutput`: the sequences (prompt included) and a `GenerationStats`."""
+    schedule = default_schedule(draft, head) if schedule is None else schedule
     input_ids = _check_inputs(target, draft, input_ids, schedule, head, stop_threshold, bound,
                               num_assistant_tokens, assistant_confidence_threshold, max_new_tokens, do_sample)
+    _check_attention_mask(input_ids, attention_mask)
     warpers = make_warpers(temperature, top_k, top_p) if do_sample else None
     eos = _eos_ids(target, eos_token_id)
     draft_correct = _draft_correct(target, draft, input_ids, max_new_tokens, eos) if schedule == "oracle" else None
@@ -220,6 +228,31 @@ def _draft_correct(target: PreTrainedModel, draft: PreTrainedModel, input_ids: t
     with torch.inference_mode():
         logits = draft(input_ids=reference).logits[0, input_ids.shape[1] - 1: -1]
     return (logits.argmax(-1) == generated).tolist()
+
+
+def default_schedule(draft: PreTrainedModel | None, head: AcceptancePredictionHead | None) -> str:
+    """The schedule `speculative_generate` runs when none is named: `ada` with a head, `dynamic`
+    (transformers' default for assisted generation) with a draft alone, `none` without a draft."""
+    if head is not None:
+        return "ada"
+    return "dynamic" if draft is not None else "none"
+
+
+def _check_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    """ValueError unless `attention_mask` (when given) has the shape of `input_ids` (`[1, length]`)
+    and is all ones: the loop decodes one prompt without padding."""
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+    if attention_mask.dim() == 1:
+        attention_mask = attention_mask[None]
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has shape "
+                         f"{tuple(input_ids.shape)}")
+    if not bool((attention_mask == 1).all()):
+        raise ValueError("attention_mask holds zeros (padding): speculative_generate decodes one prompt without "
+                         "padding; pass the prompt alone (tokenizer(text, return_tensors='pt'), no padding=...)")
 
 
 def _vocab_size(model: PreTrainedModel) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import torch
 from huggingface_hub import PyTorchModelHubMixin, constants
@@ -43,22 +44,46 @@ at least one rejection exceeds a threshold ([paper]({{ paper_url }})).
 - Draft model (the head reads its hidden states): {{ draft_model | default("not recorded", true) }}
 - Target model (whose acceptances it predicts): {{ target_model | default("not recorded", true) }}
 - Training data: {{ training_data | default("not recorded", true) }}
-{% if eval_metrics %}
+{% if stop_threshold is not none %}- Stored stop threshold: {{ stop_threshold }} (what `stop_threshold="auto"` uses)
+{% endif %}{% if eval_metrics %}
 ## Eval metrics
 
 | metric | value |
 | --- | --- |
 {% for name, value in eval_metrics.items() %}| {{ name }} | {{ value }} |
+{% endfor %}{% endif %}{% if calibration %}
+## Calibration
+
+| predictions | {{ calibration_columns | join(" | ") }} |
+| --- |{% for _ in calibration_columns %} --- |{% endfor %}
+{% for name, figures in calibration.items() %}| {{ name }} |{% for column in calibration_columns %} {{ figures.get(column, "") }} |{% endfor %}
+{% endfor %}{% for plot in calibration_plots %}
+![{{ plot }}]({{ plot }})
 {% endfor %}{% endif %}
-## Use
+## Use from transformers
+
+This repository carries `custom_generate/generate.py`, so `generate` runs SpecDec++ with this head
+(with the `specdecpp` package installed; `trust_remote_code=True` runs that file):
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+target = AutoModelForCausalLM.from_pretrained("{{ target_model | default("TARGET", true) }}")
+draft = AutoModelForCausalLM.from_pretrained("{{ draft_model | default("DRAFT", true) }}")
+tokenizer = AutoTokenizer.from_pretrained("{{ target_model | default("TARGET", true) }}")
+inputs = tokenizer("def fibonacci(n):", return_tensors="pt")
+out = target.generate(**inputs, assistant_model=draft, custom_generate="{{ repo_id | default("this-repo-or-folder", true) }}",
+                      trust_remote_code=True, max_new_tokens=128, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound=(2, 20))
+print(tokenizer.decode(out[0]))
+```
+
+## Use with specdecpp
 
 ```python
 from specdecpp import AcceptancePredictionHead, speculative_generate
-head = AcceptancePredictionHead.from_pretrained("this-repo-or-folder")
-out = speculative_generate(target, draft, input_ids, schedule="ada", head=head, stop_threshold=0.3, bound=(2, 20))
+head = AcceptancePredictionHead.from_pretrained("{{ repo_id | default("this-repo-or-folder", true) }}")
+out = speculative_generate(target, draft, **inputs, head=head, stop_threshold=0.3, bound=(2, 20))
 ```
 """
-
 
 class AcceptancePredictionHead(
     nn.Module,
@@ -127,3 +152,22 @@ class AcceptancePredictionHead(
     def _load_as_pickle(cls, model, model_file: str, map_location: str, strict: bool):
         model._load_state_dict(torch.load(model_file, map_location=torch.device(map_location), weights_only=True))
         return model.eval()
+
+    # -- custom_generate and the model card: a saved folder runs from transformers' generate ----------
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """Save the weights (the mixin's way), then `custom_generate/generate.py` and
+        `custom_generate/requirements.txt`, so `generate(custom_generate=FOLDER)` runs SpecDec++."""
+        super()._save_pretrained(save_directory)
+        from specdecpp.custom_generate import write_custom_generate  # that module imports this one
+
+        write_custom_generate(save_directory)
+
+    def generate_model_card(self, *args, **kwargs):
+        """The model card, with the stored stop threshold (config key `stop_threshold`, when the
+        config has one) unless the caller gives one, and empty calibration columns filled in."""
+        config = getattr(self, "_hub_mixin_config", None) or {}
+        kwargs.setdefault("stop_threshold", config.get("stop_threshold") if isinstance(config, dict) else None)
+        calibration = kwargs.get("calibration") or {}
+        columns = kwargs.get("calibration_columns") or list(dict.fromkeys(k for f in calibration.values() for k in f))
+        kwargs.update(calibration_columns=columns, calibration_plots=kwargs.get("calibration_plots") or [])
+        return super().generate_model_card(*args, **kwargs)

@@ -1,0 +1,189 @@
+"""SpecDec++ from `transformers`' own `generate` (its `custom_generate` convention, transformers 5).
+
+Two forms:
+
+- **A head folder or Hub repo.** Every folder `AcceptancePredictionHead.save_pretrained` writes carries
+  `custom_generate/generate.py` (the `SHIM` below) and `custom_generate/requirements.txt`, so
+
+      target.generate(**inputs, assistant_model=draft, custom_generate=HEAD_DIR_OR_HUB_ID,
+                      trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
+
+  runs SpecDec++ with that head. transformers executes the shim, which calls `generate_from_head`:
+  it loads the head from the folder or repo `custom_generate` named and hands the decoding loop
+  to `hf_generate` through `generate`'s callable form, so transformers prepares the generation
+  config (defaults, `max_new_tokens`, EOS, sampling settings) exactly as for its own methods.
+- **The callable**, `custom_generate=specdecpp.hf_generate`, with `draft=` and `head=` (a head or
+  a folder / Hub id): transformers hands a callable neither `assistant_model` nor `streamer`, so the
+  draft comes as `draft=`, and streaming needs the folder form.
+
+Either returns what `generate` returns: the token tensor, or (`return_dict_in_generate=True`) a
+`GenerateDecoderOnlyOutput` (here `SpeculativeGenerateOutput`, which adds the round statistics).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.generation import (EosTokenCriteria, GenerateDecoderOnlyOutput, LogitsProcessorList,
+                                     MaxLengthCriteria, StoppingCriteriaList, TemperatureLogitsWarper,
+                                     TopKLogitsWarper, TopPLogitsWarper)
+
+from specdecpp.decoding import GenerationStats, speculative_generate
+from specdecpp.head import AcceptancePredictionHead
+
+# `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
+# published head keeps working as specdecpp improves and the file stays a few lines.
+SHIM = '''"""SpecDec++ speculative decoding (https://arxiv.org/abs/2405.19715) with the acceptance prediction
+head stored in this folder / Hub repo. Needs the `specdecpp` package (see requirements.txt):
+
+    target.generate(**inputs, assistant_model=draft, custom_generate="<this folder or repo>",
+                    trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
+"""
+from specdecpp.custom_generate import generate_from_head
+
+
+def generate(model, **kwargs):
+    """Run SpecDec++ with this folder's head; see `specdecpp.custom_generate.generate_from_head`."""
+    return generate_from_head(model, **kwargs)
+'''
+REQUIREMENTS = "specdecpp\n"
+CUSTOM_GENERATE_FILES = {"custom_generate/generate.py": SHIM, "custom_generate/requirements.txt": REQUIREMENTS}
+
+# What `generate` prepares that the SpecDec++ loop honours or may safely ignore (it keeps its own caches).
+SUPPORTED_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+SUPPORTED_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
+IGNORED_MODEL_KWARGS = {"position_ids", "cache_position", "logits_to_keep", "use_cache", "past_key_values"}
+HUB_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
+
+
+@dataclass
+class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
+    """What `generate(..., return_dict_in_generate=True)` returns with SpecDec++: a
+    `GenerateDecoderOnlyOutput` whose `sequences` are set, plus `stats` (a `GenerationStats`)."""
+
+    stats: GenerationStats | None = None
+
+
+def write_custom_generate(folder: str | os.PathLike) -> list[Path]:
+    """Write `custom_generate/generate.py` and `custom_generate/requirements.txt` into `folder` (a
+    head folder), making it a `custom_generate` target for `transformers`' `generate`. Returns the
+    paths written."""
+    written = []
+    for name, text in CUSTOM_GENERATE_FILES.items():
+        path = Path(folder) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def hf_generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    synced_gpus: bool = False,
+    streamer=None,
+    *,
+    draft: PreTrainedModel | None = None,
+    head: AcceptancePredictionHead | str | os.PathLike | None = None,
+    schedule: str | None = None,
+    stop_threshold: float | str | None = None,
+    bound: tuple[int, int] | None = None,
+    **model_kwargs,
+) -> torch.LongTensor | SpeculativeGenerateOutput:
+    """The SpecDec++ decoding loop in the shape `generate` calls a `custom_generate` callable:
+    `target.generate(**inputs, custom_generate=specdecpp.hf_generate, draft=draft, head=HEAD, ...)`.
+    `head` is a head or a folder / Hub id to load one from; `stop_threshold` and `bound` go to
+    `speculative_generate` untouched (its defaults when left out); `schedule` defaults to `ada`.
+    Length, EOS, sampling (temperature, top-k, top-p), `num_assistant_tokens` and
+    `assistant_confidence_threshold` come from the generation config transformers prepared; a
+    logits processor or stopping criterion the loop cannot honour (a repetition penalty, stop
+    strings, beams) is a ValueError, never silently dropped. Returns the token tensor, or a
+    `SpeculativeGenerateOutput` when `return_dict_in_generate` is set."""
+    config = generation_config if generation_config is not None else model.generation_config
+    _check_generate_settings(config, logits_processor, stopping_criteria, model_kwargs)
+    if isinstance(head, (str, os.PathLike)):
+        head = AcceptancePredictionHead.from_pretrained(head)
+    if head is not None and draft is not None:
+        head = head.to(draft.device)
+    if draft is None and schedule != "none":
+        raise ValueError("SpecDec++ needs the draft model: pass draft=... with custom_generate=hf_generate "
+                         "(transformers does not hand assistant_model to a custom_generate callable), or "
+                         "assistant_model=... with custom_generate=<head folder or Hub id>")
+    knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None}
+    eos = config.eos_token_id
+    out = speculative_generate(
+        model, draft, input_ids, attention_mask=model_kwargs.get("attention_mask"),
+        schedule=schedule, head=head, max_new_tokens=int(config.max_length) - input_ids.shape[-1],
+        do_sample=bool(config.do_sample), temperature=1.0 if config.temperature is None else config.temperature,
+        top_k=config.top_k or 0, top_p=1.0 if config.top_p is None else config.top_p,
+        eos_token_id=[] if eos is None else eos, streamer=streamer,
+        num_assistant_tokens=config.num_assistant_tokens,
+        assistant_confidence_threshold=config.assistant_confidence_threshold,
+        **{name: value for name, value in knobs.items() if value is not None})
+    if config.return_dict_in_generate:
+        return SpeculativeGenerateOutput(sequences=out.sequences, stats=out.stats)
+    return out.sequences
+
+
+def _check_generate_settings(config: GenerationConfig, logits_processor: LogitsProcessorList | None,
+                             stopping_criteria: StoppingCriteriaList | None, model_kwargs: dict) -> None:
+    """ValueError for what `generate` was asked that the SpecDec++ loop would not honour."""
+    if (config.num_beams or 1) > 1 or (config.num_return_sequences or 1) > 1:
+        raise ValueError("SpecDec++ decodes one sequence: num_beams and num_return_sequences must be 1")
+    extra_outputs = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+                     if config.return_dict_in_generate and getattr(config, name, False)]
+    if extra_outputs:
+        raise ValueError(f"SpecDec++ returns the sequences (and stats) only, not {', '.join(extra_outputs)}")
+    processors = [type(p).__name__ for p in logits_processor or [] if not isinstance(p, SUPPORTED_PROCESSORS)]
+    if processors:
+        raise ValueError(f"SpecDec++ applies temperature, top_k and top_p only; this generate call also asks for "
+                         f"{', '.join(processors)}")
+    criteria = [type(c).__name__ for c in stopping_criteria or [] if not isinstance(c, SUPPORTED_CRITERIA)]
+    if criteria:
+        raise ValueError(f"SpecDec++ stops at max_new_tokens / max_length and EOS only; this generate call also "
+                         f"asks for {', '.join(criteria)}")
+    unknown = sorted(set(model_kwargs) - IGNORED_MODEL_KWARGS - {"attention_mask"})
+    if unknown:
+        raise ValueError(f"SpecDec++ cannot pass {', '.join(unknown)} to the models")
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError("SpecDec++ starts from the prompt: a filled past_key_values is not supported")
+
+
+def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedModel | None = None, streamer=None,
+                       head: AcceptancePredictionHead | str | os.PathLike | None = None, **kwargs
+                       ) -> torch.LongTensor | SpeculativeGenerateOutput:
+    """What a head folder's `custom_generate/generate.py` runs: load the head from the folder or Hub
+    repo that `generate(custom_generate=...)` named (or take `head=`), then run `generate` with
+    `hf_generate` as its decoding loop, `assistant_model` as the draft. `kwargs` are `generate`'s
+    own arguments (inputs, generation config, `max_new_tokens`, sampling settings, ...) plus
+    SpecDec++'s `stop_threshold`, `bound` and `schedule`."""
+    if head is None or isinstance(head, (str, os.PathLike)):
+        location, hub_options = (head, {}) if head is not None else _custom_generate_location()
+        head = AcceptancePredictionHead.from_pretrained(location, **hub_options)
+    decode = functools.partial(hf_generate, draft=assistant_model, head=head, streamer=streamer)
+    # GenerationMixin's own generate: `model.generate` may be this very function when the target was
+    # loaded from a repo that carries custom_generate/ itself.
+    return GenerationMixin.generate(model, custom_generate=decode, **kwargs)
+
+
+def _custom_generate_location() -> tuple[str, dict]:
+    """The folder or Hub id that the running `generate(custom_generate=...)` call named, and its Hub
+    options (revision, token, ...). transformers runs a copy of `generate.py` from its modules cache,
+    so the file cannot find its folder from its own path; `generate`'s frame still holds the name."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        location = frame.f_locals.get("custom_generate") if frame.f_code.co_name == "generate" else None
+        if isinstance(location, (str, os.PathLike)):
+            options = frame.f_locals.get("kwargs") or {}
+            return str(location), {k: options[k] for k in HUB_OPTIONS if k in options}
+        frame = frame.f_back
+    raise RuntimeError("no generate(custom_generate=...) call to take the head from: pass head=FOLDER_OR_HUB_ID")

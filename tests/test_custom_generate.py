@@ -1,0 +1,157 @@
+"""SpecDec++ from transformers' `generate`: the head folder form (`custom_generate=HEAD_DIR`), the callable
+form (`custom_generate=specdecpp.hf_generate`), and `speculative_generate` fed the way transformers users
+feed `generate` (`**tokenizer(...)`). All on the committed pair, offline."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.generation import GenerateDecoderOnlyOutput
+
+import specdecpp
+from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.custom_generate import CUSTOM_GENERATE_FILES, SpeculativeGenerateOutput
+
+ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
+HEAD_DIR = str(ZOO_DIR / "head")
+PROMPTS = ("def add(a, b):\n", "import os\n\nclass Config:\n    def __init__(self")
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    """(target, draft, tokenizer) of the committed pair, float32."""
+    target = AutoModelForCausalLM.from_pretrained(ZOO_DIR / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(ZOO_DIR / "draft", dtype=torch.float32).eval()
+    return target, draft, AutoTokenizer.from_pretrained(ZOO_DIR / "target")
+
+
+def folder_generate(target, draft, inputs, **kwargs):
+    return target.generate(**inputs, assistant_model=draft, custom_generate=HEAD_DIR, trust_remote_code=True, **kwargs)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_folder_form_greedy_equals_target_generate(zoo, prompt):
+    target, draft, tokenizer = zoo
+    inputs = tokenizer(prompt, return_tensors="pt")
+    expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    out = folder_generate(target, draft, inputs, max_new_tokens=30, do_sample=False, stop_threshold=0.5, bound=(1, 8))
+    assert isinstance(out, torch.Tensor) and torch.equal(out, expected)
+
+
+def test_folder_form_returns_a_generate_output_and_passes_the_specdec_knobs(zoo):
+    target, draft, tokenizer = zoo
+    inputs = tokenizer(PROMPTS[1], return_tensors="pt")
+    runs = {threshold: folder_generate(target, draft, inputs, max_new_tokens=40, return_dict_in_generate=True,
+                                       stop_threshold=threshold, bound=(1, 8))
+            for threshold in (0.05, 0.95)}
+    for out in runs.values():
+        assert isinstance(out, GenerateDecoderOnlyOutput) and isinstance(out, SpeculativeGenerateOutput)
+        assert out.stats.generated_length == out.sequences.shape[1] - inputs["input_ids"].shape[1]
+        assert max(out.stats.draft_lengths) <= 8
+    assert torch.equal(runs[0.05].sequences, runs[0.95].sequences)
+    # a higher threshold lets rounds run longer: the knob reached the ada schedule
+    mean = {t: sum(o.stats.draft_lengths) / len(o.stats.draft_lengths) for t, o in runs.items()}
+    assert mean[0.95] > mean[0.05]
+
+
+def test_callable_form_equals_target_generate(zoo):
+    target, draft, tokenizer = zoo
+    inputs = tokenizer(PROMPTS[0], return_tensors="pt")
+    expected = target.generate(**inputs, max_new_tokens=25)
+    head = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
+    for head_arg in (HEAD_DIR, head):
+        out = target.generate(**inputs, custom_generate=specdecpp.hf_generate, draft=draft, head=head_arg,
+                              max_new_tokens=25, stop_threshold=0.7)
+        assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="draft="):
+        target.generate(**inputs, custom_generate=specdecpp.hf_generate, head=head, max_new_tokens=5)
+
+
+def test_generation_config_sampling_length_and_eos_are_honoured(zoo):
+    target, draft, tokenizer = zoo
+    inputs = tokenizer(PROMPTS[1], return_tensors="pt")
+    prompt_length = inputs["input_ids"].shape[1]
+    greedy = target.generate(**inputs, max_new_tokens=20)
+    # top_k=1 leaves one token to sample: sampling then reproduces greedy decoding, so top_k was applied
+    top1 = folder_generate(target, draft, inputs, max_new_tokens=20, do_sample=True, top_k=1, temperature=0.7)
+    assert torch.equal(top1, greedy)
+    samples = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        samples.append(folder_generate(target, draft, inputs, max_new_tokens=12, do_sample=True, temperature=1.5,
+                                       top_k=0, top_p=0.95))
+    assert torch.equal(samples[0], samples[1]) and samples[0].shape[1] <= prompt_length + 12
+    # an EOS from the call stops generation where the target alone stops
+    eos = int(greedy[0, prompt_length + 6])
+    expected = target.generate(**inputs, max_new_tokens=20, eos_token_id=eos)
+    out = folder_generate(target, draft, inputs, max_new_tokens=20, eos_token_id=eos)
+    assert torch.equal(out, expected) and int(out[0, -1]) == eos and out.shape[1] < greedy.shape[1]
+
+
+def test_streamer_receives_the_prompt_then_the_generated_tokens(zoo):
+    target, draft, tokenizer = zoo
+    inputs = tokenizer(PROMPTS[0], return_tensors="pt")
+
+    class Recorder:
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    streamer = Recorder()
+    out = folder_generate(target, draft, inputs, max_new_tokens=15, streamer=streamer)
+    assert streamer.chunks[0] == inputs["input_ids"][0].tolist()
+    assert sum(streamer.chunks, []) == out[0].tolist() and streamer.ended
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(repetition_penalty=1.3), "RepetitionPenalty"),
+    (dict(num_beams=2), "num_beams"),
+    (dict(return_dict_in_generate=True, output_scores=True), "output_scores"),
+])
+def test_settings_the_loop_cannot_honour_fail_clearly(zoo, settings, message):
+    target, draft, tokenizer = zoo
+    with pytest.raises(ValueError, match=message):
+        folder_generate(target, draft, tokenizer(PROMPTS[0], return_tensors="pt"), max_new_tokens=5, **settings)
+
+
+def test_every_saved_head_folder_carries_custom_generate(tmp_path):
+    AcceptancePredictionHead(16, 1).save_pretrained(tmp_path)
+    for name, text in CUSTOM_GENERATE_FILES.items():
+        assert (tmp_path / name).read_text() == text
+        assert (ZOO_DIR / "head" / name).read_text() == text  # the committed head is current too
+    assert "specdecpp" in (tmp_path / "custom_generate" / "requirements.txt").read_text().split()
+    assert "generate(" in (tmp_path / "README.md").read_text()
+
+
+def test_speculative_generate_takes_tokenizer_output_and_defaults_to_ada(zoo):
+    target, draft, tokenizer = zoo
+    inputs = tokenizer(PROMPTS[1], return_tensors="pt")
+    assert set(inputs) == {"input_ids", "attention_mask"}
+    head = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
+    out = speculative_generate(target, draft, **inputs, head=head, max_new_tokens=30, bound=(1, 8))
+    ada = speculative_generate(target, draft, inputs["input_ids"], schedule="ada", head=head, max_new_tokens=30,
+                               bound=(1, 8))
+    assert out.sequences is out["sequences"] and out[0] is out.sequences and out["stats"] is out.stats
+    assert torch.equal(out.sequences, target.generate(**inputs, max_new_tokens=30))
+    assert out.stats.draft_lengths == ada.stats.draft_lengths
+    no_head = speculative_generate(target, draft, **inputs, max_new_tokens=30)
+    dynamic = speculative_generate(target, draft, **inputs, schedule="dynamic", max_new_tokens=30)
+    assert no_head.stats.draft_lengths == dynamic.stats.draft_lengths
+
+
+def test_padding_in_the_attention_mask_is_refused(zoo):
+    target, draft, tokenizer = zoo
+    inputs = tokenizer(PROMPTS[0], return_tensors="pt")
+    padded = inputs["attention_mask"].clone()
+    padded[0, 0] = 0
+    with pytest.raises(ValueError, match="padding"):
+        speculative_generate(target, draft, inputs["input_ids"], attention_mask=padded, max_new_tokens=5)
+    with pytest.raises(ValueError, match="shape"):
+        speculative_generate(target, draft, inputs["input_ids"], attention_mask=padded[:, 1:], max_new_tokens=5)
