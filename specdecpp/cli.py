@@ -15,6 +15,7 @@ COMMANDS = {
     "evaluate": ("specdecpp.evaluate", "evaluate schedules against baselines"),
     "zoo": ("specdecpp.zoo", "build the embedded small target/draft pair"),
     "demo": ("specdecpp.demo", "the one-command demo on the embedded pair"),
+    "push": ("specdecpp.publish", "publish a head folder on the Hub (head files and custom_generate/ only)"),
 }
 
 

@@ -44,7 +44,10 @@ at least one rejection exceeds a threshold ([paper]({{ paper_url }})).
 - Draft model (the head reads its hidden states): {{ draft_model | default("not recorded", true) }}
 - Target model (whose acceptances it predicts): {{ target_model | default("not recorded", true) }}
 - Training data: {{ training_data | default("not recorded", true) }}
-{% if stop_threshold is not none %}- Stored stop threshold: {{ stop_threshold }} (what `stop_threshold="auto"` uses)
+{% if stop_threshold is not none %}
+## Stop threshold
+
+Stored threshold: {{ stop_threshold }}; `stop_threshold="auto"` uses it.
 {% endif %}{% if eval_metrics %}
 ## Eval metrics
 
@@ -76,7 +79,9 @@ out = target.generate(**inputs, assistant_model=draft, custom_generate="{{ repo_
 print(tokenizer.decode(out[0]))
 ```
 
-## Use with specdecpp
+## Use
+
+With specdecpp directly:
 
 ```python
 from specdecpp import AcceptancePredictionHead, speculative_generate
@@ -165,7 +170,8 @@ class AcceptancePredictionHead(
     def generate_model_card(self, *args, **kwargs):
         """The model card, with the stored stop threshold (config key `stop_threshold`, when the
         config has one) unless the caller gives one, and empty calibration columns filled in."""
-        config = getattr(self, "_hub_mixin_config", None) or {}
+        config = getattr(self, "config", None)
+        config = config if isinstance(config, dict) else getattr(self, "_hub_mixin_config", None) or {}
         kwargs.setdefault("stop_threshold", config.get("stop_threshold") if isinstance(config, dict) else None)
         calibration = kwargs.get("calibration") or {}
         columns = kwargs.get("calibration_columns") or list(dict.fromkeys(k for f in calibration.values() for k in f))

@@ -42,6 +42,7 @@ from transformers.trainer_utils import EvalPrediction, get_last_checkpoint
 from specdecpp.data_io import read_records
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.models import ModelLoadingArguments, is_peft_adapter, last_hidden_states, load_model, vocab_size
+from specdecpp.publish import push_head
 
 IGNORE = -100.0  # label of positions the loss skips (Trainer also pads predictions with -100)
 
@@ -231,6 +232,30 @@ class HeadTrainer(Trainer):
 
     def _load_best_model(self) -> None:
         self._load_from_checkpoint(self.state.best_model_checkpoint)
+
+    # -- publishing (--push_to_hub --hub_model_id ID): the head folder only, never the draft's weights,
+    # the optimizer state, training_args.bin or the Trainer's own model card ---------------------------
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
+        """Save the head, then publish `output_dir` with `specdecpp.publish.push_head` (rank 0)."""
+        self.save_model(_internal_call=True)
+        if not self.is_world_process_zero():
+            return None
+        return push_head(self.args.output_dir, self._hub_repo_id(),
+                         private=self.args.hub_private_repo if private is None else private,
+                         token=token or self.args.hub_token, revision=revision or self.args.hub_revision,
+                         commit_message=commit_message or "End of training")
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """`--hub_strategy every_save` (the default) and the checkpoint strategies: publish each saved
+        checkpoint's head the same way (`end` publishes only at the end)."""
+        if self.is_world_process_zero() and self.args.hub_strategy != "end":
+            push_head(checkpoint_folder, self._hub_repo_id(), private=bool(self.args.hub_private_repo),
+                      token=self.args.hub_token, revision=self.args.hub_revision,
+                      commit_message=f"Training in progress, step {self.state.global_step}")
+
+    def _hub_repo_id(self) -> str:
+        return self.hub_model_id or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
 
 
 def check_data_fits_draft(records: list[dict], draft: PreTrainedModel) -> None:

@@ -1,0 +1,139 @@
+"""Publish a trained head on the Hugging Face Hub, and only the head.
+
+    specdecpp push HEAD_DIR REPO_ID [--private] [--token TOKEN] [--revision BRANCH]
+    python specdecpp/train.py ... --push_to_hub --hub_model_id REPO_ID   (the same, at the end of training)
+
+What goes up: the weights, `config.json`, the model card (`README.md`), `custom_generate/` (so
+`target.generate(..., custom_generate=REPO_ID, trust_remote_code=True)` runs SpecDec++ with it)
+and the head's evidence when the folder has it: calibration reports (`calibration*.json`,
+`card.json`) and reliability diagrams (`*.png`). Nothing else: no draft weights, no optimizer,
+scheduler or RNG state, no `training_args.bin`, no `checkpoint-*` folders, no cached hidden states.
+The files are staged in a temporary folder (with `custom_generate/` rewritten by the installed
+specdecpp and the model card completed with what the folder holds: the stored threshold, the
+calibration figures, a `generate` example) and handed to `HfApi.upload_folder`. Loading a
+published head is the ordinary `AcceptancePredictionHead.from_pretrained(REPO_ID)`.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from huggingface_hub import HfApi
+
+from specdecpp.custom_generate import write_custom_generate
+from specdecpp.head import AcceptancePredictionHead
+
+# Top-level files of a head folder that are published; everything else stays home.
+PUBLISHED = ("config.json", "model.safetensors", "pytorch_model.bin", "README.md", "card.json", "calibration*.json",
+             "*.png")
+SECTION = re.compile(r"^## +(.+?) *$", re.MULTILINE)
+
+
+def published_files(head_dir: str | os.PathLike) -> list[str]:
+    """The files of `head_dir` that `push_head` publishes besides `custom_generate/` (which it
+    writes afresh): weights, config, model card, calibration reports and diagrams. Sorted names."""
+    names = [p.name for p in Path(head_dir).iterdir() if p.is_file()]
+    return sorted(n for n in names if any(fnmatch.fnmatch(n, pattern) for pattern in PUBLISHED))
+
+
+def card_facts(head_dir: str | os.PathLike) -> dict:
+    """What the model card can show from the folder alone: the stored threshold (config key
+    `stop_threshold`), calibration figures (`calibration*.json`, as `specdecpp.calibration
+    --output_json` writes them, and `card.json`'s `calibration` section), the diagrams, and the
+    pair when `card.json` names it."""
+    folder = Path(head_dir)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    calibration, pair = {}, {}
+    for path in sorted(folder.glob("calibration*.json")):
+        calibration[path.stem] = _figures(json.loads(path.read_text(encoding="utf-8")))
+    if (folder / "card.json").is_file():  # the embedded head's record: its pair and calibration sections
+        card = json.loads((folder / "card.json").read_text(encoding="utf-8"))
+        sections = card.get("calibration") or {}
+        calibration |= {name: _figures(value) for name, value in sections.items() if isinstance(value, dict)}
+        pair = {f"{role}_model": card[role] for role in ("draft", "target") if isinstance(card.get(role), str)}
+    return {**pair, "stop_threshold": config.get("stop_threshold"),
+            "calibration": {name: figures for name, figures in calibration.items() if figures},
+            "calibration_plots": sorted(p.name for p in folder.glob("*.png"))}
+
+
+def _figures(report: dict) -> dict[str, float | int]:
+    """The scalar figures of a calibration report, rounded for a table."""
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in report.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def complete_card(existing: str | None, rendered: str) -> str:
+    """The model card to publish: `rendered` when the folder has none, else the folder's own card
+    with every `## section` of `rendered` whose title it lacks appended (a card written at training
+    time gains the calibration and threshold found later; a hand-written one keeps its text)."""
+    if not existing:
+        return rendered
+    titles = [t.lower() for t in SECTION.findall(existing)]
+    starts = [m.start() for m in SECTION.finditer(rendered)] + [len(rendered)]
+    missing = [rendered[a:b].rstrip() for a, b in zip(starts, starts[1:])
+               if not any(t.startswith(SECTION.match(rendered, a).group(1).lower()) for t in titles)]
+    return "\n\n".join([existing.rstrip(), *missing]) + "\n"
+
+
+def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id: str | None = None) -> list[str]:
+    """Copy what is published from `head_dir` into `staging`, write `custom_generate/` and the
+    completed model card there (the repo id in its examples), and return the staged files'
+    relative paths, sorted. ValueError if `head_dir` does not load as a head."""
+    head_dir, staging = Path(head_dir), Path(staging)
+    if not (head_dir / "config.json").is_file():
+        raise ValueError(f"{head_dir} is not a head folder (no config.json)")
+    head = AcceptancePredictionHead.from_pretrained(head_dir)  # refuses what is not a head
+    for name in published_files(head_dir):
+        shutil.copy2(head_dir / name, staging / name)
+    write_custom_generate(staging)
+    facts = card_facts(head_dir)
+    rendered = str(head.generate_model_card(repo_id=repo_id, **facts))
+    readme = staging / "README.md"
+    existing = readme.read_text(encoding="utf-8") if readme.is_file() else None
+    card = complete_card(existing, rendered)
+    if repo_id:
+        card = card.replace("this-repo-or-folder", repo_id)
+    readme.write_text(card, encoding="utf-8")
+    return sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+
+
+def push_head(head_dir: str | os.PathLike, repo_id: str, *, private: bool = False, token: str | None = None,
+              revision: str | None = None, commit_message: str = "Upload SpecDec++ acceptance prediction head"):
+    """Publish the head in `head_dir` as the Hub model repo `repo_id` (created if needed; `private`
+    applies when it is created): stage it with `stage_head`, then `HfApi.upload_folder`. Returns
+    the upload's `CommitInfo`."""
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+    with tempfile.TemporaryDirectory() as staging:
+        stage_head(head_dir, staging, repo_id)
+        return api.upload_folder(repo_id=repo_id, folder_path=staging, commit_message=commit_message,
+                                 revision=revision, repo_type="model")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: `specdecpp push HEAD_DIR REPO_ID [--private] [--token T] [--revision R] [--dry_run]`."""
+    parser = argparse.ArgumentParser(prog="specdecpp push", description=__doc__.split("\n\n")[0])
+    parser.add_argument("head_dir", help="a head folder (train.py's --output_dir or a checkpoint-* folder)")
+    parser.add_argument("repo_id", help="the Hub model repo, e.g. you/acchead-smollm2-135m-1.7b")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--token", default=None, help="a Hub token (default: the logged-in one)")
+    parser.add_argument("--revision", default=None, help="the branch to commit to (default: main)")
+    parser.add_argument("--dry_run", action="store_true", help="list the files that would be published, upload nothing")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.dry_run:
+        with tempfile.TemporaryDirectory() as staging:
+            print("\n".join(stage_head(args.head_dir, staging, args.repo_id)))
+        return
+    commit = push_head(args.head_dir, args.repo_id, private=args.private, token=args.token, revision=args.revision)
+    print(f"published {args.head_dir} to {getattr(commit, 'commit_url', None) or args.repo_id}")
+
+
+if __name__ == "__main__":
+    main()
