@@ -164,26 +164,26 @@ def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedMod
     """What a head folder's `custom_generate/generate.py` runs: load the head from the folder or Hub
     repo that `generate(custom_generate=...)` named (or take `head=`), then run `generate` with
     `hf_generate` as its decoding loop, `assistant_model` as the draft. `kwargs` are `generate`'s
-    own arguments (inputs, generation config, `max_new_tokens`, sampling settings, ...) plus
-    SpecDec++'s `stop_threshold`, `bound` and `schedule`."""
+    own arguments (inputs, generation config, `max_new_tokens`, sampling settings, ...), SpecDec++'s
+    `stop_threshold`, `bound` and `schedule`, and the Hub options that loaded this file
+    (`revision`, `cache_dir`, `token`, ...), which load the head from the same place."""
+    hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}  # for loading, not for the models
     if head is None or isinstance(head, (str, os.PathLike)):
-        location, hub_options = (head, {}) if head is not None else _custom_generate_location()
-        head = AcceptancePredictionHead.from_pretrained(location, **hub_options)
+        head = AcceptancePredictionHead.from_pretrained(head or _custom_generate_location(), **hub_options)
     decode = functools.partial(hf_generate, draft=assistant_model, head=head, streamer=streamer)
     # GenerationMixin's own generate: `model.generate` may be this very function when the target was
     # loaded from a repo that carries custom_generate/ itself.
     return GenerationMixin.generate(model, custom_generate=decode, **kwargs)
 
 
-def _custom_generate_location() -> tuple[str, dict]:
-    """The folder or Hub id that the running `generate(custom_generate=...)` call named, and its Hub
-    options (revision, token, ...). transformers runs a copy of `generate.py` from its modules cache,
-    so the file cannot find its folder from its own path; `generate`'s frame still holds the name."""
+def _custom_generate_location() -> str:
+    """The folder or Hub id that the running `generate(custom_generate=...)` call named.
+    transformers runs a copy of `generate.py` from its modules cache, so the file cannot find its
+    folder from its own path; `generate`'s frame still holds the name."""
     frame = inspect.currentframe()
     while frame is not None:
         location = frame.f_locals.get("custom_generate") if frame.f_code.co_name == "generate" else None
         if isinstance(location, (str, os.PathLike)):
-            options = frame.f_locals.get("kwargs") or {}
-            return str(location), {k: options[k] for k in HUB_OPTIONS if k in options}
+            return str(location)
         frame = frame.f_back
     raise RuntimeError("no generate(custom_generate=...) call to take the head from: pass head=FOLDER_OR_HUB_ID")

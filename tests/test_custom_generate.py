@@ -3,6 +3,7 @@ form (`custom_generate=specdecpp.hf_generate`), and `speculative_generate` fed t
 feed `generate` (`**tokenizer(...)`). All on the committed pair, offline."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,32 @@ def test_folder_form_returns_a_generate_output_and_passes_the_specdec_knobs(zoo)
     # a higher threshold lets rounds run longer: the knob reached the ada schedule
     mean = {t: sum(o.stats.draft_lengths) / len(o.stats.draft_lengths) for t, o in runs.items()}
     assert mean[0.95] > mean[0.05]
+
+
+def test_hub_id_form_loads_the_repo_head_the_ordinary_way(zoo, tmp_path):
+    """A Hub id, served offline from a Hub cache: the head is the repo's (one that always predicts a
+    rejection, so every ada round stops at the lower bound), loaded with the call's Hub options."""
+    target, draft, tokenizer = zoo
+    repo = tmp_path / "models--me--zoo-head"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(HEAD_DIR, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    pessimist = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
+    with torch.no_grad():
+        pessimist.model[-1].weight.zero_()
+        pessimist.model[-1].bias.copy_(torch.tensor([30.0, -30.0]))
+    pessimist.save_pretrained(snapshot)
+    inputs = tokenizer(PROMPTS[1], return_tensors="pt")
+    out = target.generate(**inputs, assistant_model=draft, custom_generate="me/zoo-head", trust_remote_code=True,
+                          cache_dir=str(tmp_path), local_files_only=True, max_new_tokens=30,
+                          return_dict_in_generate=True, bound=(3, 8), stop_threshold=0.99)
+    assert torch.equal(out.sequences, target.generate(**inputs, max_new_tokens=30))
+    produced, expected = 0, []  # every round stops at the lower bound 3, unless max_new_tokens cuts it shorter
+    for accepted in out.stats.accepted_lengths:
+        expected.append(min(3, 30 - produced - 1))
+        produced += accepted + 1
+    assert out.stats.draft_lengths == expected
 
 
 def test_callable_form_equals_target_generate(zoo):
