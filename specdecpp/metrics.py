@@ -96,7 +96,8 @@ def timed(step: Callable[[], None]) -> float:
 
 
 # -- the summary: one row per method -------------------------------------------------------------
-IDENTITY_FIELDS = ("method", "engine", "schedule", "num_assistant_tokens", "stop_threshold")
+IDENTITY_FIELDS = ("method", "engine", "schedule", "num_assistant_tokens", "stop_threshold", "head",
+                   "assistant_confidence_threshold")
 
 
 def summarize(records: list[dict], cost_ratio: float) -> list[dict]:
@@ -116,7 +117,7 @@ def _summarize_method(rows: list[dict], cost_ratio: float) -> dict:
     discarded = _total(rows, "num_mismatched_tokens")
     accepted = [a for r in rows for a in (r["accepted_lengths"] or [])]
     checked = [r["matches_target"] for r in rows if r["matches_target"] is not None]
-    row = {name: rows[0][name] for name in IDENTITY_FIELDS}
+    row = {name: rows[0].get(name) for name in IDENTITY_FIELDS}  # records of older runs lack the newer fields
     row.update({
         "prompts": len(rows),
         "generated_tokens": tokens,
