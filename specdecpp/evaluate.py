@@ -71,7 +71,8 @@ class EvaluationArguments:
     assist_acc_head_dir: list[str] = field(default_factory=lambda: [str(ZOO_DIR / "head")], metadata={
         "help": "acceptance prediction heads for ada (folders or Hub ids; ada runs with each)"})
     stop_threshold: list[str] = field(default_factory=lambda: ["0.3"], metadata={
-        "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in the head"})
+        "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
+                "head that has one"})
     bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
         "help": "ada: MIN MAX drafted tokens per round"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
@@ -137,8 +138,21 @@ def check_arguments(args: EvaluationArguments) -> None:
         if not args.assist_acc_head_dir:
             raise ValueError("schedule 'ada' needs --assist_acc_head_dir (a trained acceptance prediction head)")
         for head_dir in args.assist_acc_head_dir:
-            _check_head(head_dir, draft_config, "auto" in args.stop_threshold)
+            _check_head(head_dir, draft_config)
+        if "auto" in args.stop_threshold and not any(map(_may_store_threshold, args.assist_acc_head_dir)):
+            raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
+                             f"{', '.join(args.assist_acc_head_dir)} has one: choose one with "
+                             "`python -m specdecpp.calibration ... --choose_threshold`")
     check_writable(args.save_path)
+
+
+def _may_store_threshold(head_dir: str) -> bool:
+    """False for a local head folder without a stored threshold; a Hub id is checked once loaded."""
+    config_file = os.path.join(head_dir, "config.json")
+    if not os.path.isfile(config_file):
+        return True
+    with open(config_file, encoding="utf-8") as f:
+        return json.load(f).get("stop_threshold") is not None
 
 
 def _is_fraction(text: str) -> bool:
@@ -182,7 +196,7 @@ def _zoo_hint(path: str) -> str:
     return " (the embedded pair is built by `specdecpp zoo`)" if Path(path).resolve().is_relative_to(ZOO_DIR) else ""
 
 
-def _check_head(head_dir: str, draft_config, needs_threshold: bool) -> None:
+def _check_head(head_dir: str, draft_config) -> None:
     if not os.path.isdir(head_dir):
         if _is_local_path(head_dir):
             raise FileNotFoundError(f"no head folder at {head_dir}{_zoo_hint(head_dir)}")
@@ -191,11 +205,7 @@ def _check_head(head_dir: str, draft_config, needs_threshold: bool) -> None:
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{head_dir} holds no config.json: not an acceptance prediction head")
     with open(config_file, encoding="utf-8") as f:
-        config = json.load(f)
-    head_hidden = config.get("hidden_size")
-    if needs_threshold and config.get("stop_threshold") is None:
-        raise ValueError(f"--stop_threshold auto needs heads with a stored threshold, and {head_dir} has none: "
-                         "choose one with `python -m specdecpp.calibration ... --choose_threshold`")
+        head_hidden = json.load(f).get("hidden_size")
     if draft_config is not None and head_hidden != draft_config.hidden_size:
         raise ValueError(f"the head in {head_dir} reads hidden states of size {head_hidden}, but the draft's hidden "
                          f"size is {draft_config.hidden_size}: it was trained for another draft")
@@ -299,10 +309,12 @@ def _knob_specs(engine: str, schedule: str, args: EvaluationArguments) -> list[M
         return [MethodSpec(f"{engine}:heuristic@K={k}", engine, schedule, num_assistant_tokens=k)]
     if schedule == "ada":
         heads = list(dict.fromkeys(args.assist_acc_head_dir))
+        # "auto" runs with every head that stores a threshold (see `_may_store_threshold`)
         return [MethodSpec(f"{engine}:ada" + (f"[{head_label(head)}]" if len(heads) > 1 else "")
                            + f"@{t if t == 'auto' else format(float(t), 'g')}", engine, schedule,
                            stop_threshold=t if t == "auto" else float(t), head=head)
-                for head in heads for t in dict.fromkeys(args.stop_threshold)]
+                for head in heads for t in dict.fromkeys(args.stop_threshold)
+                if t != "auto" or _may_store_threshold(head)]
     if schedule == "dynamic":
         confidences = list(dict.fromkeys(args.assistant_confidence_threshold))
         if engine == "hf":  # it moves its threshold itself: one starting point is enough

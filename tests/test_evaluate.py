@@ -92,7 +92,7 @@ def no_model_loading(monkeypatch):
     (dict(data_path="missing/prompts.jsonl"), FileNotFoundError, "no prompt file"),
     (dict(assist_acc_head_dir=["HEAD_OTHER"]), ValueError, "trained for another draft"),
     (dict(assist_acc_head_dir=["/no/such/head"]), FileNotFoundError, "no head folder"),
-    (dict(stop_threshold=["auto"]), ValueError, "stored threshold"),
+    (dict(stop_threshold=["auto"]), ValueError, "has one"),
     (dict(stop_threshold=["high"]), ValueError, "--stop_threshold"),
     (dict(assistant_name="/no/such/draft"), FileNotFoundError, "no model folder"),
     (dict(schedule=["oracle"], do_sample=True), ValueError, "greedy decoding only"),
