@@ -179,23 +179,18 @@ def test_ada_bounds_with_always_reject_and_always_accept_heads(tiny_pair, bound)
     assert set(always.draft_lengths[:-1]) == {high}
 
 
-def test_ada_threshold_sets_round_length(tiny_pair):
-    """P(accept) = 0.9 per token: the round stops after y_j once 1 - 0.9^(j-1) > threshold."""
+@pytest.mark.parametrize("config,lengths", [
+    # reader: y_j is judged one step later, so the round stops after y_j once 1 - 0.9^(j-1) > threshold
+    (dict(), [(0.05, 2), (0.15, 3), (0.3, 5), (0.5, 8)]),
+    # proposer: y_j is judged as it is drafted, so the round stops once 1 - 0.9^j > threshold
+    (dict(alignment="proposer", features=["log_q"]), [(0.05, 1), (0.15, 2), (0.3, 4), (0.5, 7)]),
+])
+def test_ada_threshold_sets_round_length(tiny_pair, config, lengths):
+    """P(accept) = 0.9 per token: the round lengths the stop rule predicts, for either alignment."""
     target, draft = tiny_pair
-    head = constant_head(float(torch.logit(torch.tensor(0.9))))
+    head = constant_head(float(torch.logit(torch.tensor(0.9))), **config)
     prompt = prompts(1, seed=6)[0]
-    for threshold, expected_length in [(0.05, 2), (0.15, 3), (0.3, 5), (0.5, 8)]:
-        stats = speculative_generate(target, draft, prompt, schedule="ada", head=head, bound=(1, 20),
-                                     stop_threshold=threshold, max_new_tokens=200).stats
-        assert set(stats.draft_lengths[:-1]) == {expected_length}, threshold
-
-
-def test_proposer_ada_threshold_sets_round_length(tiny_pair):
-    """P(accept) = 0.9 per token, judged as it is drafted: the round stops after y_j once 1 - 0.9^j > threshold."""
-    target, draft = tiny_pair
-    head = constant_head(float(torch.logit(torch.tensor(0.9))), alignment="proposer", features=["log_q"])
-    prompt = prompts(1, seed=6)[0]
-    for threshold, expected_length in [(0.05, 1), (0.15, 2), (0.3, 4), (0.5, 7)]:
+    for threshold, expected_length in lengths:
         stats = speculative_generate(target, draft, prompt, schedule="ada", head=head, bound=(1, 20),
                                      stop_threshold=threshold, max_new_tokens=200).stats
         assert set(stats.draft_lengths[:-1]) == {expected_length}, threshold

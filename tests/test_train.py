@@ -14,7 +14,7 @@ from conftest import free_port
 from safetensors.torch import load_file
 
 from specdecpp.head import AcceptancePredictionHead, logit_features
-from specdecpp.models import last_hidden_states, load_model
+from specdecpp.models import load_model
 from specdecpp.train import (IGNORE, DataArguments, HeadTrainingArguments, ModelArguments, acceptance_loss, binary_kl,
                              make_example, train)
 
@@ -102,59 +102,39 @@ def test_proposer_example_labels_the_state_that_proposes_each_draft_token():
     assert example["candidates"] == [-1, -1, 10, 21, 12, 23]
 
 
-def test_proposer_head_learns_what_the_proposing_state_and_its_logits_determine(pair_dirs, tmp_path):
-    # labels from a teacher proposer head on the state at tokens[i-1] and the features of draft[i]
-    # there: a student only fits them if every label meets exactly that state and candidate
+def teacher_p_acc(draft, teacher: AcceptancePredictionHead, record: dict) -> list[float]:
+    """The teacher's P(accept) for each drafted token, computed from the state that judges it: a
+    proposer's at tokens[i-1] with draft[i]'s features there, a reader's at draft[i] of prefix + draft."""
+    proposer = teacher.alignment == "proposer"
+    ids = torch.tensor([record["prefix"] + (record["tokens"][:-1] if proposer else record["draft"])])
+    with torch.no_grad():
+        out = draft(ids, output_hidden_states=True)
+    span = slice(len(record["prefix"]) - proposer, None)
+    features = logit_features(out.logits[0, span], torch.tensor(record["draft"]), teacher.features) if proposer else None
+    return teacher.accept_prob(out.hidden_states[-1][0, span], features).tolist()
+
+
+@pytest.mark.parametrize("alignment", ["proposer", "reader"])
+def test_head_learns_what_the_judging_state_determines(pair_dirs, tmp_path, alignment):
+    # labels from a teacher head on the state that judges each drafted token: a student only fits
+    # them if training pairs every label with exactly that state (and, for a proposer, its features)
     draft = load_model(pair_dirs[1])
     torch.manual_seed(0)
-    teacher = AcceptancePredictionHead(32, 0, alignment="proposer", features=["log_q", "entropy"])
+    features = ["log_q", "entropy"] if alignment == "proposer" else []
+    teacher = AcceptancePredictionHead(32, 0, alignment=alignment, features=features)
     torch.nn.init.normal_(teacher.model[-1].weight)
     paths = []
     for name, seed, n in (("train", 0, 24), ("eval", 1, 8)):
         paths.append(tmp_path / f"{name}.jsonl")
-        with open(paths[-1], "w") as f:
-            for r in synthetic_records(n, seed):
-                ids = torch.tensor([r["prefix"] + r["tokens"][:-1]])
-                with torch.no_grad():
-                    out = draft(ids, output_hidden_states=True)
-                span = slice(len(r["prefix"]) - 1, None)
-                features = logit_features(out.logits[0, span], torch.tensor(r["draft"]), teacher.features)
-                p_acc = teacher.accept_prob(out.hidden_states[-1][0, span], features)
-                f.write(json.dumps(r | {"p_acc": p_acc.tolist()}) + "\n")
-    trainer = train(ModelArguments(model_name_or_path=pair_dirs[1], resnet_num_layers=1),
-                    DataArguments(data_path=str(paths[0]), eval_data_path=str(paths[1])),
-                    HeadTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=10, learning_rate=5e-2,
-                                          per_device_train_batch_size=4, weight_mismatch=1.0, report_to="none",
-                                          save_strategy="no", use_cpu=True, disable_tqdm=True, cache_hidden_states=True))
-    assert trainer.model.head.config == {"hidden_size": 32, "num_layers": 1, "alignment": "proposer",
-                                         "features": ["log_q", "entropy"]}
-    labels = np.array([p for line in paths[1].read_text().splitlines() for p in json.loads(line)["p_acc"]])
-    constant = binary_kl(labels, np.full_like(labels, labels.mean()))
-    learned = [log["eval_binary_kl"] for log in trainer.state.log_history if "eval_binary_kl" in log][-1]
-    assert learned < 0.25 * constant
-
-
-def test_head_learns_what_the_hidden_state_at_each_drafted_token_determines(pair_dirs, tmp_path):
-    # labels from a teacher head on the draft's hidden state at each drafted token: a student can
-    # only fit them if examples pair each label with exactly that position's state
-    draft = load_model(pair_dirs[1])
-    torch.manual_seed(0)
-    teacher = AcceptancePredictionHead(32, 0)
-    torch.nn.init.normal_(teacher.model[-1].weight)
-    paths = []
-    for name, seed, n in (("train", 0, 24), ("eval", 1, 8)):
-        paths.append(tmp_path / f"{name}.jsonl")
-        with open(paths[-1], "w") as f:
-            for r in synthetic_records(n, seed):
-                ids = torch.tensor([r["prefix"] + r["draft"]])
-                with torch.no_grad():
-                    hidden = last_hidden_states(draft, ids, torch.ones_like(ids))
-                f.write(json.dumps(r | {"p_acc": teacher.accept_prob(hidden)[0, len(r["prefix"]):].tolist()}) + "\n")
-    trainer = train(ModelArguments(model_name_or_path=pair_dirs[1], resnet_num_layers=1, head_alignment="reader"),
+        paths[-1].write_text("".join(json.dumps(r | {"p_acc": teacher_p_acc(draft, teacher, r)}) + "\n"
+                                     for r in synthetic_records(n, seed)))
+    trainer = train(ModelArguments(model_name_or_path=pair_dirs[1], resnet_num_layers=1, head_alignment=alignment),
                     DataArguments(data_path=str(paths[0]), eval_data_path=str(paths[1]), mixing_ratio=0.0),
                     HeadTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=10, learning_rate=5e-2,
                                           per_device_train_batch_size=4, weight_mismatch=1.0, report_to="none",
                                           save_strategy="no", use_cpu=True, disable_tqdm=True, cache_hidden_states=True))
+    assert trainer.model.head.config == {"hidden_size": 32, "num_layers": 1, "alignment": alignment,
+                                         **({"features": features} if features else {})}
     labels = np.array([p for line in paths[1].read_text().splitlines() for p in json.loads(line)["p_acc"]])
     constant = binary_kl(labels, np.full_like(labels, labels.mean()))
     learned = [log["eval_binary_kl"] for log in trainer.state.log_history if "eval_binary_kl" in log][-1]
