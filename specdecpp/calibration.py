@@ -14,22 +14,29 @@ A head trained with `--weight_mismatch w` is pessimistic by design: the weighted
 by `s = y / (y + w (1 - y))`, not by `y`. Its raw probabilities (what the stop rule reads) are
 reported by default; `--weight_mismatch w` reports the calibration of `w s / (1 - s + w s)`, the
 acceptance probability the head implies, which is what should match the labels.
+
+`--choose_threshold --target TARGET` also picks the head's stop threshold for `stop_threshold="auto"`
+(`specdecpp.threshold`): greedy rounds on the records are replayed with the head's predictions and
+priced with the pair's measured step times; the threshold, the times and the cost curve go into
+the head folder's `config.json` and model card, and the curve into `--threshold_plot_path`.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm import tqdm
 from transformers import HfArgumentParser
 
 from specdecpp.data_io import read_records
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.models import ModelLoadingArguments, last_hidden_states, load_model, model_device
-from specdecpp.train import IGNORE, binary_kl, check_data_fits_draft, make_example, pad_batch
+from specdecpp.head_data import predict
+from specdecpp.models import ModelLoadingArguments, load_model
+from specdecpp.threshold import choose_threshold
+from specdecpp.train import binary_kl, check_data_fits_draft
 
 
 @dataclass
@@ -46,6 +53,14 @@ class CalibrationArguments:
                 "1 judges the raw predictions"})
     plot_path: str = field(default="reliability.png", metadata={"help": "where the reliability diagram goes"})
     output_json: str | None = field(default=None, metadata={"help": "also write the report as JSON here"})
+    choose_threshold: bool = field(default=False, metadata={"help": (
+        "also choose the head's stop threshold by replaying greedy rounds on these records with the pair's "
+        "measured costs (needs --target and a proposer head), and store it in the head folder")})
+    target: str | None = field(default=None, metadata={"help": "the target model (for --choose_threshold)"})
+    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
+        "help": "ada's MIN MAX drafted tokens per round, as decoding will use them (for --choose_threshold)"})
+    threshold_plot_path: str = field(default="threshold.png", metadata={
+        "help": "where the replayed cost-against-threshold plot goes (for --choose_threshold)"})
 
     def __post_init__(self):
         if self.num_bins < 1 or self.batch_size < 1:
@@ -54,27 +69,11 @@ class CalibrationArguments:
             raise ValueError(f"weight_mismatch must be > 0, got {self.weight_mismatch}")
         if not 0 <= self.mixing_ratio < 1:
             raise ValueError(f"mixing_ratio must be in [0, 1), got {self.mixing_ratio}")
-
-
-@torch.no_grad()
-def predict(head: AcceptancePredictionHead, draft, records: list[dict], mixing_ratio: float = 0.15, seed: int = 42,
-            batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """`(labels, predictions)` over every labelled position of the records: `p_acc` and the head's
-    accept probability, on the same sequences training builds from the records."""
-    if head.hidden_size != draft.config.get_text_config().hidden_size:
-        raise ValueError(f"the head reads hidden states of size {head.hidden_size} but the draft's hidden size is "
-                         f"{draft.config.get_text_config().hidden_size}: it was trained for another draft")
-    device = model_device(draft)
-    head = head.to(device)
-    labels, predictions = [], []
-    for start in tqdm(range(0, len(records), batch_size), desc="scoring", unit="batch"):
-        batch = pad_batch([make_example(r, start + i, mixing_ratio, seed)
-                           for i, r in enumerate(records[start: start + batch_size])])
-        hidden = last_hidden_states(draft, batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        keep = batch["labels"] != IGNORE
-        labels.append(batch["labels"][keep].numpy())
-        predictions.append(head.accept_prob(hidden).cpu()[keep].numpy())
-    return np.concatenate(labels).astype(np.float64), np.concatenate(predictions).astype(np.float64)
+        if self.choose_threshold and not (self.target and os.path.isdir(self.head)):
+            raise ValueError("--choose_threshold needs --target (its verification times price the rounds) and a "
+                             "local --head folder to store the threshold in")
+        if len(self.bound) != 2 or not 1 <= self.bound[0] <= self.bound[1]:
+            raise ValueError(f"--bound takes MIN MAX with 1 <= MIN <= MAX, got {self.bound}")
 
 
 def unweight(predictions: np.ndarray, weight_mismatch: float) -> np.ndarray:
@@ -178,10 +177,76 @@ def run(args: CalibrationArguments, loading: ModelLoadingArguments | None = None
     title = f"head {args.head}" + (f" (w={args.weight_mismatch:g} undone)" if args.weight_mismatch != 1 else "")
     plot_reliability(report, args.plot_path, title=title)
     print(f"reliability diagram: {args.plot_path}")
+    if args.choose_threshold:
+        target = load_model(args.target, loading.torch_dtype, loading.device_map, loading.trust_remote_code)
+        report["threshold"] = store_threshold(head, draft, target, records, args)
     if args.output_json:
         with open(args.output_json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
     return report
+
+
+def store_threshold(head: AcceptancePredictionHead, draft, target, records: list[dict],
+                    args: CalibrationArguments) -> dict:
+    """Choose the head's threshold on `records` (`specdecpp.threshold.choose_threshold`), store it
+    in the head folder's config and card, plot the cost curve; returns the selection record."""
+    threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound), batch_size=args.batch_size)
+    selection["data"] = args.data_path
+    head.cpu().with_threshold(threshold, selection).save_pretrained(args.head)
+    plot_threshold_curve(selection, threshold, args.threshold_plot_path)
+    write_threshold_card(os.path.join(args.head, "README.md"), threshold, selection)
+    best_k = min(selection["constant_k_cost_per_token"].items(), key=lambda kv: kv[1])
+    print(f"stop threshold {threshold:g}: replayed cost per token {min(selection['cost_per_token']):.3f} target "
+          f"steps (best constant K={best_k[0]}: {best_k[1]:.3f}; oracle {selection['oracle_cost_per_token']:.3f}); "
+          f"stored in {args.head}/config.json; plot: {args.threshold_plot_path}")
+    return {"stop_threshold": threshold, **selection}
+
+
+def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
+    """Replayed cost per token against the stop threshold, with the best constant K and the oracle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.plot(selection["thresholds"], selection["cost_per_token"], "o-", label="ada (this head)")
+    best_k, best_cost = min(selection["constant_k_cost_per_token"].items(), key=lambda kv: kv[1])
+    ax.axhline(best_cost, color="C1", linestyle="--", label=f"best constant K={best_k}")
+    ax.axhline(selection["oracle_cost_per_token"], color="gray", linestyle=":", label="oracle")
+    ax.axvline(threshold, color="C2", alpha=0.5, label=f"chosen {threshold:g}")
+    ax.set(xlabel="stop threshold", ylabel="cost per token (target-alone steps)",
+           title=f"replayed greedy rounds, {selection['records']} records, bound {tuple(selection['bound'])}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+THRESHOLD_SECTION = "## Stored stop threshold"
+
+
+def write_threshold_card(readme: str, threshold: float, selection: dict) -> None:
+    """Add (or replace) the model card's section on the stored threshold and how it was chosen."""
+    text = open(readme, encoding="utf-8").read() if os.path.isfile(readme) else ""
+    text = text.split(THRESHOLD_SECTION)[0].rstrip() + "\n\n"
+    rows = "\n".join(f"| {t:g} | {c:.3f} |" for t, c in zip(selection["thresholds"], selection["cost_per_token"]))
+    constant = ", ".join(f"K={k} {c:.3f}" for k, c in selection["constant_k_cost_per_token"].items())
+    text += f"""{THRESHOLD_SECTION}
+
+`stop_threshold="auto"` uses **{threshold:g}**, chosen by replaying greedy rounds on {selection['records']} dev
+records ({selection['data']}, {selection['tokens']} tokens) with bound {tuple(selection['bound'])}, priced with the
+pair's measured times on {selection['device']} ({selection['threads']} threads): a draft step
+{selection['draft_step_ms']:.2f} ms, a target-alone step {selection['verify_ms'][0]:.2f} ms, a verification of
+20 drafted tokens {selection['verify_ms'][-1]:.2f} ms. Cost per token in target-alone steps (1 / cost is the
+replayed speedup); constant K: {constant}; oracle {selection['oracle_cost_per_token']:.3f}.
+
+| threshold | cost per token |
+| --- | --- |
+{rows}
+"""
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def main(argv: list[str] | None = None) -> None:

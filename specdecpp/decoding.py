@@ -81,7 +81,7 @@ def speculative_generate(
     attention_mask: torch.Tensor | None = None,
     schedule: str | None = None,
     head: AcceptancePredictionHead | None = None,
-    stop_threshold: float = 0.3,
+    stop_threshold: float | str = 0.3,
     bound: tuple[int, int] = (2, 20),
     num_assistant_tokens: int = 5,
     assistant_confidence_threshold: float = 0.4,
@@ -96,7 +96,8 @@ def speculative_generate(
 ) -> SpeculativeOutput:
     """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
     `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `oracle`; see
-    `specdecpp.schedules`). Greedy output equals `target.generate(do_sample=False)` token for
+    `specdecpp.schedules`); `ada` reads `head` and takes `stop_threshold="auto"` for the threshold
+    stored in the head. Greedy output equals `target.generate(do_sample=False)` token for
     token; sampled output (temperature, top-k, top-p applied to both models) follows the
     target's distribution, reproducibly given `generator`. Generation stops at EOS (the target's
     generation config's, or `eos_token_id`) or after `max_new_tokens`. `streamer` (a
@@ -171,7 +172,7 @@ def _draft(draft_model: CachedModel | None, seq: list[int], policy: Schedule, ma
             token = int(sample(probs[None], generator))
             draft_probs.append(probs)
         drafted.append(token)
-        if policy.stop_after(DraftStep(num_drafted, float(probs[token]), hidden)):
+        if policy.stop_after(DraftStep(num_drafted, float(probs[token]), hidden, token, logits[0])):
             break
     return drafted, draft_probs
 
@@ -276,8 +277,8 @@ def _check_inputs(target, draft, input_ids, schedule, head, stop_threshold, boun
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not 0.0 <= stop_threshold <= 1.0:
-        raise ValueError(f"stop_threshold must be in [0, 1], got {stop_threshold}")
+    if stop_threshold != "auto" and not (isinstance(stop_threshold, (int, float)) and 0.0 <= stop_threshold <= 1.0):
+        raise ValueError(f"stop_threshold must be in [0, 1] or 'auto', got {stop_threshold!r}")
     if not 0.0 <= assistant_confidence_threshold <= 1.0:
         raise ValueError(f"assistant_confidence_threshold must be in [0, 1], got {assistant_confidence_threshold}")
     if len(bound) != 2 or not all(isinstance(b, int) for b in bound) or not 0 <= bound[0] <= bound[1] or bound[1] < 1:
@@ -300,4 +301,5 @@ def _check_inputs(target, draft, input_ids, schedule, head, stop_threshold, boun
         if head.hidden_size != draft_hidden:
             raise ValueError(f"the head reads hidden states of size {head.hidden_size}, "
                              f"but the draft's hidden size is {draft_hidden}: it was trained for another draft")
+        head.resolve_stop_threshold(stop_threshold)
     return input_ids

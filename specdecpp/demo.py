@@ -30,7 +30,7 @@ class DemoArguments:
 
     model_name: str = field(default=_DEFAULTS.model_name, metadata={"help": "target model"})
     assistant_name: str = field(default=_DEFAULTS.assistant_name, metadata={"help": "draft model"})
-    assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir, metadata={"help": "the draft's head"})
+    assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir[0], metadata={"help": "the draft's head"})
     data_path: str = field(default="humaneval", metadata={"help": "prompt set or file (see specdecpp evaluate)"})
     prompts: int = field(default=20, metadata={"help": "prompts evaluated"})
     tune_prompts: int = field(default=4, metadata={
@@ -38,8 +38,9 @@ class DemoArguments:
     max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
     constant_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6], metadata={
         "help": "K values to choose from"})
-    stop_threshold: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.5, 0.7], metadata={
-        "help": "ada thresholds to choose from"})
+    stop_threshold: list[str] = field(default_factory=lambda: ["auto"], metadata={
+        "help": "ada thresholds to choose from; 'auto' (the default) is the one stored in the head, chosen from "
+                "the pair's costs when the head was calibrated"})
     save_path: str = field(default="outputs/demo", metadata={"help": "folder for records, summary and figures"})
     torch_dtype: str = field(default="float32", metadata={
         "help": "dtype the models run in (the embedded pair is stored in float16, which CPUs run slowly)"})
@@ -58,7 +59,7 @@ def evaluation_arguments(demo: DemoArguments) -> EvaluationArguments:
     if demo.tune_prompts == 0 and (len(demo.constant_ks) > 1 or len(demo.stop_threshold) > 1):
         raise ValueError("choosing among several --constant_ks or --stop_threshold values needs --tune_prompts >= 1")
     return EvaluationArguments(
-        model_name=demo.model_name, assistant_name=demo.assistant_name, assist_acc_head_dir=demo.assist_acc_head_dir,
+        model_name=demo.model_name, assistant_name=demo.assistant_name, assist_acc_head_dir=[demo.assist_acc_head_dir],
         schedule=["constant", "ada"], num_assistant_tokens=demo.constant_ks, stop_threshold=demo.stop_threshold,
         baselines=["target", "hf:dynamic"], data_path=demo.data_path, n_end=demo.tune_prompts + demo.prompts,
         save_path=demo.save_path, max_new_tokens=demo.max_new_tokens, random_seed=demo.random_seed,
@@ -115,9 +116,9 @@ def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: lis
     cost measurement on the tuning prompts (None when there was nothing to choose)."""
     if not tuning or tuning_cost is None:
         return (f"constant K = {best['constant'].num_assistant_tokens}, "
-                f"ada threshold = {best['ada'].stop_threshold:g} (given).")
+                f"ada threshold = {best['ada'].name.split('@')[-1]} (given).")
     return (f"constant K = {best['constant'].num_assistant_tokens} (of {demo.constant_ks}) and ada threshold = "
-            f"{best['ada'].stop_threshold:g} (of {demo.stop_threshold}) were chosen by the lowest cost per token, "
+            f"{best['ada'].name.split('@')[-1]} (of {demo.stop_threshold}) were chosen by the lowest cost per token, "
             f"(target calls + c * draft calls) / token, on {len(tuning)} tuning prompts "
             f"({demo.data_path} {tuning[0].id}-{tuning[-1].id}; c = {tuning_cost['cost_ratio']:.3f} measured there) "
             f"that are not among the {len(evaluated)} evaluated ({evaluated[0].id}-{evaluated[-1].id}).")

@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -63,14 +63,16 @@ class EvaluationArguments:
         "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
     num_assistant_tokens: list[int] = field(default_factory=lambda: [5], metadata={
         "help": "K for constant (one method per value); heuristic, ours and Hugging Face's, starts from the first"})
-    assistant_confidence_threshold: float = field(default=0.4, metadata={
-        "help": "dynamic: stop drafting when the draft's token probability falls below this"})
+    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [0.4], metadata={
+        "help": "dynamic: stop drafting when the draft's token probability falls below this (one method of ours "
+                "per value; Hugging Face's dynamic starts from the first and moves it itself)"})
     dynamic_num_assistant_tokens: int = field(default=20, metadata={
         "help": "dynamic: the most tokens drafted per round (Hugging Face's default, 20)"})
-    assist_acc_head_dir: str | None = field(default=str(ZOO_DIR / "head"), metadata={
-        "help": "acceptance prediction head for ada (folder or Hub id)"})
-    stop_threshold: list[float] = field(default_factory=lambda: [0.3], metadata={
-        "help": "ada stop thresholds (one method per value)"})
+    assist_acc_head_dir: list[str] = field(default_factory=lambda: [str(ZOO_DIR / "head")], metadata={
+        "help": "acceptance prediction heads for ada (folders or Hub ids; ada runs with each)"})
+    stop_threshold: list[str] = field(default_factory=lambda: ["0.3"], metadata={
+        "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
+                "head that has one"})
     bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
         "help": "ada: MIN MAX drafted tokens per round"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
@@ -117,8 +119,9 @@ def check_arguments(args: EvaluationArguments) -> None:
                          + " ".join(map(str, args.bound)))
     if any(k < 1 for k in args.num_assistant_tokens) or args.dynamic_num_assistant_tokens < 1:
         raise ValueError("--num_assistant_tokens and --dynamic_num_assistant_tokens must be >= 1")
-    if any(not 0.0 <= t <= 1.0 for t in args.stop_threshold) or not 0.0 <= args.assistant_confidence_threshold <= 1.0:
-        raise ValueError("--stop_threshold and --assistant_confidence_threshold must lie in [0, 1]")
+    if any(t != "auto" and not _is_fraction(t) for t in args.stop_threshold) \
+            or not all(0.0 <= t <= 1.0 for t in args.assistant_confidence_threshold):
+        raise ValueError("--stop_threshold (or 'auto') and --assistant_confidence_threshold must lie in [0, 1]")
     if args.max_new_tokens < 1 or (args.max_length is not None and args.max_length < 2):
         raise ValueError("--max_new_tokens must be >= 1 (and --max_length >= 2)")
     if "oracle" in args.schedule and args.do_sample:
@@ -132,8 +135,31 @@ def check_arguments(args: EvaluationArguments) -> None:
             raise ValueError(f"target vocabulary ({target_vocab}) and draft vocabulary ({draft_vocab}) differ: "
                              "the draft must share the target's tokenizer")
     if "ada" in args.schedule:
-        _check_head(args.assist_acc_head_dir, draft_config)
+        if not args.assist_acc_head_dir:
+            raise ValueError("schedule 'ada' needs --assist_acc_head_dir (a trained acceptance prediction head)")
+        for head_dir in args.assist_acc_head_dir:
+            _check_head(head_dir, draft_config)
+        if "auto" in args.stop_threshold and not any(map(_may_store_threshold, args.assist_acc_head_dir)):
+            raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
+                             f"{', '.join(args.assist_acc_head_dir)} has one: choose one with "
+                             "`python -m specdecpp.calibration ... --choose_threshold`")
     check_writable(args.save_path)
+
+
+def _may_store_threshold(head_dir: str) -> bool:
+    """False for a local head folder without a stored threshold; a Hub id is checked once loaded."""
+    config_file = os.path.join(head_dir, "config.json")
+    if not os.path.isfile(config_file):
+        return True
+    with open(config_file, encoding="utf-8") as f:
+        return json.load(f).get("stop_threshold") is not None
+
+
+def _is_fraction(text: str) -> bool:
+    try:
+        return 0.0 <= float(text) <= 1.0
+    except ValueError:
+        return False
 
 
 def check_prompt_source(source: str) -> None:
@@ -170,9 +196,7 @@ def _zoo_hint(path: str) -> str:
     return " (the embedded pair is built by `specdecpp zoo`)" if Path(path).resolve().is_relative_to(ZOO_DIR) else ""
 
 
-def _check_head(head_dir: str | None, draft_config) -> None:
-    if not head_dir:
-        raise ValueError("schedule 'ada' needs --assist_acc_head_dir (a trained acceptance prediction head)")
+def _check_head(head_dir: str, draft_config) -> None:
     if not os.path.isdir(head_dir):
         if _is_local_path(head_dir):
             raise FileNotFoundError(f"no head folder at {head_dir}{_zoo_hint(head_dir)}")
@@ -239,7 +263,9 @@ class MethodSpec:
     engine: str | None  # "specdecpp" or "hf"; None for a model alone
     schedule: str
     num_assistant_tokens: int | None = None
-    stop_threshold: float | None = None
+    stop_threshold: float | str | None = None  # "auto" until the head is loaded (see `build_method`)
+    head: str | None = None  # the ada head's folder or Hub id
+    assistant_confidence_threshold: float | None = None
 
 
 @dataclass
@@ -282,21 +308,35 @@ def _knob_specs(engine: str, schedule: str, args: EvaluationArguments) -> list[M
         k = args.num_assistant_tokens[0]
         return [MethodSpec(f"{engine}:heuristic@K={k}", engine, schedule, num_assistant_tokens=k)]
     if schedule == "ada":
-        return [MethodSpec(f"{engine}:ada@{t:g}", engine, schedule, stop_threshold=t)
-                for t in dict.fromkeys(args.stop_threshold)]
+        heads = list(dict.fromkeys(args.assist_acc_head_dir))
+        # "auto" runs with every head that stores a threshold (see `_may_store_threshold`)
+        return [MethodSpec(f"{engine}:ada" + (f"[{head_label(head)}]" if len(heads) > 1 else "")
+                           + f"@{t if t == 'auto' else format(float(t), 'g')}", engine, schedule,
+                           stop_threshold=t if t == "auto" else float(t), head=head)
+                for head in heads for t in dict.fromkeys(args.stop_threshold)
+                if t != "auto" or _may_store_threshold(head)]
     if schedule == "dynamic":
-        return [MethodSpec(f"{engine}:dynamic", engine, schedule,
-                           num_assistant_tokens=args.dynamic_num_assistant_tokens)]
+        confidences = list(dict.fromkeys(args.assistant_confidence_threshold))
+        if engine == "hf":  # it moves its threshold itself: one starting point is enough
+            confidences = confidences[:1]
+        return [MethodSpec(f"{engine}:dynamic" + (f"@{c:g}" if len(confidences) > 1 else ""), engine, schedule,
+                           num_assistant_tokens=args.dynamic_num_assistant_tokens, assistant_confidence_threshold=c)
+                for c in confidences]
     return [MethodSpec(f"{engine}:{schedule}", engine, schedule)]
+
+
+def head_label(head_dir: str) -> str:
+    """A head's short name in method names: its folder's (or Hub repo's) last part."""
+    return Path(head_dir.rstrip("/")).name
 
 
 @dataclass
 class Pair:
-    """The loaded models: target, draft, the head (None without ada) and the tokenizer."""
+    """The loaded models: target, draft, the heads by folder or Hub id (none without ada) and the tokenizer."""
 
     target: PreTrainedModel
     draft: PreTrainedModel
-    head: AcceptancePredictionHead | None
+    heads: dict[str, AcceptancePredictionHead]
     tokenizer: object
 
 
@@ -308,18 +348,23 @@ def load_pair(args: EvaluationArguments, model_args: ModelLoadingArguments, toke
     draft = load_model(args.assistant_name, **load)
     check_same_vocab(target, draft)
     # A head from the Hub (not checked beforehand) meets the engine's hidden-size check at warm-up.
-    head = AcceptancePredictionHead.from_pretrained(args.assist_acc_head_dir).to(draft.device) if need_head else None
-    return Pair(target, draft, head, tokenizer)
+    heads = {head_dir: AcceptancePredictionHead.from_pretrained(head_dir).to(draft.device)
+             for head_dir in (args.assist_acc_head_dir if need_head else [])}
+    return Pair(target, draft, heads, tokenizer)
 
 
 def build_method(spec: MethodSpec, pair: Pair, args: EvaluationArguments) -> Method:
-    """A runnable method for `spec` on `pair`, with the decoding settings of `args`."""
+    """A runnable method for `spec` on `pair`, with the decoding settings of `args`; an ada
+    threshold of "auto" becomes the number stored in the spec's head."""
     if spec.engine == "hf":
         return Method(spec, _hf_generate(spec, pair, args))
     if spec.engine is None:
         model = pair.target if spec.name == "target" else pair.draft
         return Method(spec, _engine_generate(spec, model, None, None, args))
-    return Method(spec, _engine_generate(spec, pair.target, pair.draft, pair.head, args))
+    head = pair.heads.get(spec.head)
+    if head is not None:
+        spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold))
+    return Method(spec, _engine_generate(spec, pair.target, pair.draft, head, args))
 
 
 def _sampling_kwargs(args: EvaluationArguments) -> dict:
@@ -333,16 +378,15 @@ def _engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTraine
     """Our engine with `spec`'s schedule; a model alone (`schedule="none"`) runs through the same
     loop, its forward passes counted as target calls for the target and draft calls for the draft."""
     knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
-                               ("stop_threshold", spec.stop_threshold)) if v is not None}
+                               ("stop_threshold", spec.stop_threshold),
+                               ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
     alone_is_draft = spec.engine is None and spec.name == "draft"
 
     def generate(prompt: Prompt, seed: int) -> Counts:
         device = target.get_input_embeddings().weight.device
         generator = torch.Generator(device).manual_seed(seed)
         out = speculative_generate(target, draft, torch.tensor([prompt.ids], device=device), schedule=spec.schedule,
-                                   head=head, bound=tuple(args.bound),
-                                   assistant_confidence_threshold=args.assistant_confidence_threshold,
-                                   max_new_tokens=prompt.max_new_tokens, generator=generator,
+                                   head=head, bound=tuple(args.bound), max_new_tokens=prompt.max_new_tokens, generator=generator,
                                    **knobs, **_sampling_kwargs(args))
         stats = out.stats
         tokens = out.sequences[0, len(prompt.ids):].tolist()
@@ -368,7 +412,7 @@ def hf_assistant_settings(spec: MethodSpec, args: EvaluationArguments) -> dict:
     dynamic = spec.schedule == "dynamic"
     return {"num_assistant_tokens": spec.num_assistant_tokens,
             "num_assistant_tokens_schedule": "heuristic" if spec.schedule == "heuristic" else "constant",
-            "assistant_confidence_threshold": args.assistant_confidence_threshold if dynamic else 0.0}
+            "assistant_confidence_threshold": spec.assistant_confidence_threshold if dynamic else 0.0}
 
 
 def _hf_generate(spec: MethodSpec, pair: Pair, args: EvaluationArguments) -> Callable[[Prompt, int], Counts]:
@@ -495,6 +539,7 @@ def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArgume
     return {
         "id": prompt.id, "method": spec.name, "engine": spec.engine, "schedule": spec.schedule,
         "num_assistant_tokens": spec.num_assistant_tokens, "stop_threshold": spec.stop_threshold,
+        "head": spec.head, "assistant_confidence_threshold": spec.assistant_confidence_threshold,
         "prompt": prompt.text, "prefix": prompt.ids,
         "spec_time": seconds, "target_time": target_time, "draft_time": draft_time,
         "num_mismatched_tokens": counts.discarded_tokens, "num_LM_call": counts.target_calls,
@@ -620,10 +665,10 @@ def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None
     """The whole evaluation the flags describe: `load_inputs`, the saved records when resuming,
     `load_pair`, `measure`, `report` (under `title`, by default `run_title`). Returns the summary
     document, with `records_file` the path of the per-prompt records."""
-    specs = method_specs(args)
-    need_head = any(spec.schedule == "ada" for spec in specs)
     model_args = model_args or ModelLoadingArguments()
     tokenizer, prompts = load_inputs(args, model_args)
+    specs = method_specs(args)
+    need_head = any(spec.schedule == "ada" for spec in specs)
     path = results_file(args.save_path, prompts)
     done = finished_records(path, specs, prompts) if args.resume else []
     pair = load_pair(args, model_args, tokenizer, need_head)

@@ -1,6 +1,11 @@
-"""The acceptance prediction head: draft hidden state -> P(the target accepts this token).
+"""The acceptance prediction head: draft state -> P(the target accepts the judged token).
 
-`k` residual blocks `x + SiLU(Linear(x))` then `Linear(hidden, 2)`; class 1 means accept.
+`k` residual blocks `x + SiLU(Linear(x))` then `Linear(width, 2)`; class 1 means accept.
+Which draft state judges which drafted token is the head's `alignment` (DESIGN section 2):
+- `proposer`: the forward pass that proposes `y_j` judges it, from the draft's last-layer hidden
+  state there plus `features` of the same logits (`logit_features`: log q(y_j), the entropy of q);
+- `reader` (the reference's, and every config without the key): the state that has read `y_j`
+  judges it, one draft step later.
 Saved and loaded through `PyTorchModelHubMixin` (`config.json` + `model.safetensors` + a model
 card naming the draft, the target, the training data and the eval metrics), so a folder or a Hub
 id loads with `AcceptancePredictionHead.from_pretrained` and `push_to_hub` publishes one.
@@ -14,6 +19,30 @@ from pathlib import Path
 import torch
 from huggingface_hub import PyTorchModelHubMixin, constants
 from torch import nn
+
+
+ALIGNMENTS = ("proposer", "reader")
+
+
+def _log_q(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    # clamped so that a token the draft rules out (-inf) stays a finite input
+    return log_probs.gather(-1, tokens[..., None])[..., 0].clamp_min(-50.0)
+
+
+def _entropy(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return -(log_probs.exp() * log_probs.clamp_min(-1e4)).sum(-1)
+
+
+# Features of the judged token under the logits that proposed it: name -> f(log_probs, tokens).
+FEATURES = {"log_q": _log_q, "entropy": _entropy}
+
+
+def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str]) -> torch.Tensor:
+    """The named features (`FEATURES`) of `tokens` `[...]` under the draft's raw `logits`
+    `[..., vocab]` (temperature 1, no filtering, so greedy and sampled decoding, training and the
+    engine all see the same values), as float32 `[..., len(names)]`."""
+    log_probs = logits.float().log_softmax(-1)
+    return torch.stack([FEATURES[name](log_probs, tokens) for name in names], dim=-1)
 
 
 class ResBlock(nn.Module):
@@ -75,7 +104,7 @@ draft = AutoModelForCausalLM.from_pretrained("{{ draft_model | default("DRAFT", 
 tokenizer = AutoTokenizer.from_pretrained("{{ target_model | default("TARGET", true) }}")
 inputs = tokenizer("def fibonacci(n):", return_tensors="pt")
 out = target.generate(**inputs, assistant_model=draft, custom_generate="{{ repo_id | default("this-repo-or-folder", true) }}",
-                      trust_remote_code=True, max_new_tokens=128, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound=(2, 20))
+                      trust_remote_code=True, max_new_tokens=128, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound={{ bound | default((2, 20), true) }})
 print(tokenizer.decode(out[0]))
 ```
 
@@ -86,9 +115,10 @@ With specdecpp directly:
 ```python
 from specdecpp import AcceptancePredictionHead, speculative_generate
 head = AcceptancePredictionHead.from_pretrained("{{ repo_id | default("this-repo-or-folder", true) }}")
-out = speculative_generate(target, draft, **inputs, head=head, stop_threshold=0.3, bound=(2, 20))
+out = speculative_generate(target, draft, **inputs, head=head, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound={{ bound | default((2, 20), true) }})
 ```
 """
+
 
 class AcceptancePredictionHead(
     nn.Module,
@@ -98,27 +128,89 @@ class AcceptancePredictionHead(
     paper_url="https://arxiv.org/abs/2405.19715",
     model_card_template=MODEL_CARD,
 ):
-    """Predicts, from the draft's last-layer hidden state at a drafted token, whether the target
-    accepts that token. `forward` returns logits over (reject, accept); `accept_prob` the
-    probability of class 1. Unlike the reference (which repeated one block `k` times) every
-    residual block has its own weights; reference checkpoints still load (see `_load_state_dict`)."""
+    """Predicts, from a draft state (and, for a `proposer` head, features of the judged token),
+    whether the target accepts the judged token. `forward` returns logits over (reject, accept);
+    `accept_prob` the probability of class 1. Takes keyword arguments or the reference's config
+    dict; a config without `alignment` is a `reader` head. Unlike the reference (which repeated one
+    block `k` times) every residual block has its own weights; reference checkpoints still load
+    (see `_load_state_dict`) with identical outputs."""
 
-    def __init__(self, hidden_size: int, num_layers: int = 3):
+    def __init__(self, hidden_size: int | dict, num_layers: int = 3, alignment: str = "reader",
+                 features: list[str] | None = None, stop_threshold: float | None = None,
+                 threshold_selection: dict | None = None):
         super().__init__()
+        if isinstance(hidden_size, dict):  # the reference's call: AcceptancePredictionHead(config_dict)
+            config = dict(hidden_size)
+            hidden_size, num_layers = config.pop("hidden_size"), config.pop("num_layers", num_layers)
+            alignment = config.pop("alignment", alignment)
+            features = config.pop("features", features)
+            stop_threshold = config.pop("stop_threshold", stop_threshold)
+            threshold_selection = config.pop("threshold_selection", threshold_selection)
+        features = list(features or [])
         if hidden_size <= 0 or num_layers < 0:
             raise ValueError(f"hidden_size must be > 0 and num_layers >= 0, got {hidden_size}, {num_layers}")
+        if alignment not in ALIGNMENTS:
+            raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}, got {alignment!r}")
+        if unknown := [name for name in features if name not in FEATURES]:
+            raise ValueError(f"unknown head features {unknown}; choose from {', '.join(FEATURES)}")
+        if features and alignment != "proposer":
+            raise ValueError("logit features describe the token a state proposes: they need alignment='proposer'")
+        if stop_threshold is not None and not 0.0 <= stop_threshold <= 1.0:
+            raise ValueError(f"stop_threshold must lie in [0, 1], got {stop_threshold}")
         self.hidden_size = hidden_size
         self.num_layers = num_layers
-        self.model = nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, 2))
+        self.alignment = alignment
+        self.features = features
+        self.stop_threshold = stop_threshold
+        self.threshold_selection = threshold_selection
+        width = hidden_size + len(features)
+        self.model = nn.Sequential(*[ResBlock(width) for _ in range(num_layers)], nn.Linear(width, 2))
+        self._hub_mixin_config = self.config  # what save_pretrained writes to config.json
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.model(hidden_states.to(self.model[-1].weight.dtype))
+    @property
+    def config(self) -> dict:
+        """The head's config as saved in `config.json`: shape, alignment, features and, once
+        chosen (`specdecpp.calibration --choose_threshold`), the stored threshold and how it was chosen."""
+        config = {"hidden_size": self.hidden_size, "num_layers": self.num_layers, "alignment": self.alignment}
+        if self.features:
+            config["features"] = list(self.features)
+        if self.stop_threshold is not None:
+            config["stop_threshold"] = self.stop_threshold
+            config["threshold_selection"] = self.threshold_selection
+        return config
+
+    def with_threshold(self, stop_threshold: float, threshold_selection: dict) -> AcceptancePredictionHead:
+        """This head (same weights) with a stored threshold and the record of how it was chosen."""
+        self.stop_threshold, self.threshold_selection = stop_threshold, threshold_selection
+        self._hub_mixin_config = self.config
+        return self
+
+    def resolve_stop_threshold(self, stop_threshold: float | str) -> float:
+        """`stop_threshold` itself, or for `"auto"` the threshold stored in this head (ValueError
+        when none is stored)."""
+        if stop_threshold != "auto":
+            return float(stop_threshold)
+        if self.stop_threshold is None:
+            raise ValueError("stop_threshold='auto' needs a head with a stored threshold, and this one has none: "
+                             "choose one with `python -m specdecpp.calibration ... --choose_threshold` "
+                             "or pass a number")
+        return self.stop_threshold
+
+    def forward(self, hidden_states: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over (reject, accept) from hidden states `[..., hidden]` and, for a head with
+        features, the matching `[..., len(features)]` values (see `logit_features`)."""
+        dtype = self.model[-1].weight.dtype
+        if self.features:
+            if features is None:
+                raise ValueError(f"this head also reads the features {self.features} of the judged token")
+            hidden_states = torch.cat([hidden_states.to(dtype), features.to(dtype)], dim=-1)
+        return self.model(hidden_states.to(dtype))
 
     @torch.no_grad()
-    def accept_prob(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def accept_prob(self, hidden_states: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
         """P(accept) for each hidden state (`[..., hidden]` -> `[...]`), computed in the head's
         own dtype whatever the draft's, returned as float32."""
-        return self(hidden_states).float().softmax(-1)[..., 1]
+        return self(hidden_states, features).float().softmax(-1)[..., 1]
 
     # -- loading: accept the reference's shared-block layout as well as ours ---------------------
     def _load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -168,11 +260,11 @@ class AcceptancePredictionHead(
         write_custom_generate(save_directory)
 
     def generate_model_card(self, *args, **kwargs):
-        """The model card, with the stored stop threshold (config key `stop_threshold`, when the
-        config has one) unless the caller gives one, and empty calibration columns filled in."""
-        config = getattr(self, "config", None)
-        config = config if isinstance(config, dict) else getattr(self, "_hub_mixin_config", None) or {}
-        kwargs.setdefault("stop_threshold", config.get("stop_threshold") if isinstance(config, dict) else None)
+        """The model card, with the stored stop threshold and the bound it was chosen for (when the
+        config has them) unless the caller gives them, and empty calibration columns filled in."""
+        kwargs.setdefault("stop_threshold", self.stop_threshold)
+        bound = (self.threshold_selection or {}).get("bound")
+        kwargs.setdefault("bound", tuple(bound) if bound else None)
         calibration = kwargs.get("calibration") or {}
         columns = kwargs.get("calibration_columns") or list(dict.fromkeys(k for f in calibration.values() for k in f))
         kwargs.update(calibration_columns=columns, calibration_plots=kwargs.get("calibration_plots") or [])

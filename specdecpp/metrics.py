@@ -39,8 +39,8 @@ class CostProbe:
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                  k: int = 4, warmup_steps: int = 10) -> None:
         self.k = k
-        self.draft_step = _cached_step(draft, input_ids, 1)
-        self.target_verify = _cached_step(target, input_ids, k + 1)
+        self.draft_step = cached_step(draft, input_ids, 1)
+        self.target_verify = cached_step(target, input_ids, k + 1)
         for _ in range(warmup_steps):
             self.draft_step()
             self.target_verify()
@@ -50,8 +50,8 @@ class CostProbe:
         hits both alike. Returns the draft step times and the target verification times."""
         draft_ms, target_ms = [], []
         for _ in range(steps):
-            draft_ms.append(1000 * _timed(self.draft_step))
-            target_ms.append(1000 * _timed(self.target_verify))
+            draft_ms.append(1000 * timed(self.draft_step))
+            target_ms.append(1000 * timed(self.target_verify))
         return draft_ms, target_ms
 
 
@@ -70,7 +70,7 @@ def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_id
     return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
 
 
-def _cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens: int) -> Callable[[], None]:
+def cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens: int) -> Callable[[], None]:
     """A function that runs one forward of `num_tokens` new tokens on top of the cached prompt,
     then crops the cache back, so every call does the same work."""
     device = model.get_input_embeddings().weight.device
@@ -88,14 +88,16 @@ def _cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens
     return step
 
 
-def _timed(step: Callable[[], None]) -> float:
+def timed(step: Callable[[], None]) -> float:
+    """Seconds one call of `step` takes."""
     start = time.perf_counter()
     step()
     return time.perf_counter() - start
 
 
 # -- the summary: one row per method -------------------------------------------------------------
-IDENTITY_FIELDS = ("method", "engine", "schedule", "num_assistant_tokens", "stop_threshold")
+IDENTITY_FIELDS = ("method", "engine", "schedule", "num_assistant_tokens", "stop_threshold", "head",
+                   "assistant_confidence_threshold")
 
 
 def summarize(records: list[dict], cost_ratio: float) -> list[dict]:
@@ -115,7 +117,7 @@ def _summarize_method(rows: list[dict], cost_ratio: float) -> dict:
     discarded = _total(rows, "num_mismatched_tokens")
     accepted = [a for r in rows for a in (r["accepted_lengths"] or [])]
     checked = [r["matches_target"] for r in rows if r["matches_target"] is not None]
-    row = {name: rows[0][name] for name in IDENTITY_FIELDS}
+    row = {name: rows[0].get(name) for name in IDENTITY_FIELDS}  # records of older runs lack the newer fields
     row.update({
         "prompts": len(rows),
         "generated_tokens": tokens,

@@ -27,10 +27,17 @@ def _series(summary: list[dict]) -> dict[str, list[dict]]:
     for row in summary:
         if row["engine"] is None or row["target_calls_per_token"] is None or row["discarded_per_token"] is None:
             continue
-        curves.setdefault(f"{row['engine']}:{row['schedule']}", []).append(row)
+        curves.setdefault(_family(row), []).append(row)
     for rows in curves.values():
-        rows.sort(key=lambda r: (r["stop_threshold"] or 0, r["num_assistant_tokens"] or 0))
+        rows.sort(key=lambda r: (r["stop_threshold"] or 0, r["num_assistant_tokens"] or 0,
+                                 r.get("assistant_confidence_threshold") or 0))
     return curves
+
+
+def _family(row: dict) -> str:
+    """A curve's name: engine and schedule, and for ada the head when a run compares several."""
+    ada_head = f"[{row['method'].split('[')[1].split(']')[0]}]" if "[" in row["method"] else ""
+    return f"{row['engine']}:{row['schedule']}{ada_head}"
 
 
 def _knob_label(row: dict) -> str:
@@ -38,6 +45,8 @@ def _knob_label(row: dict) -> str:
         return f"{row['stop_threshold']:g}"
     if row["schedule"] in ("constant", "heuristic"):
         return f"K={row['num_assistant_tokens']}"
+    if row["schedule"] == "dynamic" and "@" in row["method"]:
+        return f"{row['assistant_confidence_threshold']:g}"
     return ""
 
 
@@ -76,12 +85,16 @@ def plot_pareto(summary: list[dict], path: str | Path, title: str = "") -> Path:
 def plot_speedup(summary: list[dict], path: str | Path, title: str = "") -> Path:
     """Save the speedup vs `ada` threshold figure (PNG) to `path` and return the path."""
     fig, ax = plt.subplots(figsize=(7, 5))
-    ada = sorted((r for r in summary if r["schedule"] == "ada"), key=lambda r: r["stop_threshold"])
-    if ada:
-        ax.plot([r["stop_threshold"] for r in ada], [r["speedup"] for r in ada], marker="o", label="specdecpp:ada")
+    ada_curves: dict[str, list[dict]] = {}
+    for row in summary:
+        if row["schedule"] == "ada":
+            ada_curves.setdefault(_family(row), []).append(row)
+    for name, ada in ada_curves.items():
+        ada.sort(key=lambda r: r["stop_threshold"])
+        ax.plot([r["stop_threshold"] for r in ada], [r["speedup"] for r in ada], marker="o", label=name)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, row in enumerate(_fastest_per_family(summary)):
-        ax.axhline(row["speedup"], linestyle="--", linewidth=1, color=colors[(i + 1) % len(colors)],
+        ax.axhline(row["speedup"], linestyle="--", linewidth=1, color=colors[(i + len(ada_curves)) % len(colors)],
                    label=f"{row['method']} ({row['speedup']:.2f}x)")
     return _finish(fig, ax, path, "stop threshold (ada)", "speedup over target alone (median over prompts)",
                    title or "Speedup against the stop threshold")

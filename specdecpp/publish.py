@@ -44,12 +44,11 @@ def published_files(head_dir: str | os.PathLike) -> list[str]:
 
 
 def card_facts(head_dir: str | os.PathLike) -> dict:
-    """What the model card can show from the folder alone: the stored threshold (config key
-    `stop_threshold`), calibration figures (`calibration*.json`, as `specdecpp.calibration
-    --output_json` writes them, and `card.json`'s `calibration` section), the diagrams, and the
-    pair when `card.json` names it."""
+    """What the model card can show from the folder besides the head's config (whose stored
+    threshold the card shows anyway): calibration figures (`calibration*.json`, as
+    `specdecpp.calibration --output_json` writes them, and `card.json`'s `calibration` section),
+    the diagrams, and the pair when `card.json` names it."""
     folder = Path(head_dir)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     calibration, pair = {}, {}
     for path in sorted(folder.glob("calibration*.json")):
         calibration[path.stem] = _figures(json.loads(path.read_text(encoding="utf-8")))
@@ -58,7 +57,7 @@ def card_facts(head_dir: str | os.PathLike) -> dict:
         sections = card.get("calibration") or {}
         calibration |= {name: _figures(value) for name, value in sections.items() if isinstance(value, dict)}
         pair = {f"{role}_model": card[role] for role in ("draft", "target") if isinstance(card.get(role), str)}
-    return {**pair, "stop_threshold": config.get("stop_threshold"),
+    return {**pair,
             "calibration": {name: figures for name, figures in calibration.items() if figures},
             "calibration_plots": sorted(p.name for p in folder.glob("*.png"))}
 

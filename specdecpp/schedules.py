@@ -15,21 +15,24 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecpp.head import AcceptancePredictionHead
+from specdecpp.head import AcceptancePredictionHead, logit_features
 
 SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "oracle")
 
 
 @dataclass
 class DraftStep:
-    """What the loop knows right after drafting token `y_j` (`num_drafted = j`): the draft's
-    probability of that token, and the draft's last-layer hidden state at the input position of
-    the forward that proposed it — the state of `y_{j-1}`, or of the last verified token when
-    `j == 1` (only computed when the schedule asks for hidden states)."""
+    """What the loop knows right after drafting token `y_j` (`num_drafted = j`): the token, the
+    draft's probability of it (after any sampling warpers), the draft's raw logits `[vocab]` that
+    proposed it, and the draft's last-layer hidden state at the input position of that forward —
+    the state of `y_{j-1}`, or of the last verified token when `j == 1` (only computed when the
+    schedule asks for hidden states)."""
 
     num_drafted: int
     token_prob: float
     hidden: torch.Tensor | None = None
+    token: int = -1
+    logits: torch.Tensor | None = None
 
 
 class Schedule:
@@ -87,8 +90,10 @@ class Dynamic(Constant):
 class Ada(Schedule):
     """`ada`, SpecDec++: keep `P(all accepted) = prod p_hat_i` over the drafted tokens the head has
     judged and stop once `1 - P(all accepted) > stop_threshold`, within `bound = (min, max)`.
-    The head judges `y_{j-1}` from the state that proposes `y_j`; the last verified token's state
-    (seen at `j == 1`) counts as accepted with probability 1."""
+    Which tokens are judged when is the head's alignment: a `proposer` head judges `y_j` from the
+    forward that proposed it (its state plus features of its logits), right after drafting it; a
+    `reader` head judges `y_{j-1}` from the state that proposes `y_j`, and the last verified
+    token's state (seen at `j == 1`) counts as accepted with probability 1."""
 
     needs_hidden_states = True
 
@@ -97,6 +102,7 @@ class Ada(Schedule):
         self.stop_threshold = stop_threshold
         self.min_draft, self.max_k = bound
         self.head_device = next(head.parameters()).device
+        self.judges_proposed_token = head.alignment == "proposer"
         self.p_all_accepted = 1.0
 
     def max_draft(self) -> int:
@@ -104,9 +110,19 @@ class Ada(Schedule):
         return self.max_k
 
     def stop_after(self, step: DraftStep) -> bool:
-        if step.num_drafted >= 2:
+        if self.judges_proposed_token:
+            self.p_all_accepted *= self.judge(step)
+        elif step.num_drafted >= 2:
             self.p_all_accepted *= float(self.head.accept_prob(step.hidden.to(self.head_device)))
         return step.num_drafted >= self.min_draft and 1.0 - self.p_all_accepted > self.stop_threshold
+
+    def judge(self, step: DraftStep) -> float:
+        """A proposer head's P(accept) of the token `step` just drafted."""
+        features = None
+        if self.head.features:
+            token = torch.tensor(step.token, device=step.logits.device)
+            features = logit_features(step.logits, token, self.head.features).to(self.head_device)
+        return float(self.head.accept_prob(step.hidden.to(self.head_device), features))
 
 
 class Oracle(Schedule):
@@ -130,11 +146,12 @@ class Oracle(Schedule):
         self.position += num_accepted + 1
 
 
-def make_schedule(name: str, *, head: AcceptancePredictionHead | None = None, stop_threshold: float = 0.3,
+def make_schedule(name: str, *, head: AcceptancePredictionHead | None = None, stop_threshold: float | str = 0.3,
                   bound: tuple[int, int] = (2, 20), num_assistant_tokens: int = 5,
                   assistant_confidence_threshold: float = 0.4, draft_correct: list[bool] | None = None) -> Schedule:
     """A fresh policy for one generation, by schedule name (see `SCHEDULES`). Arguments a schedule
-    does not use are ignored; `oracle` needs `draft_correct` (see `Oracle`)."""
+    does not use are ignored; `oracle` needs `draft_correct` (see `Oracle`); `ada` takes
+    `stop_threshold="auto"` for the threshold stored in the head."""
     if name == "none":
         return NoDraft()
     if name == "constant":
@@ -144,7 +161,7 @@ def make_schedule(name: str, *, head: AcceptancePredictionHead | None = None, st
     if name == "dynamic":
         return Dynamic(num_assistant_tokens, assistant_confidence_threshold)
     if name == "ada":
-        return Ada(head, stop_threshold, bound)
+        return Ada(head, head.resolve_stop_threshold(stop_threshold), bound)
     if name == "oracle":
         return Oracle(draft_correct, bound[1])
     raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")

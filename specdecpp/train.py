@@ -2,13 +2,14 @@
 
     torchrun --nproc_per_node N specdecpp/train.py --data_path train.jsonl --eval_data_path dev.jsonl \
         --model_name_or_path DRAFT --output_dir heads/mine --weight_mismatch 6 --resnet_num_layers 3 \
-        --mixing_ratio 0.15 [--cache_hidden_states] [any TrainingArguments flag]
+        [--head_alignment proposer|reader] [--cache_hidden_states] [any TrainingArguments flag]
 
-Each record becomes one sequence `prefix + z`, where `z_i` is the draft's proposal `draft[i]`, or,
-with probability `mixing_ratio` (drawn once per record from the seed), the target's token
-`tokens[i]`, whose label is then ignored; prefix positions are ignored too. The head reads the
-draft's last-layer hidden state at each `z_i` and is trained with a weighted BCE on the soft label
-`p_acc[i]` (DESIGN.md section 2); the eval metric is the mean binary KL(label || prediction).
+Each record becomes one example laid out for the head's alignment (`specdecpp.head_data`): a
+`proposer` head (the default) reads the draft's state at `tokens[i-1]` of the target's
+continuation plus features of `draft[i]` under the logits there; a `reader` head (the reference's)
+reads the state at `z_i` of `prefix + z`, `z_i` the draft's proposal or, with probability
+`mixing_ratio`, the target's token (label ignored). Either is trained with a weighted BCE on the
+soft label `p_acc[i]` (DESIGN.md section 2); the eval metric is the mean binary KL(label || prediction).
 
 Only the head trains and only the head is saved: `output_dir` and every `checkpoint-*` folder load
 with `AcceptancePredictionHead.from_pretrained`, and `--resume_from_checkpoint` continues a run.
@@ -40,11 +41,10 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import EvalPrediction, get_last_checkpoint
 
 from specdecpp.data_io import read_records
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.models import ModelLoadingArguments, is_peft_adapter, last_hidden_states, load_model, vocab_size
+from specdecpp.head import ALIGNMENTS, FEATURES, AcceptancePredictionHead
+from specdecpp.head_data import IGNORE, examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
+from specdecpp.models import ModelLoadingArguments, is_peft_adapter, load_model, vocab_size
 from specdecpp.publish import push_head
-
-IGNORE = -100.0  # label of positions the loss skips (Trainer also pads predictions with -100)
 
 
 @dataclass
@@ -52,6 +52,13 @@ class ModelArguments(ModelLoadingArguments):
     model_name_or_path: str | None = field(default=None, metadata={
         "help": "the draft model whose hidden states the head reads (Hub id, folder, PEFT adapter folder)"})
     resnet_num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
+    head_alignment: str = field(default="proposer", metadata={"choices": ALIGNMENTS, "help": (
+        "which draft state judges a drafted token: 'proposer' (the forward that proposes it; trained on the "
+        "target's continuation, no mixing) or 'reader' (the reference's: the state that has read it, one draft "
+        "step later; trained with --mixing_ratio)")})
+    head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={"help": (
+        f"features of the judged token under the proposing logits that a proposer head also reads "
+        f"(any of {', '.join(FEATURES)}; 'none' for the hidden state alone); reader heads read none")})
     target_model_name: str | None = field(default=None, metadata={
         "help": "the target the data was built with; only recorded in the head's model card"})
 
@@ -61,7 +68,8 @@ class DataArguments:
     data_path: str | None = field(default=None, metadata={"help": "training records (JSON Lines or the reference's JSON)"})
     eval_data_path: str | None = field(default=None, metadata={"help": "eval records (reports binary KL)"})
     mixing_ratio: float = field(default=0.15, metadata={
-        "help": "probability that a position shows the target's token instead of the draft's (its label ignored)"})
+        "help": "reader heads only: probability that a position shows the target's token instead of the draft's "
+                "(its label ignored); a proposer head trains on the target's continuation and needs no mixing"})
 
 
 @dataclass
@@ -74,66 +82,35 @@ class HeadTrainingArguments(TrainingArguments):
     label_names: list[str] | None = field(default_factory=lambda: ["labels"], metadata={"help": "label columns"})
 
 
-# -- data -----------------------------------------------------------------------------------------
-def make_example(record: dict, index: int, mixing_ratio: float, seed: int) -> dict:
-    """`input_ids = prefix + z` and `labels` (p_acc where z is the draft's token, IGNORE elsewhere).
-    The mixing draws depend only on (seed, record index): fixed per record, whatever the number of
-    ranks, epochs, or whether hidden states are cached."""
-    rng = np.random.default_rng([seed, index])
-    mixed = rng.random(len(record["tokens"])) < mixing_ratio
-    z = np.where(mixed, record["tokens"], record["draft"])
-    labels = np.where(mixed, IGNORE, np.asarray(record["p_acc"], dtype=np.float64))
-    return {"input_ids": list(record["prefix"]) + z.tolist(),
-            "labels": [IGNORE] * len(record["prefix"]) + labels.tolist()}
-
-
-def examples_dataset(records: list[dict], mixing_ratio: float, seed: int) -> Dataset:
-    """The records as training examples (`input_ids`, `labels`)."""
-    return Dataset.from_list([make_example(r, i, mixing_ratio, seed) for i, r in enumerate(records)])
-
-
-def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
-    """Right-pad a list of examples into tensors: `input_ids` + `attention_mask`, or the cached
-    `hidden_states`; `labels` padded with IGNORE."""
-    width = max(len(f["labels"]) for f in features)
-    labels = torch.full((len(features), width), IGNORE)
-    for row, f in enumerate(features):
-        labels[row, : len(f["labels"])] = torch.tensor(f["labels"], dtype=torch.float32)
-    if "hidden_states" in features[0]:
-        hidden = torch.zeros(len(features), width, features[0]["hidden_states"].shape[-1])
-        for row, f in enumerate(features):
-            hidden[row, : len(f["labels"])] = torch.tensor(f["hidden_states"], dtype=torch.float32)
-        return {"hidden_states": hidden, "labels": labels}
-    input_ids = torch.zeros(len(features), width, dtype=torch.long)
-    attention_mask = torch.zeros(len(features), width, dtype=torch.long)
-    for row, f in enumerate(features):
-        input_ids[row, : len(f["input_ids"])] = torch.as_tensor(f["input_ids"])
-        attention_mask[row, : len(f["input_ids"])] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
+# -- data ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def cache_hidden_states(draft: PreTrainedModel, examples: Dataset, cache_dir: str, batch_size: int,
-                        device: torch.device) -> Dataset:
-    """The draft's last hidden states at the labelled positions of every example, computed once
-    (each rank its contiguous share, written to `cache_dir` as Arrow files, memory-mapped back).
-    Only labelled positions are stored: the head is position-wise, so the loss is unchanged."""
+def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], examples: Dataset, cache_dir: str,
+                        batch_size: int, device: torch.device) -> Dataset:
+    """The head's inputs at the labelled positions of every example — the draft's last hidden
+    states and, for a head with features, those features — computed once (each rank its
+    contiguous share, written to `cache_dir` as Arrow files, memory-mapped back). Only labelled
+    positions are stored: the head is position-wise, so the loss is unchanged."""
     state = PartialState()
     hidden_size = draft.config.get_text_config().hidden_size
-    features = Features({"hidden_states": Array2D((None, hidden_size), "float32"), "labels": Sequence(Value("float32"))})
+    columns = {"hidden_states": Array2D((None, hidden_size), "float32"), "labels": Sequence(Value("float32"))}
+    if feature_names:
+        columns["features"] = Array2D((None, len(feature_names)), "float32")
     os.makedirs(cache_dir, exist_ok=True)
     shard = examples.shard(state.num_processes, state.process_index, contiguous=True)
-    rows = {"hidden_states": [], "labels": []}
+    rows = {name: [] for name in columns}
     for start in tqdm(range(0, len(shard), batch_size), desc="caching draft hidden states",
                       disable=not state.is_local_main_process):
         batch = pad_batch([shard[i] for i in range(start, min(start + batch_size, len(shard)))])
-        hidden = last_hidden_states(draft, batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().cpu()
-        for h, labels in zip(hidden, batch["labels"]):
+        hidden, features = head_inputs(draft, feature_names, batch["input_ids"].to(device),
+                                       batch["attention_mask"].to(device), batch.get("candidates"))
+        for row, labels in enumerate(batch["labels"]):
             keep = labels != IGNORE
-            rows["hidden_states"].append(h[keep].numpy())
+            rows["hidden_states"].append(hidden[row][keep.to(hidden.device)].float().cpu().numpy())
             rows["labels"].append(labels[keep].numpy())
+            if feature_names:
+                rows["features"].append(features[row][keep.to(features.device)].float().cpu().numpy())
     path = os.path.join(cache_dir, f"rank{state.process_index}")
-    Dataset.from_dict(rows, features=features).save_to_disk(path)
+    Dataset.from_dict(rows, features=Features(columns)).save_to_disk(path)
     state.wait_for_everyone()
     return concatenate_datasets([Dataset.load_from_disk(os.path.join(cache_dir, f"rank{r}"))
                                  for r in range(state.num_processes)]).with_format("numpy")
@@ -158,11 +135,13 @@ class HeadOnDraft(nn.Module):
         return self
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+                candidates: torch.Tensor | None = None, hidden_states: torch.Tensor | None = None,
+                features: torch.Tensor | None = None) -> torch.Tensor:
         if hidden_states is None:
             with torch.no_grad():
-                hidden_states = last_hidden_states(self.draft, input_ids, attention_mask)
-        return self.head(hidden_states)
+                hidden_states, features = head_inputs(self.draft, self.head.features, input_ids, attention_mask,
+                                                      candidates)
+        return self.head(hidden_states, features)
 
 
 def acceptance_loss(logits: torch.Tensor, labels: torch.Tensor, weight_mismatch: float) -> torch.Tensor:
@@ -214,7 +193,7 @@ class HeadTrainer(Trainer):
             return
         head = self.accelerator.unwrap_model(self.model).head
         if state_dict:  # DeepSpeed hands over the gathered weights of the whole wrapper
-            head = AcceptancePredictionHead(head.hidden_size, head.num_layers)
+            head = AcceptancePredictionHead(head.config)
             head.load_state_dict({k[len("head."):]: v for k, v in state_dict.items() if k.startswith("head.")})
         evals = [log for log in self.state.log_history if "eval_binary_kl" in log]
         metrics = {k: round(v, 5) for k, v in evals[-1].items() if k.startswith("eval_")} if evals else {}
@@ -227,7 +206,7 @@ class HeadTrainer(Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         saved = AcceptancePredictionHead.from_pretrained(resume_from_checkpoint)
         head = self.accelerator.unwrap_model(model or self.model).head
-        check_head_fits(saved.hidden_size, saved.num_layers, head.hidden_size, head.num_layers, resume_from_checkpoint)
+        check_head_fits(saved.config, head.config, resume_from_checkpoint)
         head.load_state_dict(saved.state_dict())
 
     def _load_best_model(self) -> None:
@@ -266,13 +245,18 @@ def check_data_fits_draft(records: list[dict], draft: PreTrainedModel) -> None:
                          "tokens: the data was built with another tokenizer")
 
 
-def check_head_fits(saved_hidden: int, saved_layers: int, hidden: int, layers: int, where: str) -> None:
-    """ValueError unless a saved head has the shape of the one being trained."""
-    if saved_hidden != hidden:
-        raise ValueError(f"the head in {where} reads hidden states of size {saved_hidden}, but the draft's hidden size "
-                         f"is {hidden}: it was trained for another draft (use a fresh --output_dir)")
-    if saved_layers != layers:
-        raise ValueError(f"the head in {where} has {saved_layers} residual layers, but --resnet_num_layers is {layers}")
+def check_head_fits(saved: dict, config: dict, where: str) -> None:
+    """ValueError unless a saved head's config (`hidden_size`, `num_layers`, `alignment`,
+    `features`) is that of the head being trained."""
+    if saved["hidden_size"] != config["hidden_size"]:
+        raise ValueError(f"the head in {where} reads hidden states of size {saved['hidden_size']}, but the draft's "
+                         f"hidden size is {config['hidden_size']}: it was trained for another draft "
+                         "(use a fresh --output_dir)")
+    for key, flag in (("num_layers", "--resnet_num_layers"), ("alignment", "--head_alignment"),
+                      ("features", "--head_features")):
+        theirs, ours = AcceptancePredictionHead(saved).config.get(key), config.get(key)
+        if theirs != ours:
+            raise ValueError(f"the head in {where} has {key} {theirs}, but {flag} asks for {ours}")
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -283,6 +267,15 @@ def draft_hidden_size(name_or_path: str, trust_remote_code: bool) -> int:
 
         name_or_path = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
     return AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code).get_text_config().hidden_size
+
+
+def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
+    """The config of the head to train: its shape, alignment and (proposer only) features."""
+    features = [name for name in model_args.head_features if name != "none"]
+    if model_args.head_alignment == "reader":
+        features = []
+    return {"hidden_size": hidden_size, "num_layers": model_args.resnet_num_layers,
+            "alignment": model_args.head_alignment, "features": features}
 
 
 def resolve_checkpoint(args: HeadTrainingArguments) -> str | None:
@@ -312,26 +305,29 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTraini
     train_records = read_records(data_args.data_path)
     eval_records = read_records(data_args.eval_data_path) if data_args.eval_data_path else None
     hidden_size = draft_hidden_size(model_args.model_name_or_path, model_args.trust_remote_code)
+    head_config = head_config_from(model_args, hidden_size)
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
-            saved = json.load(f)
-        check_head_fits(saved["hidden_size"], saved["num_layers"], hidden_size, model_args.resnet_num_layers, checkpoint)
+            check_head_fits(json.load(f), head_config, checkpoint)
 
     draft = load_model(model_args.model_name_or_path, model_args.torch_dtype, model_args.device_map,
                        model_args.trust_remote_code)
     check_data_fits_draft(train_records + (eval_records or []), draft)
     set_seed(args.seed)  # the head's initial weights, like everything else, follow --seed
-    head = AcceptancePredictionHead(hidden_size, model_args.resnet_num_layers)
-    train_set = examples_dataset(train_records, data_args.mixing_ratio, args.seed)
-    eval_set = examples_dataset(eval_records, data_args.mixing_ratio, args.seed) if eval_records else None
+    head = AcceptancePredictionHead(head_config)
+    layout = (data_args.mixing_ratio, args.seed, head.alignment)
+    train_set = examples_dataset(train_records, *layout)
+    eval_set = examples_dataset(eval_records, *layout) if eval_records else None
     if args.cache_hidden_states:
         cache_dir = os.path.join(args.output_dir, "hidden_states_cache")
         draft.to(args.device)
         batch = args.per_device_eval_batch_size
-        train_set = cache_hidden_states(draft, train_set, os.path.join(cache_dir, "train"), batch, args.device)
+        train_set = cache_hidden_states(draft, head.features, train_set, os.path.join(cache_dir, "train"), batch,
+                                        args.device)
         if eval_set is not None:
-            eval_set = cache_hidden_states(draft, eval_set, os.path.join(cache_dir, "eval"), batch, args.device)
+            eval_set = cache_hidden_states(draft, head.features, eval_set, os.path.join(cache_dir, "eval"), batch,
+                                           args.device)
         model = HeadOnDraft(head)
         del draft
     else:

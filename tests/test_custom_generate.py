@@ -141,7 +141,8 @@ def test_every_saved_head_folder_carries_custom_generate(tmp_path):
     AcceptancePredictionHead(16, 1).save_pretrained(tmp_path)
     for name, text in CUSTOM_GENERATE_FILES.items():
         assert (tmp_path / name).read_text() == text
-        assert (ZOO_DIR / "head" / name).read_text() == text  # the committed head is current too
+        for committed in ("head", "head-reference"):  # the committed heads are current too
+            assert (ZOO_DIR / committed / name).read_text() == text
     assert "specdecpp" in (tmp_path / "custom_generate" / "requirements.txt").read_text().split()
     assert "generate(" in (tmp_path / "README.md").read_text()
 

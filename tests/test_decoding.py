@@ -27,9 +27,9 @@ def prompts(n: int, vocab_size: int = 64, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, vocab_size, (1, 1 + (3 * i) % 11), generator=generator) for i in range(n)]
 
 
-def constant_head(accept_logit: float) -> AcceptancePredictionHead:
+def constant_head(accept_logit: float, **config) -> AcceptancePredictionHead:
     """A head whose prediction ignores its input: accept with probability sigmoid(accept_logit)."""
-    head = AcceptancePredictionHead(HIDDEN, num_layers=1)
+    head = AcceptancePredictionHead(HIDDEN, num_layers=1, **config)
     with torch.no_grad():
         head.model[-1].weight.zero_()
         head.model[-1].bias.copy_(torch.tensor([0.0, accept_logit]))
@@ -46,6 +46,16 @@ def random_head():
     return head
 
 
+@pytest.fixture(scope="module")
+def random_proposer_head():
+    torch.manual_seed(4)
+    head = AcceptancePredictionHead(HIDDEN, num_layers=2, alignment="proposer", features=["log_q", "entropy"])
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5)
+    return head
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_greedy_equals_target_generate(tiny_pair, random_head, schedule):
     target, draft = tiny_pair
@@ -54,6 +64,19 @@ def test_greedy_equals_target_generate(tiny_pair, random_head, schedule):
         out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head,
                                    max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(2, 6))
         assert torch.equal(out.sequences, expected), (schedule, prompt, max_new_tokens)
+
+
+def test_greedy_equals_target_generate_with_a_proposer_head(tiny_pair, random_proposer_head):
+    target, draft = tiny_pair
+    lengths = set()
+    for prompt, max_new_tokens in itertools.product(prompts(6), (1, 9, 40)):
+        expected = target_greedy(target, prompt, max_new_tokens)
+        for bound in ((1, 6), (2, 6)):
+            out = speculative_generate(target, draft, prompt, schedule="ada", head=random_proposer_head,
+                                       stop_threshold=0.5, max_new_tokens=max_new_tokens, bound=bound)
+            assert torch.equal(out.sequences, expected), (prompt, max_new_tokens, bound)
+            lengths.update(out.stats.draft_lengths)
+    assert len(lengths) > 2  # the head's judgements really varied the rounds
 
 
 @pytest.mark.parametrize("draft_kind", ["identical", "unrelated"])
@@ -156,15 +179,32 @@ def test_ada_bounds_with_always_reject_and_always_accept_heads(tiny_pair, bound)
     assert set(always.draft_lengths[:-1]) == {high}
 
 
-def test_ada_threshold_sets_round_length(tiny_pair):
-    """P(accept) = 0.9 per token: the round stops after y_j once 1 - 0.9^(j-1) > threshold."""
+@pytest.mark.parametrize("config,lengths", [
+    # reader: y_j is judged one step later, so the round stops after y_j once 1 - 0.9^(j-1) > threshold
+    (dict(), [(0.05, 2), (0.15, 3), (0.3, 5), (0.5, 8)]),
+    # proposer: y_j is judged as it is drafted, so the round stops once 1 - 0.9^j > threshold
+    (dict(alignment="proposer", features=["log_q"]), [(0.05, 1), (0.15, 2), (0.3, 4), (0.5, 7)]),
+])
+def test_ada_threshold_sets_round_length(tiny_pair, config, lengths):
+    """P(accept) = 0.9 per token: the round lengths the stop rule predicts, for either alignment."""
     target, draft = tiny_pair
-    head = constant_head(float(torch.logit(torch.tensor(0.9))))
+    head = constant_head(float(torch.logit(torch.tensor(0.9))), **config)
     prompt = prompts(1, seed=6)[0]
-    for threshold, expected_length in [(0.05, 2), (0.15, 3), (0.3, 5), (0.5, 8)]:
+    for threshold, expected_length in lengths:
         stats = speculative_generate(target, draft, prompt, schedule="ada", head=head, bound=(1, 20),
                                      stop_threshold=threshold, max_new_tokens=200).stats
         assert set(stats.draft_lengths[:-1]) == {expected_length}, threshold
+
+
+def test_auto_threshold_is_the_stored_one(tiny_pair):
+    target, draft = tiny_pair
+    prompt = prompts(1, seed=6)[0]
+    head = constant_head(float(torch.logit(torch.tensor(0.9))), alignment="proposer").with_threshold(0.3, {})
+    stats = speculative_generate(target, draft, prompt, schedule="ada", head=head, bound=(1, 20),
+                                 stop_threshold="auto", max_new_tokens=200).stats
+    assert set(stats.draft_lengths[:-1]) == {4}
+    with pytest.raises(ValueError, match="stored threshold"):
+        speculative_generate(target, draft, prompt, schedule="ada", head=constant_head(0.0), stop_threshold="auto")
 
 
 def test_ada_head_runs_in_its_own_dtype(tiny_pair, random_head):
@@ -258,11 +298,14 @@ def chi_square_pvalue(samples: list[tuple[int, int]], expected_probs: torch.Tens
     ("constant", dict(temperature=0.7, top_k=4)),
     ("heuristic", dict(top_p=0.8)),
     ("ada", dict(temperature=1.3)),
+    ("ada-proposer", dict(top_k=5)),
 ])
 def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, settings):
     target, draft = small_vocab_pair
     prompt = torch.tensor([[1, 4, 2]])
     head = AcceptancePredictionHead(HIDDEN, num_layers=1)  # fresh head: P(accept) = 0.5, varied round lengths
+    if schedule == "ada-proposer":  # a fresh head's output layer reads the features: varied round lengths
+        schedule, head = "ada", AcceptancePredictionHead(HIDDEN, 1, alignment="proposer", features=["log_q", "entropy"])
     generator = torch.Generator().manual_seed(0)
     samples = []
     for _ in range(2000):
@@ -290,6 +333,7 @@ def test_sampling_is_reproducible_with_a_generator(small_vocab_pair):
     (dict(schedule="fastest"), ValueError, "unknown schedule"),
     (dict(stop_threshold=1.5), ValueError, "stop_threshold"),
     (dict(stop_threshold=-0.1), ValueError, "stop_threshold"),
+    (dict(stop_threshold="high"), ValueError, "stop_threshold"),
     (dict(bound=(5, 2)), ValueError, "bound"),
     (dict(bound=(-1, 4)), ValueError, "bound"),
     (dict(schedule="ada", head=None), ValueError, "head"),

@@ -17,7 +17,8 @@ def demo_dirs(pair_dirs, tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     torch.manual_seed(0)
     hidden = json.loads((Path(pair_dirs[1]) / "config.json").read_text())["hidden_size"]
-    AcceptancePredictionHead(hidden_size=hidden, num_layers=1).save_pretrained(root / "head")
+    head = AcceptancePredictionHead(hidden_size=hidden, num_layers=1, alignment="proposer", features=["log_q"])
+    head.with_threshold(0.5, {}).save_pretrained(root / "head")
     return {"target": pair_dirs[0], "draft": pair_dirs[1], "head": str(root / "head"),
             "prompts": write_prompts(root / "prompts.jsonl", 6), "out": root / "out"}
 
@@ -48,6 +49,14 @@ def test_demo_tunes_on_other_prompts_then_prints_four_methods(demo_dirs, capsys)
     assert summary["greedy_check"].startswith("greedy check passed")
     for line in (summary["table"], summary["chosen"], summary["greedy_check"], f"SpecDec++ ({methods[3]}): cost per"):
         assert line in out
+
+
+def test_the_stored_threshold_needs_no_tuning(demo_dirs):
+    demo.main(flags(demo_dirs, "--prompts", "2", "--tune_prompts", "1", "--constant_ks", "2"))
+    summary = json.loads((demo_dirs["out"] / "summary.json").read_text())
+    ada = summary["summary"][3]
+    assert ada["method"] == "specdecpp:ada@auto" and ada["stop_threshold"] == 0.5
+    assert summary["tuning_summary"] == [] and "ada threshold = auto" in summary["chosen"]
 
 
 def test_several_candidates_without_tuning_prompts_is_refused(demo_dirs):

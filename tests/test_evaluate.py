@@ -32,7 +32,7 @@ def eval_dirs(pair_dirs, tmp_path_factory):
 
 
 def make_args(dirs, tmp_path, **overrides) -> ev.EvaluationArguments:
-    settings = dict(model_name=dirs["target"], assistant_name=dirs["draft"], assist_acc_head_dir=dirs["head"],
+    settings = dict(model_name=dirs["target"], assistant_name=dirs["draft"], assist_acc_head_dir=[dirs["head"]],
                     data_path=dirs["prompts"], save_path=str(tmp_path / "out"), max_new_tokens=10,
                     cost_steps_per_prompt=2, warmup_tokens=4, progress=False)
     return ev.EvaluationArguments(**{**settings, **overrides})
@@ -48,13 +48,25 @@ def test_flags_give_one_method_per_schedule_and_knob_value():
                      "specdecpp:ada@0.1", "specdecpp:ada@0.5", "specdecpp:heuristic@K=2", "specdecpp:dynamic"]
 
 
+def test_several_heads_thresholds_and_confidences_are_methods_of_their_own():
+    args, _ = ev.parse_args(["--schedule", "ada", "dynamic", "--assist_acc_head_dir", "heads/v2", "heads/reference",
+                             "--stop_threshold", "0.5", "auto", "--assistant_confidence_threshold", "0.2", "0.6",
+                             "--baselines", "target", "hf:dynamic"])
+    specs = ev.method_specs(args)
+    assert [spec.name for spec in specs] == [
+        "target", "hf:dynamic", "specdecpp:ada[v2]@0.5", "specdecpp:ada[v2]@auto", "specdecpp:ada[reference]@0.5",
+        "specdecpp:ada[reference]@auto", "specdecpp:dynamic@0.2", "specdecpp:dynamic@0.6"]
+    assert [spec.head for spec in specs[2:6]] == ["heads/v2"] * 2 + ["heads/reference"] * 2
+    assert specs[1].assistant_confidence_threshold == 0.2 and specs[3].stop_threshold == "auto"
+
+
 def test_target_alone_always_runs_and_none_means_baselines_only():
     args, _ = ev.parse_args(["--schedule", "none", "--baselines", "draft"])
     assert [spec.name for spec in ev.method_specs(args)] == ["target", "draft"]
 
 
 def test_hf_settings_turn_the_confidence_stop_off_except_for_dynamic():
-    args = ev.EvaluationArguments(assistant_confidence_threshold=0.25)
+    args = ev.EvaluationArguments(assistant_confidence_threshold=[0.25, 0.5])
     constant, dynamic = ev._knob_specs("hf", "constant", args)[0], ev._knob_specs("hf", "dynamic", args)[0]
     assert ev.hf_assistant_settings(constant, args) == {
         "num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
@@ -78,14 +90,16 @@ def no_model_loading(monkeypatch):
     (dict(bound=[2]), ValueError, "--bound takes MIN MAX"),
     (dict(data_path="no-such-set"), ValueError, "unknown prompt set 'no-such-set'"),
     (dict(data_path="missing/prompts.jsonl"), FileNotFoundError, "no prompt file"),
-    (dict(assist_acc_head_dir="HEAD_OTHER"), ValueError, "trained for another draft"),
-    (dict(assist_acc_head_dir="/no/such/head"), FileNotFoundError, "no head folder"),
+    (dict(assist_acc_head_dir=["HEAD_OTHER"]), ValueError, "trained for another draft"),
+    (dict(assist_acc_head_dir=["/no/such/head"]), FileNotFoundError, "no head folder"),
+    (dict(stop_threshold=["auto"]), ValueError, "has one"),
+    (dict(stop_threshold=["high"]), ValueError, "--stop_threshold"),
     (dict(assistant_name="/no/such/draft"), FileNotFoundError, "no model folder"),
     (dict(schedule=["oracle"], do_sample=True), ValueError, "greedy decoding only"),
 ])
 def test_bad_input_is_refused_before_loading(eval_dirs, tmp_path, no_model_loading, overrides, error, message):
-    if overrides.get("assist_acc_head_dir") == "HEAD_OTHER":
-        overrides["assist_acc_head_dir"] = eval_dirs["head_other"]
+    if overrides.get("assist_acc_head_dir") == ["HEAD_OTHER"]:
+        overrides["assist_acc_head_dir"] = [eval_dirs["head_other"]]
     with pytest.raises(error, match=message):
         ev.evaluate(make_args(eval_dirs, tmp_path, **overrides))
 
@@ -126,7 +140,7 @@ def test_rounds_are_read_off_the_target_forward_passes():
 @pytest.fixture(scope="module")
 def pair(eval_dirs):
     args = ev.EvaluationArguments(model_name=eval_dirs["target"], assistant_name=eval_dirs["draft"],
-                                  assist_acc_head_dir=eval_dirs["head"])
+                                  assist_acc_head_dir=[eval_dirs["head"]])
     return ev.load_pair(args, ev.ModelLoadingArguments(), tokenizer=None, need_head=True)
 
 

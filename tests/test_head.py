@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_model
 from torch import nn
 
 from specdecpp import AcceptancePredictionHead
-from specdecpp.head import ResBlock
+from specdecpp.head import ResBlock, logit_features
 
 
 class ReferenceHead(nn.Module):
@@ -46,7 +46,8 @@ def test_blocks_are_distinct_and_forward_gives_two_logits():
 def test_save_and_load_round_trip(tmp_path):
     head = randomized(AcceptancePredictionHead(16, 3))
     head.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text()) == {"hidden_size": 16, "num_layers": 3}
+    assert json.loads((tmp_path / "config.json").read_text()) == {"hidden_size": 16, "num_layers": 3,
+                                                                   "alignment": "reader"}
     loaded = AcceptancePredictionHead.from_pretrained(tmp_path)
     x = torch.randn(4, 16)
     torch.testing.assert_close(loaded(x), head(x))
@@ -83,3 +84,47 @@ def test_model_card_records_pair_data_and_metrics(tmp_path):
     for text in ("org/draft-135M", "org/target-1.7B", "data/alpaca.jsonl", "| eval_binary_kl | 0.123 |",
                  "library_name: specdecpp", "2405.19715"):
         assert text in card
+
+
+def test_reference_constructor_call_and_config():
+    head = AcceptancePredictionHead({"hidden_size": 16, "num_layers": 2})
+    assert (head.hidden_size, head.num_layers, head.alignment, head.features) == (16, 2, "reader", [])
+    assert head.config == {"hidden_size": 16, "num_layers": 2, "alignment": "reader"}
+    proposer = AcceptancePredictionHead({"hidden_size": 16, "num_layers": 2, "alignment": "proposer",
+                                         "features": ["log_q", "entropy"]})
+    assert proposer.alignment == "proposer" and proposer.model[0].linear.weight.shape == (18, 18)
+    with pytest.raises(ValueError, match="alignment"):
+        AcceptancePredictionHead(16, alignment="writer")
+    with pytest.raises(ValueError, match="unknown head features"):
+        AcceptancePredictionHead(16, alignment="proposer", features=["margin"])
+    with pytest.raises(ValueError, match="proposer"):
+        AcceptancePredictionHead(16, alignment="reader", features=["log_q"])
+
+
+def test_proposer_head_with_features_round_trips_with_its_threshold(tmp_path):
+    head = randomized(AcceptancePredictionHead(16, 2, alignment="proposer", features=["log_q", "entropy"]))
+    head.with_threshold(0.45, {"cost_per_token": [0.5, 0.6]}).save_pretrained(tmp_path)
+    loaded = AcceptancePredictionHead.from_pretrained(tmp_path)
+    assert loaded.config == head.config and loaded.resolve_stop_threshold("auto") == 0.45
+    x, f = torch.randn(4, 16), torch.randn(4, 2)
+    torch.testing.assert_close(loaded(x, f), head(x, f))
+    with pytest.raises(ValueError, match="features"):
+        loaded(x)
+
+
+def test_auto_threshold_without_a_stored_one_is_a_clear_error():
+    head = AcceptancePredictionHead(16, 2, alignment="proposer")
+    assert head.resolve_stop_threshold(0.3) == 0.3
+    with pytest.raises(ValueError, match="no stored threshold|has none"):
+        head.resolve_stop_threshold("auto")
+
+
+def test_logit_features_are_log_q_and_entropy():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    tokens = torch.tensor([2, 1])
+    features = logit_features(logits, tokens, ["log_q", "entropy"])
+    log_probs = logits.log_softmax(-1)
+    torch.testing.assert_close(features[:, 0], log_probs[[0, 1], [2, 1]])
+    torch.testing.assert_close(features[:, 1], -(log_probs.exp() * log_probs).sum(-1))
+    ruled_out = logit_features(torch.tensor([0.0, float("-inf")]), torch.tensor(1), ["log_q", "entropy"])
+    assert torch.isfinite(ruled_out).all()

@@ -98,9 +98,12 @@ def test_the_push_command(tmp_path, hub, capsys):
 def test_a_hand_written_card_keeps_its_text_and_gains_the_generate_example(tmp_path):
     files = stage_head(ZOO_HEAD, tmp_path, "me/zoo-head")
     assert set(files) >= HEAD_FILES | {"card.json", "reliability.png"}
-    original = (ZOO_HEAD / "README.md").read_text()
+    original = (ZOO_HEAD / "README.md").read_text().replace("this-repo-or-folder", "me/zoo-head")
     card = (tmp_path / "README.md").read_text()
     assert card.startswith(original.rstrip()) and card.count("## Use from transformers") == 1
+    config = json.loads((ZOO_HEAD / "config.json").read_text())
+    assert f"Stored threshold: {config['stop_threshold']}" in card
+    assert f"bound={tuple(config['threshold_selection']['bound'])}" in card  # the bound it was chosen for
     assert card.count("## Calibration") == original.count("## Calibration")  # not repeated under another title
     assert 'custom_generate="me/zoo-head"' in card
 

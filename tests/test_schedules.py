@@ -44,6 +44,50 @@ def test_ada_keeps_a_running_product_of_the_judged_tokens():
     assert policy.p_all_accepted == 1.0
 
 
+def constant_head(accept_prob: float, hidden_size: int = 4, **config) -> AcceptancePredictionHead:
+    """A head whose P(accept) is `accept_prob` whatever it reads."""
+    head = AcceptancePredictionHead(hidden_size, num_layers=0, **config)
+    with torch.no_grad():
+        head.model[-1].weight.zero_()
+        head.model[-1].bias.copy_(torch.tensor([0.0, float(torch.logit(torch.tensor(accept_prob)))]))
+    return head
+
+
+def test_proposer_ada_judges_each_token_right_after_drafting_it():
+    policy = Ada(constant_head(0.8, alignment="proposer"), stop_threshold=0.45, bound=(1, 10))
+    hidden = torch.zeros(4)
+    assert policy.max_draft() == 10
+    assert not policy.stop_after(DraftStep(1, 1.0, hidden))  # 1 - 0.8 = 0.2
+    assert not policy.stop_after(DraftStep(2, 1.0, hidden))  # 1 - 0.64 = 0.36
+    assert policy.stop_after(DraftStep(3, 1.0, hidden))      # 1 - 0.512 = 0.488 > 0.45: one step sooner than a reader
+    assert policy.p_all_accepted == pytest.approx(0.8 ** 3)
+
+
+def test_proposer_ada_never_stops_before_min():
+    policy = Ada(constant_head(0.1, alignment="proposer"), stop_threshold=0.3, bound=(3, 10))
+    policy.max_draft()
+    assert [policy.stop_after(DraftStep(j, 1.0, torch.zeros(4))) for j in (1, 2, 3)] == [False, False, True]
+
+
+def test_proposer_ada_feeds_the_features_of_the_drafted_token():
+    head = AcceptancePredictionHead(2, num_layers=0, alignment="proposer", features=["log_q"])
+    with torch.no_grad():  # P(accept) = sigmoid(10 + 10 log q): near 1 for a sure token, near 0 for a doubtful one
+        head.model[-1].weight.copy_(torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 10.0]]))
+        head.model[-1].bias.copy_(torch.tensor([0.0, 10.0]))
+    policy = Ada(head, stop_threshold=0.5, bound=(1, 10))
+    policy.max_draft()
+    sure, doubtful = torch.tensor([10.0, -10.0, -10.0]), torch.tensor([0.0, 0.0, 0.0])
+    assert not policy.stop_after(DraftStep(1, 1.0, torch.zeros(2), token=0, logits=sure))
+    assert policy.stop_after(DraftStep(2, 1.0, torch.zeros(2), token=0, logits=doubtful))
+
+
+def test_ada_auto_threshold_comes_from_the_head():
+    head = constant_head(0.8, alignment="proposer").with_threshold(0.25, {})
+    assert make_schedule("ada", head=head, stop_threshold="auto").stop_threshold == 0.25
+    with pytest.raises(ValueError, match="stored threshold"):
+        make_schedule("ada", head=constant_head(0.8), stop_threshold="auto")
+
+
 def test_oracle_drafts_the_run_of_correct_proposals():
     policy = make_schedule("oracle", draft_correct=[True, True, False, True, False, False, True], bound=(2, 20))
     runs = []

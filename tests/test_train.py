@@ -14,8 +14,8 @@ from conftest import free_port
 from safetensors.torch import load_file
 from transformers import set_seed
 
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.models import last_hidden_states, load_model
+from specdecpp.head import AcceptancePredictionHead, logit_features
+from specdecpp.models import load_model
 from specdecpp.train import (IGNORE, DataArguments, HeadTrainingArguments, ModelArguments, acceptance_loss, binary_kl,
                              make_example, train)
 
@@ -49,7 +49,7 @@ def data_files(tmp_path_factory):
 
 def run(pair_dirs, data_files, output_dir, **kw):
     model_args = ModelArguments(model_name_or_path=kw.pop("draft", pair_dirs[1]), resnet_num_layers=kw.pop("layers", 2),
-                                target_model_name="tiny-target")
+                                target_model_name="tiny-target", head_alignment=kw.pop("alignment", "proposer"))
     data_args = DataArguments(data_path=data_files[0], eval_data_path=data_files[1], mixing_ratio=0.2)
     settings = dict(output_dir=str(output_dir), num_train_epochs=2, per_device_train_batch_size=4, learning_rate=5e-2,
                     report_to="none", save_strategy="steps", save_steps=3, logging_steps=1, seed=0, use_cpu=True,
@@ -94,27 +94,48 @@ def test_mixing_replaces_draft_tokens_and_ignores_their_labels():
     assert mixed != make_example(record, 1, 0.3, seed=0)
 
 
-def test_head_learns_what_the_hidden_state_at_each_drafted_token_determines(pair_dirs, tmp_path):
-    # labels from a teacher head on the draft's hidden state at each drafted token: a student can
-    # only fit them if examples pair each label with exactly that position's state
+def test_proposer_example_labels_the_state_that_proposes_each_draft_token():
+    record = {"prefix": [1, 7, 8], "tokens": [10, 11, 12, 13], "draft": [10, 21, 12, 23], "p_acc": [1.0, 0.0, 1.0, 0.0]}
+    example = make_example(record, 0, 0.5, seed=0, alignment="proposer")  # no mixing for a proposer
+    # the state at 8 (last prompt token) proposes draft[0]; the state at tokens[i-1] proposes draft[i]
+    assert example["input_ids"] == [1, 7, 8, 10, 11, 12]
+    assert example["labels"] == [IGNORE, IGNORE, 1.0, 0.0, 1.0, 0.0]
+    assert example["candidates"] == [-1, -1, 10, 21, 12, 23]
+
+
+def teacher_p_acc(draft, teacher: AcceptancePredictionHead, record: dict) -> list[float]:
+    """The teacher's P(accept) for each drafted token, computed from the state that judges it: a
+    proposer's at tokens[i-1] with draft[i]'s features there, a reader's at draft[i] of prefix + draft."""
+    proposer = teacher.alignment == "proposer"
+    ids = torch.tensor([record["prefix"] + (record["tokens"][:-1] if proposer else record["draft"])])
+    with torch.no_grad():
+        out = draft(ids, output_hidden_states=True)
+    span = slice(len(record["prefix"]) - proposer, None)
+    features = logit_features(out.logits[0, span], torch.tensor(record["draft"]), teacher.features) if proposer else None
+    return teacher.accept_prob(out.hidden_states[-1][0, span], features).tolist()
+
+
+@pytest.mark.parametrize("alignment", ["proposer", "reader"])
+def test_head_learns_what_the_judging_state_determines(pair_dirs, tmp_path, alignment):
+    # labels from a teacher head on the state that judges each drafted token: a student only fits
+    # them if training pairs every label with exactly that state (and, for a proposer, its features)
     draft = load_model(pair_dirs[1])
     torch.manual_seed(0)
-    teacher = AcceptancePredictionHead(32, 0)
+    features = ["log_q", "entropy"] if alignment == "proposer" else []
+    teacher = AcceptancePredictionHead(32, 0, alignment=alignment, features=features)
     torch.nn.init.normal_(teacher.model[-1].weight)
     paths = []
     for name, seed, n in (("train", 0, 24), ("eval", 1, 8)):
         paths.append(tmp_path / f"{name}.jsonl")
-        with open(paths[-1], "w") as f:
-            for r in synthetic_records(n, seed):
-                ids = torch.tensor([r["prefix"] + r["draft"]])
-                with torch.no_grad():
-                    hidden = last_hidden_states(draft, ids, torch.ones_like(ids))
-                f.write(json.dumps(r | {"p_acc": teacher.accept_prob(hidden)[0, len(r["prefix"]):].tolist()}) + "\n")
-    trainer = train(ModelArguments(model_name_or_path=pair_dirs[1], resnet_num_layers=1),
+        paths[-1].write_text("".join(json.dumps(r | {"p_acc": teacher_p_acc(draft, teacher, r)}) + "\n"
+                                     for r in synthetic_records(n, seed)))
+    trainer = train(ModelArguments(model_name_or_path=pair_dirs[1], resnet_num_layers=1, head_alignment=alignment),
                     DataArguments(data_path=str(paths[0]), eval_data_path=str(paths[1]), mixing_ratio=0.0),
                     HeadTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=10, learning_rate=5e-2,
                                           per_device_train_batch_size=4, weight_mismatch=1.0, report_to="none",
                                           save_strategy="no", use_cpu=True, disable_tqdm=True, cache_hidden_states=True))
+    assert trainer.model.head.config == {"hidden_size": 32, "num_layers": 1, "alignment": alignment,
+                                         **({"features": features} if features else {})}
     labels = np.array([p for line in paths[1].read_text().splitlines() for p in json.loads(line)["p_acc"]])
     constant = binary_kl(labels, np.full_like(labels, labels.mean()))
     learned = [log["eval_binary_kl"] for log in trainer.state.log_history if "eval_binary_kl" in log][-1]
@@ -144,15 +165,20 @@ def test_only_the_head_is_saved_and_training_resumes(pair_dirs, data_files, tmp_
         torch.testing.assert_close(resumed.state_dict()[key], value)
 
 
-def test_resuming_a_head_of_another_draft_is_refused(pair_dirs, data_files, tmp_path):
+def test_resuming_a_head_of_another_draft_or_alignment_is_refused(pair_dirs, data_files, tmp_path):
     AcceptancePredictionHead(16, 2).save_pretrained(tmp_path / "checkpoint-5")
     with pytest.raises(ValueError, match="hidden size"):
         run(pair_dirs, data_files, tmp_path, resume_from_checkpoint=str(tmp_path / "checkpoint-5"))
+    AcceptancePredictionHead(32, 2).save_pretrained(tmp_path / "checkpoint-6")  # a reader head
+    with pytest.raises(ValueError, match="--head_alignment"):
+        run(pair_dirs, data_files, tmp_path, resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
 
 
-def test_cached_hidden_states_train_the_same_head(pair_dirs, data_files, tmp_path):
-    plain = run(pair_dirs, data_files, tmp_path / "plain", num_train_epochs=1).model.head
-    cached = run(pair_dirs, data_files, tmp_path / "cached", num_train_epochs=1, cache_hidden_states=True).model.head
+@pytest.mark.parametrize("alignment", ["proposer", "reader"])
+def test_cached_hidden_states_train_the_same_head(pair_dirs, data_files, tmp_path, alignment):
+    plain = run(pair_dirs, data_files, tmp_path / "plain", num_train_epochs=1, alignment=alignment).model.head
+    cached = run(pair_dirs, data_files, tmp_path / "cached", num_train_epochs=1, cache_hidden_states=True,
+                 alignment=alignment).model.head
     for key, value in plain.state_dict().items():
         torch.testing.assert_close(cached.state_dict()[key], value, rtol=1e-4, atol=1e-5)
     assert not (tmp_path / "cached" / "hidden_states_cache").exists()
@@ -214,7 +240,8 @@ def test_torchrun_two_ranks_deepspeed_zero2(pair_dirs, data_files, tmp_path):
     head = AcceptancePredictionHead.from_pretrained(out)
     assert (head.hidden_size, head.num_layers) == (32, 2)
     set_seed(42)  # train.py's default seed: the head it started from
-    fresh = AcceptancePredictionHead(32, 2)
+    fresh = AcceptancePredictionHead(head.config)
+    assert fresh.model[-1].weight.shape == head.model[-1].weight.shape
     assert not torch.equal(head.model[-1].weight, fresh.model[-1].weight)  # trained, not the initial weights
     assert not any(torch.equal(b.linear.weight, torch.zeros_like(b.linear.weight)) for b in head.model[:-1])
     assert set(os.listdir(out / "checkpoint-3")) >= {"model.safetensors", "config.json", "global_step3"}

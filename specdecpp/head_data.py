@@ -1,0 +1,113 @@
+"""From training records to what the head reads: examples, batches, and the head's inputs.
+
+One record (DESIGN section 2) becomes one example, laid out by the head's alignment:
+- `proposer`: `input_ids = prefix + tokens[:-1]` (the target's continuation); the state at
+  `tokens[i-1]` (the last prompt token for `i = 0`) is labelled `p_acc[i]` and its `candidates`
+  entry is `draft[i]`, whose features under the draft's logits there the head also reads;
+- `reader` (the reference's): `input_ids = prefix + z`, `z_i` the draft's proposal `draft[i]` or,
+  with probability `mixing_ratio`, the target's token (label ignored); the state at `z_i` is
+  labelled `p_acc[i]`.
+Prefix positions are ignored. Training, the calibration report and the threshold choice all build
+the head's inputs here, so they see the same positions.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from datasets import Dataset
+from tqdm import tqdm
+from transformers import PreTrainedModel
+
+from specdecpp.head import AcceptancePredictionHead, logit_features
+from specdecpp.models import last_hidden_states, model_device
+
+IGNORE = -100.0  # label of positions the loss skips (Trainer also pads predictions with -100)
+NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
+
+
+def make_example(record: dict, index: int, mixing_ratio: float, seed: int, alignment: str = "reader") -> dict:
+    """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a
+    proposer head, `candidates` (the judged draft token at each labelled position). A reader's
+    mixing draws depend only on (seed, record index): fixed per record, whatever the number of
+    ranks, epochs, or whether hidden states are cached."""
+    prefix, n = list(record["prefix"]), len(record["tokens"])
+    if alignment == "proposer":
+        ignored = [IGNORE] * (len(prefix) - 1)
+        return {"input_ids": prefix + list(record["tokens"][:n - 1]),
+                "labels": ignored + [float(p) for p in record["p_acc"]],
+                "candidates": [NO_CANDIDATE] * len(ignored) + list(record["draft"])}
+    rng = np.random.default_rng([seed, index])
+    mixed = rng.random(n) < mixing_ratio
+    z = np.where(mixed, record["tokens"], record["draft"])
+    labels = np.where(mixed, IGNORE, np.asarray(record["p_acc"], dtype=np.float64))
+    return {"input_ids": prefix + z.tolist(), "labels": [IGNORE] * len(prefix) + labels.tolist()}
+
+
+def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignment: str = "reader") -> Dataset:
+    """The records as training examples (see `make_example`)."""
+    return Dataset.from_list([make_example(r, i, mixing_ratio, seed, alignment) for i, r in enumerate(records)])
+
+
+def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
+    """Right-pad a list of examples into tensors: `input_ids` + `attention_mask` (+ `candidates`),
+    or the cached `hidden_states` (+ `features`); `labels` padded with IGNORE."""
+    width = max(len(f["labels"]) for f in features)
+
+    def padded(name: str, fill: float, dtype: torch.dtype) -> torch.Tensor:
+        rows = [torch.as_tensor(np.asarray(f[name]), dtype=dtype) for f in features]
+        out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=dtype)
+        for row, values in enumerate(rows):
+            out[row, : len(values)] = values
+        return out
+
+    batch = {"labels": padded("labels", IGNORE, torch.float32)}
+    if "hidden_states" in features[0]:
+        batch["hidden_states"] = padded("hidden_states", 0.0, torch.float32)
+        if "features" in features[0]:
+            batch["features"] = padded("features", 0.0, torch.float32)
+        return batch
+    batch["input_ids"] = padded("input_ids", 0, torch.long)
+    lengths = torch.tensor([len(f["input_ids"]) for f in features])
+    batch["attention_mask"] = (torch.arange(width)[None] < lengths[:, None]).long()
+    if "candidates" in features[0]:
+        batch["candidates"] = padded("candidates", NO_CANDIDATE, torch.long)
+    return batch
+
+
+def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: torch.Tensor,
+                attention_mask: torch.Tensor, candidates: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The draft's last-layer hidden states `[batch, seq, hidden]` and, when the head reads
+    `feature_names`, the features of each position's candidate token under the draft's logits
+    there (`[batch, seq, len(feature_names)]`; zeros where there is no candidate)."""
+    if not feature_names:
+        return last_hidden_states(draft, input_ids, attention_mask), None
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    out = draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                output_hidden_states=True, use_cache=False)
+    candidates = candidates.to(out.logits.device)
+    features = logit_features(out.logits, candidates.clamp_min(0), feature_names)
+    return out.hidden_states[-1], features * (candidates >= 0)[..., None]
+
+
+@torch.no_grad()
+def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: list[dict], mixing_ratio: float = 0.15,
+            seed: int = 42, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """`(labels, predictions)` over every labelled position of the records, in record order: `p_acc`
+    and the head's accept probability, on the examples training builds for the head's alignment
+    (a proposer head's positions are each record's `p_acc` in full)."""
+    draft_hidden = draft.config.get_text_config().hidden_size
+    if head.hidden_size != draft_hidden:
+        raise ValueError(f"the head reads hidden states of size {head.hidden_size} but the draft's hidden size is "
+                         f"{draft_hidden}: it was trained for another draft")
+    device = model_device(draft)
+    head = head.to(device)
+    labels, predictions = [], []
+    for start in tqdm(range(0, len(records), batch_size), desc="scoring", unit="batch"):
+        batch = pad_batch([make_example(r, start + i, mixing_ratio, seed, head.alignment)
+                           for i, r in enumerate(records[start: start + batch_size])])
+        hidden, features = head_inputs(draft, head.features, batch["input_ids"].to(device),
+                                       batch["attention_mask"].to(device), batch.get("candidates", None))
+        keep = batch["labels"] != IGNORE
+        labels.append(batch["labels"][keep].numpy())
+        predictions.append(head.accept_prob(hidden, features).cpu()[keep].numpy())
+    return np.concatenate(labels).astype(np.float64), np.concatenate(predictions).astype(np.float64)

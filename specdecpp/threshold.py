@@ -1,0 +1,131 @@
+"""Choosing a proposer head's stop threshold from the pair's own costs.
+
+Greedy rounds replay exactly on greedy training records: `draft[i]` is the draft's argmax after the
+target's prefix `x_<i` and `p_acc[i]` says whether the target agrees, so the round that starts at
+position `pos` accepts the run of agreeing proposals from `pos` and then emits the target's token,
+as the engine does; constant K and the oracle replay exactly. A proposer head's prediction for
+`draft[i]` comes from that same prefix, so an `ada` round replays exactly up to its first rejected
+token: which tokens are accepted and the number of target calls are exact, and only the tokens a
+round drafts after its first rejection (judged by the engine from the draft's own wrong prefix,
+here from the target's) may differ in number. A reader head judges states that have read each
+proposal, which records hold only for the accepted ones, so only proposer heads are replayed. Each replayed round is priced with the pair's measured times:
+one draft step, and one target verification as a function of its length (on a CPU it grows with
+the tokens checked). The cost per token is in units of one target-alone step, so 1 / cost is the
+speedup the replay predicts. `choose_threshold` replays a grid of thresholds and keeps the cheapest.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from specdecpp.head import AcceptancePredictionHead
+from specdecpp.head_data import predict
+from specdecpp.metrics import cached_step, timed
+
+THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
+# How many tokens a round drafts: (the record's predictions, its correct flags, round start, limit) -> k.
+RoundLength = Callable[[np.ndarray, np.ndarray, int, int], int]
+
+
+def step_times(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
+               steps: int = 20, warmup_steps: int = 5) -> dict:
+    """Median times (ms) on warm KV caches of `input_ids` `[1, length]`: one draft step, and one
+    target verification of `k` drafted tokens (`k + 1` fed) for every `k` in `0..max_draft`
+    (`k = 0` is a target-alone step). Draft and verifications alternate so load hits them alike."""
+    draft_step = cached_step(draft, input_ids, 1)
+    verifies = [cached_step(target, input_ids, k + 1) for k in range(max_draft + 1)]
+    for _ in range(warmup_steps):
+        draft_step()
+        for verify in verifies:
+            verify()
+    draft_ms, verify_ms = [], [[] for _ in verifies]
+    for _ in range(steps):
+        for k, verify in enumerate(verifies):
+            draft_ms.append(1000 * timed(draft_step))
+            verify_ms[k].append(1000 * timed(verify))
+    return {"draft_step_ms": statistics.median(draft_ms), "verify_ms": [statistics.median(t) for t in verify_ms],
+            "steps": steps, "threads": torch.get_num_threads(), "device": str(target.device)}
+
+
+def replay(correct: list[np.ndarray], predictions: list[np.ndarray], round_length: RoundLength, max_draft: int,
+           times: dict) -> dict:
+    """Replay greedy rounds over records (`correct[r][i]`: the target accepts `draft[i]`), each
+    drafting `round_length(...)` tokens, at most `max_draft` and never past the record's end (a
+    round emits up to `k + 1` tokens). Returns the counts and the cost per token in target-alone steps."""
+    draft_ms, verify_ms = times["draft_step_ms"], times["verify_ms"]
+    tokens = target_calls = draft_calls = 0
+    total_ms = 0.0
+    for ok, pred in zip(correct, predictions):
+        pos, n = 0, len(ok)
+        while pos < n:
+            k = round_length(pred, ok, pos, min(max_draft, n - pos - 1))
+            accepted = 0
+            while accepted < k and ok[pos + accepted]:
+                accepted += 1
+            pos += accepted + 1
+            target_calls, draft_calls = target_calls + 1, draft_calls + k
+            total_ms += verify_ms[k] + draft_ms * k
+        tokens += n
+    return {"tokens": tokens, "target_calls": target_calls, "draft_calls": draft_calls,
+            "cost_per_token": total_ms / tokens / verify_ms[0]}
+
+
+def ada_length(threshold: float, min_draft: int) -> RoundLength:
+    """The `ada` rule for a proposer head: after drafting `y_j` (record position `pos + j - 1`),
+    stop once `1 - prod p_hat > threshold` and `j >= min_draft`."""
+    def length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int:
+        p_all_accepted, j = 1.0, 0
+        while j < limit:
+            p_all_accepted *= pred[pos + j]
+            j += 1
+            if j >= min_draft and 1.0 - p_all_accepted > threshold:
+                break
+        return j
+    return length
+
+
+def constant_length(k: int) -> RoundLength:
+    """Draft exactly `k` tokens."""
+    return lambda pred, ok, pos, limit: min(k, limit)
+
+
+def oracle_length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int:
+    """Draft exactly the run of proposals the target will accept."""
+    run = 0
+    while run < limit and ok[pos + run]:
+        run += 1
+    return run
+
+
+def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, target: PreTrainedModel,
+                     records: list[dict], bound: tuple[int, int] = (2, 20), thresholds: tuple[float, ...] = THRESHOLDS,
+                     batch_size: int = 8, timing_steps: int = 20) -> tuple[float, dict]:
+    """The threshold in `thresholds` whose replayed cost per token on greedy `records` is lowest,
+    and the record of the choice (measured times, the cost curve, constant K = 1..6 and the oracle
+    replayed alike, for comparison), ready to store with `head.with_threshold`."""
+    if head.alignment != "proposer":
+        raise ValueError("choosing a threshold replays rounds from the head's predictions, which needs a "
+                         "proposer head (a reader head judges states the records do not hold)")
+    if any(p not in (0.0, 1.0) for r in records for p in r["p_acc"]):
+        raise ValueError("choosing a threshold replays greedy rounds: it needs greedy records (p_acc 0 or 1), "
+                         "built without --do_sample")
+    _, flat = predict(head, draft, records, batch_size=batch_size)
+    bounds = np.cumsum([0] + [len(r["p_acc"]) for r in records])
+    predictions = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    correct = [np.asarray(r["p_acc"]) == 1.0 for r in records]
+    longest = max(records, key=lambda r: len(r["prefix"]))
+    times = step_times(target, draft, torch.tensor([longest["prefix"]]), bound[1], timing_steps)
+    def cost(round_length: RoundLength) -> float:
+        return round(replay(correct, predictions, round_length, bound[1], times)["cost_per_token"], 5)
+
+    curve = [cost(ada_length(t, bound[0])) for t in thresholds]
+    selection = {"records": len(records), "tokens": int(bounds[-1]), "bound": list(bound), **times,
+                 "thresholds": list(thresholds), "cost_per_token": curve,
+                 "constant_k_cost_per_token": {str(k): cost(constant_length(k)) for k in range(1, 7)},
+                 "oracle_cost_per_token": cost(oracle_length),
+                 "cost_unit": "one target-alone step (1 / cost = replayed speedup)"}
+    return thresholds[int(np.argmin(curve))], selection

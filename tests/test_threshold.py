@@ -1,0 +1,120 @@
+"""Choosing the stop threshold: the greedy replay is exact, and the choice is stored and used."""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.calibration import main as calibration_main
+from specdecpp.head_data import predict
+from specdecpp.threshold import ada_length, choose_threshold, constant_length, oracle_length, replay
+
+TIMES = {"draft_step_ms": 1.0, "verify_ms": [10.0 + k for k in range(21)]}
+CORRECT = [np.array([1, 1, 0, 1, 1, 1, 0, 0], dtype=bool)]
+
+
+def test_replay_by_hand():
+    constant = replay(CORRECT, [None], constant_length(2), 20, TIMES)
+    # rounds at 0 (2 drafted, 2 kept), 3 (2, 2), 6 (1 left to draft, 0 kept), 7 (nothing left to draft)
+    assert (constant["target_calls"], constant["draft_calls"]) == (4, 5)
+    assert constant["cost_per_token"] == pytest.approx(((12 + 2) + (12 + 2) + (11 + 1) + 10) / 8 / 10)
+    oracle = replay(CORRECT, [None], oracle_length, 20, TIMES)
+    assert (oracle["target_calls"], oracle["draft_calls"]) == (3, 5)
+    predictions = [np.array([0.9, 0.9, 0.2, 0.9, 0.9, 0.9, 0.1, 0.5])]
+    ada = replay(CORRECT, predictions, ada_length(0.5, 1), 20, TIMES)
+    # round 0 stops after the 0.2 token (1 - 0.162 > 0.5); round 3 runs to the record's end
+    assert (ada["target_calls"], ada["draft_calls"]) == (3, 7)
+
+
+def greedy_records(target, draft, n: int, new_tokens: int) -> list[dict]:
+    """Records as build-data makes them in greedy mode: the target's continuation, the draft's argmax
+    after each target prefix, p_acc 1 where they agree."""
+    generator = torch.Generator().manual_seed(5)
+    records = []
+    for i in range(n):
+        prompt = torch.randint(4, 64, (1, 3 + i % 4), generator=generator)
+        sequence = speculative_generate(target, None, prompt, schedule="none", max_new_tokens=new_tokens).sequences
+        with torch.no_grad():
+            proposals = draft(sequence).logits[0, prompt.shape[1] - 1: -1].argmax(-1)
+        tokens = sequence[0, prompt.shape[1]:]
+        records.append({"prefix": prompt[0].tolist(), "tokens": tokens.tolist(), "draft": proposals.tolist(),
+                        "p_acc": (proposals == tokens).double().tolist(),
+                        "log_p_draft": [0.0] * len(tokens), "log_p_target": [0.0] * len(tokens)})
+    return records
+
+
+@pytest.fixture(scope="module")
+def proposer_head():
+    torch.manual_seed(2)
+    head = AcceptancePredictionHead(32, 1, alignment="proposer", features=["log_q", "entropy"])
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    return head.double()
+
+
+def test_replay_reproduces_the_engine_counts(tiny_pair, proposer_head):
+    """Exact for constant K and the oracle; for ada exact in target calls (the accepted tokens), while
+    tokens drafted after a round's first rejection are judged from the target's prefix, not the draft's."""
+    target, draft = tiny_pair
+    records = greedy_records(target, draft, 4, 30)
+    assert 0 < np.mean([p for r in records for p in r["p_acc"]]) < 1  # both accepts and rejects occur
+    correct = [np.array(r["p_acc"]) == 1.0 for r in records]
+    _, flat = predict(proposer_head, draft, records, batch_size=2)
+    predictions = np.split(flat, np.cumsum([len(r["p_acc"]) for r in records])[:-1])
+    cases = [("constant", constant_length(3), dict(num_assistant_tokens=3)),
+             ("ada", ada_length(0.4, 1), dict(head=proposer_head, stop_threshold=0.4, bound=(1, 20))),
+             ("ada", ada_length(0.7, 2), dict(head=proposer_head, stop_threshold=0.7, bound=(2, 20))),
+             ("oracle", oracle_length, dict(bound=(2, 20)))]
+    for schedule, length, settings in cases:
+        replayed = replay(correct, predictions, length, 20, TIMES)
+        target_calls = draft_calls = 0
+        for r in records:
+            stats = speculative_generate(target, draft, torch.tensor([r["prefix"]]), schedule=schedule,
+                                         max_new_tokens=len(r["tokens"]), **settings).stats
+            target_calls, draft_calls = target_calls + stats.target_calls, draft_calls + stats.draft_calls
+        assert replayed["target_calls"] == target_calls, schedule
+        if schedule == "ada":
+            assert abs(replayed["draft_calls"] - draft_calls) <= 0.1 * draft_calls
+        else:
+            assert replayed["draft_calls"] == draft_calls, schedule
+
+
+def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, pair_dirs, tmp_path):
+    target, draft = tiny_pair
+    records = greedy_records(target, draft, 3, 20)
+    threshold, selection = choose_threshold(proposer_head, draft, target, records, bound=(1, 8), timing_steps=2)
+    assert threshold in selection["thresholds"]
+    assert min(selection["cost_per_token"]) == selection["cost_per_token"][selection["thresholds"].index(threshold)]
+    assert len(selection["verify_ms"]) == 9 and selection["oracle_cost_per_token"] <= min(selection["cost_per_token"])
+
+    head_dir, data = tmp_path / "head", tmp_path / "dev.jsonl"
+    copy.deepcopy(proposer_head).float().save_pretrained(head_dir)
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    calibration_main(["--head", str(head_dir), "--draft", pair_dirs[1], "--target", pair_dirs[0],
+                      "--data_path", str(data), "--choose_threshold", "--bound", "1", "8",
+                      "--plot_path", str(tmp_path / "rel.png"), "--threshold_plot_path", str(tmp_path / "threshold.png"),
+                      "--output_json", str(tmp_path / "report.json")])
+    report = json.loads((tmp_path / "report.json").read_text())
+    saved = AcceptancePredictionHead.from_pretrained(head_dir)
+    assert saved.stop_threshold == report["threshold"]["stop_threshold"]
+    assert saved.threshold_selection["data"] == str(data)
+    assert "Stored stop threshold" in (head_dir / "README.md").read_text()
+    assert (tmp_path / "threshold.png").read_bytes()[:4] == b"\x89PNG"
+    out = speculative_generate(target, draft, torch.tensor([records[0]["prefix"]]), schedule="ada",
+                               head=saved.double(), stop_threshold="auto", max_new_tokens=20)
+    assert out.sequences[0, len(records[0]["prefix"]):].tolist() == records[0]["tokens"]
+
+
+def test_choosing_needs_a_proposer_head_and_greedy_records(tiny_pair):
+    target, draft = tiny_pair
+    records = greedy_records(target, draft, 1, 5)
+    with pytest.raises(ValueError, match="proposer"):
+        choose_threshold(AcceptancePredictionHead(32, 1), draft, target, records)
+    soft = [records[0] | {"p_acc": [0.5] * 5}]
+    with pytest.raises(ValueError, match="greedy records"):
+        choose_threshold(AcceptancePredictionHead(32, 1, alignment="proposer"), draft, target, soft)
