@@ -101,7 +101,9 @@ def hf_generate(
     """The SpecDec++ decoding loop in the shape `generate` calls a `custom_generate` callable:
     `target.generate(**inputs, custom_generate=specdecpp.hf_generate, draft=draft, head=HEAD, ...)`.
     `head` is a head or a folder / Hub id to load one from; `stop_threshold` and `bound` go to
-    `speculative_generate` untouched (its defaults when left out); `schedule` defaults to `ada`.
+    `speculative_generate` untouched; left out, they are the head's stored threshold (`"auto"`) and
+    the bound it was chosen for, or `speculative_generate`'s defaults for a head that stores none.
+    `schedule` defaults to `ada`.
     Length, EOS, sampling (temperature, top-k, top-p), `num_assistant_tokens` and
     `assistant_confidence_threshold` come from the generation config transformers prepared; a
     logits processor or stopping criterion the loop cannot honour (a repetition penalty, stop
@@ -117,6 +119,10 @@ def hf_generate(
         raise ValueError("SpecDec++ needs the draft model: pass draft=... with custom_generate=hf_generate "
                          "(transformers does not hand assistant_model to a custom_generate callable), or "
                          "assistant_model=... with custom_generate=<head folder or Hub id>")
+    if stop_threshold is None and head is not None and head.stop_threshold is not None:
+        # the head's publisher chose a threshold, for a bound: both are the defaults here
+        stop_threshold = "auto"
+        bound = bound if bound is not None else (head.threshold_selection or {}).get("bound")
     knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None}
     eos = config.eos_token_id
     out = speculative_generate(

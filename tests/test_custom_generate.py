@@ -83,6 +83,20 @@ def test_hub_id_form_loads_the_repo_head_the_ordinary_way(zoo, tmp_path):
     assert out.stats.draft_lengths == expected
 
 
+def test_the_stored_threshold_and_its_bound_are_the_defaults(zoo):
+    target, draft, tokenizer = zoo
+    head = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
+    assert head.stop_threshold is not None and head.threshold_selection["bound"]
+    inputs = tokenizer(PROMPTS[1], return_tensors="pt")
+    settings = dict(max_new_tokens=40, return_dict_in_generate=True)
+    default = folder_generate(target, draft, inputs, **settings)
+    stored = folder_generate(target, draft, inputs, stop_threshold=head.stop_threshold,
+                             bound=tuple(head.threshold_selection["bound"]), **settings)
+    engine_defaults = folder_generate(target, draft, inputs, stop_threshold=0.3, bound=(2, 20), **settings)
+    assert default.stats.draft_lengths == stored.stats.draft_lengths
+    assert default.stats.draft_lengths != engine_defaults.stats.draft_lengths
+
+
 def test_callable_form_equals_target_generate(zoo):
     target, draft, tokenizer = zoo
     inputs = tokenizer(PROMPTS[0], return_tensors="pt")
