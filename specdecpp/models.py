@@ -22,8 +22,8 @@ class ModelLoadingArguments:
     """How every command loads its models (the flags are shared by build-data, train, evaluation)."""
 
     torch_dtype: str | None = field(default=None, metadata={
-        "help": f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: the checkpoint's own; "
-                "on a CPU use float32 for a float16 checkpoint)"})
+        "help": f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: the checkpoint's own, "
+                "except that a float16/bfloat16 checkpoint loaded onto a CPU runs in float32)"})
     device_map: str | None = field(default=None, metadata={
         "help": "device_map passed to from_pretrained, e.g. 'auto' for a model larger than one GPU"})
     trust_remote_code: bool = field(default=False, metadata={
@@ -61,6 +61,10 @@ def load_model(name_or_path: str, torch_dtype: str | torch.dtype | None = None, 
         model = model.merge_and_unload()
     else:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    if torch_dtype is None and model_device(model).type == "cpu" and model.dtype in (torch.float16, torch.bfloat16):
+        # Nothing asked for: a half-precision checkpoint on a CPU runs slowly there and rounds
+        # near-tied logits differently from float32, so it runs in float32.
+        model = model.float()
     return model.eval()
 
 

@@ -14,6 +14,15 @@ def test_folder_loads_with_dtype_in_eval_mode(pair_dirs):
     assert model.dtype == torch.float32 and not model.training
     assert load_model(pair_dirs[0], torch_dtype="bfloat16").dtype == torch.bfloat16
     assert parse_dtype("auto") == "auto" and parse_dtype(None) is None
+    assert load_model(pair_dirs[0]).dtype == torch.float64  # the checkpoint's own when it is not half precision
+
+
+def test_half_precision_checkpoint_runs_in_float32_on_a_cpu_unless_asked(tmp_path):
+    from conftest import tiny_llama
+
+    tiny_llama(dtype=torch.float16).save_pretrained(tmp_path)
+    assert load_model(str(tmp_path)).dtype == torch.float32
+    assert load_model(str(tmp_path), torch_dtype="float16").dtype == torch.float16
     with pytest.raises(ValueError, match="torch_dtype"):
         parse_dtype("float8")
 
