@@ -32,6 +32,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation import (EosTokenCriteria, GenerateDecoderOnlyOutput, LogitsProcessorList,
                                      MaxLengthCriteria, StoppingCriteriaList, TemperatureLogitsWarper,
                                      TopKLogitsWarper, TopPLogitsWarper)
+from transformers.generation.streamers import BaseStreamer
 
 from specdecpp.decoding import GenerationStats, speculative_generate
 from specdecpp.head import AcceptancePredictionHead
@@ -89,7 +90,7 @@ def hf_generate(
     stopping_criteria: StoppingCriteriaList | None = None,
     generation_config: GenerationConfig | None = None,
     synced_gpus: bool = False,
-    streamer=None,
+    streamer: BaseStreamer | None = None,
     *,
     draft: PreTrainedModel | None = None,
     head: AcceptancePredictionHead | str | os.PathLike | None = None,
@@ -164,7 +165,8 @@ def _check_generate_settings(config: GenerationConfig, logits_processor: LogitsP
         raise ValueError("SpecDec++ starts from the prompt: a filled past_key_values is not supported")
 
 
-def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedModel | None = None, streamer=None,
+def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedModel | None = None,
+                       streamer: BaseStreamer | None = None,
                        head: AcceptancePredictionHead | str | os.PathLike | None = None, **kwargs
                        ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """What a head folder's `custom_generate/generate.py` runs: load the head from the folder or Hub

@@ -121,3 +121,4 @@ def test_train_push_to_hub_publishes_only_the_head(pair_dirs, data_files, tmp_pa
     assert torch.equal(final["head"].model[-1].weight,
                        AcceptancePredictionHead.from_pretrained(out).model[-1].weight)
     assert (out / "training_args.bin").exists()  # it exists and still was not published
+    assert all((out / name).read_text() == text for name, text in CUSTOM_GENERATE_FILES.items())  # train.py's folder
