@@ -54,7 +54,7 @@ def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
     width = max(len(f["labels"]) for f in features)
 
     def padded(name: str, fill: float, dtype: torch.dtype) -> torch.Tensor:
-        rows = [torch.as_tensor(np.asarray(f[name]), dtype=dtype) for f in features]
+        rows = [torch.as_tensor(np.array(f[name]), dtype=dtype) for f in features]  # a copy: cached rows are read-only
         out = torch.full((len(rows), width, *rows[0].shape[1:]), fill, dtype=dtype)
         for row, values in enumerate(rows):
             out[row, : len(values)] = values
