@@ -1,0 +1,95 @@
+"""Print the README's compact results table for saved evaluations, from their `summary.json`.
+
+    python benchmarks/results_tables.py results/humaneval/summary.json [more summary.json ...]
+
+Per run: the baselines (the target alone, Hugging Face's dynamic), the lowest-cost member of each
+of our schedule families (constant K, dynamic, ada with each head), `ada` at `auto`, the oracle,
+and the figures the SpecDec++ goals are stated in: `ada@auto` against the best constant K, the best
+dynamic, Hugging Face's dynamic and the reference-aligned head, and `auto` against the best grid
+threshold. The full tables are the runs' own `table` (`summary.json`).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = ("method", "speedup", "mean_accepted_length", "target_calls_per_token", "discarded_per_token",
+           "cost_per_token")
+
+
+def family(row: dict) -> str:
+    """A method's family: its name up to the knob (`specdecpp:ada[head]`, `specdecpp:constant`)."""
+    return row["method"].split("@")[0]
+
+
+def best_rows(summary: list[dict]) -> dict[str, dict]:
+    """The lowest-cost row of each family (ada's `auto` rows stay out of their family's choice)."""
+    best: dict[str, dict] = {}
+    for row in summary:
+        if row["cost_per_token"] is None or row["method"].endswith("@auto"):
+            continue
+        name = family(row)
+        if name not in best or row["cost_per_token"] < best[name]["cost_per_token"]:
+            best[name] = row
+    return best
+
+
+def compact_table(document: dict) -> str:
+    """The compact Markdown table of one run: baselines, best per family, `auto`, oracle."""
+    summary = document["summary"]
+    best = best_rows(summary)
+    rows = [r for r in summary if r["method"] in ("target", "hf:dynamic")]
+    rows += [best[name] for name in best if name.startswith("specdecpp:") and "oracle" not in name]
+    rows += [r for r in summary if r["method"].endswith("@auto")]
+    rows += [r for r in summary if r["schedule"] == "oracle"]
+    lines = ["| method | speedup | mean accepted | target calls/token | discarded/token | cost/token |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in sorted(rows, key=lambda r: rows.index(r)):
+        cells = [r["method"], f"{r['speedup']:.2f}x",
+                 "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}",
+                 f"{r['target_calls_per_token']:.3f}", f"{r['discarded_per_token']:.3f}", f"{r['cost_per_token']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goals(document: dict) -> str:
+    """`ada` with the first head at `auto` against the rivals the goals name: its change in cost per
+    token, in percent (negative: cheaper)."""
+    summary = document["summary"]
+    best = best_rows(summary)
+    auto = [r for r in summary if r["method"].endswith("@auto")]
+    if not auto:
+        return ""
+    auto = auto[0]
+    ada_family = family(auto)
+
+    def less(other: dict) -> str:
+        return f"{100 * (auto['cost_per_token'] / other['cost_per_token'] - 1):+.1f}% vs {other['method']} " \
+               f"({other['cost_per_token']:.3f})"
+
+    rivals = [best.get("specdecpp:constant"), best.get("specdecpp:dynamic"),
+              next((r for r in summary if r["method"] == "hf:dynamic"), None)]
+    rivals += [row for name, row in best.items() if name.startswith("specdecpp:ada") and name != ada_family]
+    parts = [less(r) for r in rivals if r is not None]
+    grid = best.get(ada_family)
+    if grid is not None:
+        parts.append(f"{100 * (auto['cost_per_token'] / grid['cost_per_token'] - 1):+.1f}% vs the best grid "
+                     f"threshold, {grid['method']} ({grid['cost_per_token']:.3f})")
+    return f"{auto['method']} (threshold {auto['stop_threshold']:g}, cost {auto['cost_per_token']:.3f}): " + \
+        "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print each run's title, cost ratio, greedy verdict, compact table and goal figures."""
+    for path in sys.argv[1:] if argv is None else argv:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+        print(f"## {document['title']} ({document['prompts']} prompts, c = {document['cost']['cost_ratio']:.3f})")
+        print(document.get("greedy_check") or "sampled: no greedy check")
+        print(compact_table(document))
+        print(goals(document))
+        print()
+
+
+if __name__ == "__main__":
+    main()
