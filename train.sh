@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Train the acceptance prediction head with the reference's settings (3 residual layers, weight 6 on
-# rejects, mixing ratio 0.15, 3 epochs, cosine schedule) on data from data/gen_data.sh.
+# Train a v2 (proposer) acceptance prediction head: 3 residual layers reading the draft's state
+# plus log q and the entropy of the proposing logits, plain BCE (weight 1), 3 epochs, cosine
+# schedule, on data from data/gen_data.sh. The reference's head: add
+# --head_alignment reader --weight_mismatch 6 --mixing_ratio 0.15 (later flags win).
 #
 #   bash train.sh [DRAFT] [TRAIN_DATA] [DEV_DATA] [OUTPUT_DIR] [extra TrainingArguments flags...]
 #
@@ -21,7 +23,7 @@ DS_FLAG=${DEEPSPEED:+--deepspeed $DEEPSPEED}
 
 torchrun --nproc_per_node "$NPROC" specdecpp/train.py \
   --model_name_or_path "$DRAFT" --data_path "$TRAIN_DATA" --eval_data_path "$DEV_DATA" --output_dir "$OUTPUT_DIR" \
-  --weight_mismatch 6 --resnet_num_layers 3 --mixing_ratio 0.15 \
+  --weight_mismatch 1 --resnet_num_layers 3 \
   --num_train_epochs 3 --lr_scheduler_type cosine --learning_rate 1e-3 --warmup_steps 0.03 --weight_decay 0.0 \
   --per_device_train_batch_size 4 --per_device_eval_batch_size 8 \
   --eval_strategy epoch --save_strategy epoch --save_total_limit 2 --logging_steps 10 \
