@@ -13,6 +13,7 @@ import torch
 from conftest import write_prompts
 
 from specdecpp import evaluate as ev
+from specdecpp.evaluation import methods, settings
 from specdecpp.head import AcceptancePredictionHead
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +68,7 @@ def test_target_alone_always_runs_and_none_means_baselines_only():
 
 def test_hf_settings_turn_the_confidence_stop_off_except_for_dynamic():
     args = ev.EvaluationArguments(assistant_confidence_threshold=[0.25, 0.5])
-    constant, dynamic = ev._knob_specs("hf", "constant", args)[0], ev._knob_specs("hf", "dynamic", args)[0]
+    constant, dynamic = methods._knob_specs("hf", "constant", args)[0], methods._knob_specs("hf", "dynamic", args)[0]
     assert ev.hf_assistant_settings(constant, args) == {
         "num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
     assert ev.hf_assistant_settings(dynamic, args) == {
@@ -82,7 +83,7 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(ev, "load_model", refuse)
+    monkeypatch.setattr(settings, "load_model", refuse)
 
 
 @pytest.mark.parametrize("overrides, error, message", [
@@ -235,7 +236,7 @@ def test_resume_refuses_records_of_other_methods_before_loading_a_model(eval_dir
                      baselines=["target"], n_end=2, plots=False)
     ev.evaluate(args)
     args.num_assistant_tokens, args.resume = [3], True
-    monkeypatch.setattr(ev, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(settings, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="other methods than this run"):
         ev.evaluate(args)
 
