@@ -30,6 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 from transformers import GenerationConfig, HfArgumentParser, PreTrainedModel
 
+from specdecpp import checks
 from specdecpp.data_io import read_complete_lines, to_json_line, write_records
 from specdecpp.models import (ModelLoadingArguments, check_same_vocab, check_tokenizer, load_model, load_tokenizer,
                               model_device)
@@ -217,10 +218,7 @@ def open_shard(parts_dir: str, rank: int):
 
 def eos_ids(tokenizer, model: PreTrainedModel) -> set[int]:
     """Every id that ends generation: the tokenizer's EOS and the model's generation config's."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    configured = getattr(model.generation_config, "eos_token_id", None)
-    ids |= set(configured) if isinstance(configured, (list, tuple)) else ({configured} if configured is not None else set())
-    return ids
+    return checks.eos_ids(tokenizer.eos_token_id, checks.generation_eos(model))
 
 
 def build_data(args: BuildDataArguments, loading: ModelLoadingArguments | None = None) -> dict:

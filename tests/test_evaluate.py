@@ -87,8 +87,11 @@ def no_model_loading(monkeypatch):
 
 
 @pytest.mark.parametrize("overrides, error, message", [
-    (dict(bound=[20, 2]), ValueError, "--bound takes MIN MAX"),
-    (dict(bound=[2]), ValueError, "--bound takes MIN MAX"),
+    (dict(bound=[20, 2]), ValueError, r"--bound must be \(min, max\)"),
+    (dict(bound=[2]), ValueError, r"--bound must be \(min, max\)"),
+    (dict(num_assistant_tokens=[3, 0]), ValueError, "--num_assistant_tokens must be >= 1"),
+    (dict(dynamic_num_assistant_tokens=0), ValueError, "--dynamic_num_assistant_tokens must be >= 1"),
+    (dict(assistant_confidence_threshold=[1.5]), ValueError, r"--assistant_confidence_threshold must be in \[0, 1\]"),
     (dict(data_path="no-such-set"), ValueError, "unknown prompt set 'no-such-set'"),
     (dict(data_path="missing/prompts.jsonl"), FileNotFoundError, "no prompt file"),
     (dict(assist_acc_head_dir=["HEAD_OTHER"]), ValueError, "trained for another draft"),
@@ -126,7 +129,7 @@ def test_the_script_reports_bad_input_in_one_line():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
-        "specdecpp evaluate: error: --bound takes MIN MAX with 0 <= MIN <= MAX and MAX >= 1, got 20 2")
+        "specdecpp evaluate: error: --bound must be (min, max) integers with 0 <= min <= max and max >= 1, got (20, 2)")
 
 
 # -- Hugging Face's baselines, counted from outside --------------------------------------------

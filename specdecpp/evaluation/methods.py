@@ -8,13 +8,14 @@ Face's assisted generation has its own adapter in `hf_baselines`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.decoding import speculative_generate
+from specdecpp.decoding import decode
+from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.evaluation.settings import EvaluationArguments, Prompt, may_store_threshold
 from specdecpp.head import AcceptancePredictionHead
 
@@ -102,22 +103,29 @@ def sampling_kwargs(args: EvaluationArguments) -> dict:
         else dict(do_sample=False)
 
 
+def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
+                    args: EvaluationArguments) -> DecodingSettings:
+    """The engine's decoding settings for `spec` (its schedule and knobs, `head` for ada) under the
+    flags' bound and sampling settings; `max_new_tokens` is set per prompt."""
+    knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
+                               ("stop_threshold", spec.stop_threshold),
+                               ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
+    return DecodingSettings(schedule=spec.schedule, head=head, bound=tuple(args.bound), **knobs, **sampling_kwargs(args))
+
+
 def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,
                     head: AcceptancePredictionHead | None,
                     args: EvaluationArguments) -> Callable[[Prompt, int], Counts]:
     """Our engine with `spec`'s schedule; a model alone (`schedule="none"`) runs through the same
     loop, its forward passes counted as target calls for the target and draft calls for the draft."""
-    knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
-                               ("stop_threshold", spec.stop_threshold),
-                               ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
+    settings = method_settings(spec, head, args)
     alone_is_draft = spec.engine is None and spec.name == "draft"
 
     def generate(prompt: Prompt, seed: int) -> Counts:
         device = target.get_input_embeddings().weight.device
         generator = torch.Generator(device).manual_seed(seed)
-        out = speculative_generate(target, draft, torch.tensor([prompt.ids], device=device), schedule=spec.schedule,
-                                   head=head, bound=tuple(args.bound), max_new_tokens=prompt.max_new_tokens, generator=generator,
-                                   **knobs, **sampling_kwargs(args))
+        out = decode(target, draft, torch.tensor([prompt.ids], device=device),
+                     replace(settings, max_new_tokens=prompt.max_new_tokens), generator=generator)
         stats = out.stats
         tokens = out.sequences[0, len(prompt.ids):].tolist()
         if spec.engine is None:

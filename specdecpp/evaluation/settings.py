@@ -7,6 +7,7 @@ that cannot work before anything is loaded; `load_inputs` reads the tokenizer an
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -14,10 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
+from specdecpp import models
+from specdecpp.checks import check_head_fits_draft, check_same_vocab, text_config
+from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.models import ModelLoadingArguments, check_same_vocab, is_peft_adapter, load_model, load_tokenizer
+from specdecpp.models import ModelLoadingArguments, load_model, load_tokenizer
 from specdecpp.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.schedules import SCHEDULES
 
@@ -88,26 +92,14 @@ def check_arguments(args: EvaluationArguments) -> None:
     order, a K or threshold out of range, an unknown prompt source, ada without a head, a head
     trained for a draft of another hidden size, models with different vocabularies, the oracle
     with sampling, a save path that cannot be written."""
-    if len(args.bound) != 2 or not 0 <= args.bound[0] <= args.bound[1] or args.bound[1] < 1:
-        raise ValueError("--bound takes MIN MAX with 0 <= MIN <= MAX and MAX >= 1, got "
-                         + " ".join(map(str, args.bound)))
-    if any(k < 1 for k in args.num_assistant_tokens) or args.dynamic_num_assistant_tokens < 1:
-        raise ValueError("--num_assistant_tokens and --dynamic_num_assistant_tokens must be >= 1")
-    if any(t != "auto" and not _is_fraction(t) for t in args.stop_threshold) \
-            or not all(0.0 <= t <= 1.0 for t in args.assistant_confidence_threshold):
-        raise ValueError("--stop_threshold (or 'auto') and --assistant_confidence_threshold must lie in [0, 1]")
+    check_decoding_flags(args)
     if args.max_new_tokens < 1 or (args.max_length is not None and args.max_length < 2):
         raise ValueError("--max_new_tokens must be >= 1 (and --max_length >= 2)")
-    if "oracle" in args.schedule and args.do_sample:
-        raise ValueError("the oracle schedule is defined for greedy decoding only: drop --do_sample or oracle")
     check_prompt_source(args.data_path)
     draft_config = _model_config(args.assistant_name)
     target_config = _model_config(args.model_name)
     if draft_config is not None and target_config is not None:
-        target_vocab, draft_vocab = target_config.vocab_size, draft_config.vocab_size
-        if target_vocab != draft_vocab:
-            raise ValueError(f"target vocabulary ({target_vocab}) and draft vocabulary ({draft_vocab}) differ: "
-                             "the draft must share the target's tokenizer")
+        check_same_vocab(target_config.vocab_size, draft_config.vocab_size)
     if "ada" in args.schedule:
         if not args.assist_acc_head_dir:
             raise ValueError("schedule 'ada' needs --assist_acc_head_dir (a trained acceptance prediction head)")
@@ -129,11 +121,32 @@ def may_store_threshold(head_dir: str) -> bool:
         return json.load(f).get("stop_threshold") is not None
 
 
-def _is_fraction(text: str) -> bool:
+def check_decoding_flags(args: EvaluationArguments) -> None:
+    """Validate every decoding setting the flags describe with `DecodingSettings.validate` (one
+    per schedule, K, threshold and confidence, every K also as constant's), naming the flags in
+    its messages."""
+    thresholds = [_as_threshold(t) for t in args.stop_threshold]
+    common = dict(bound=tuple(args.bound), max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    for schedule in dict.fromkeys(["constant", *args.schedule]):
+        for k, t, c in itertools.product(args.num_assistant_tokens, thresholds, args.assistant_confidence_threshold):
+            DecodingSettings(schedule=schedule, stop_threshold=t, num_assistant_tokens=k,
+                             assistant_confidence_threshold=c, **common).validate(_flag)
+    DecodingSettings(schedule="dynamic", num_assistant_tokens=args.dynamic_num_assistant_tokens, **common).validate(
+        lambda name: _flag("dynamic_" + name if name == "num_assistant_tokens" else name))
+
+
+def _flag(name: str) -> str:
+    return "--" + name
+
+
+def _as_threshold(text: str) -> float | str:
+    """A `--stop_threshold` value as the engine takes it: a number, or the text itself ('auto', or
+    something `DecodingSettings.validate` refuses)."""
     try:
-        return 0.0 <= float(text) <= 1.0
+        return float(text)
     except ValueError:
-        return False
+        return text
 
 
 def check_prompt_source(source: str) -> None:
@@ -152,11 +165,7 @@ def _model_config(name_or_path: str):
     """The text config of a local model folder (a PEFT adapter's base), or None for a Hub id,
     which is checked once loaded instead."""
     if os.path.isdir(name_or_path):
-        if is_peft_adapter(name_or_path):
-            from peft import PeftConfig
-
-            name_or_path = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
-        return AutoConfig.from_pretrained(name_or_path).get_text_config()
+        return text_config(name_or_path)
     if _is_local_path(name_or_path):
         raise FileNotFoundError(f"no model folder at {name_or_path}{_zoo_hint(name_or_path)}")
     return None
@@ -180,9 +189,8 @@ def _check_head(head_dir: str, draft_config) -> None:
         raise FileNotFoundError(f"{head_dir} holds no config.json: not an acceptance prediction head")
     with open(config_file, encoding="utf-8") as f:
         head_hidden = json.load(f).get("hidden_size")
-    if draft_config is not None and head_hidden != draft_config.hidden_size:
-        raise ValueError(f"the head in {head_dir} reads hidden states of size {head_hidden}, but the draft's hidden "
-                         f"size is {draft_config.hidden_size}: it was trained for another draft")
+    if draft_config is not None:
+        check_head_fits_draft(head_hidden, draft_config.hidden_size, f"the head in {head_dir}")
 
 
 def check_writable(path: str) -> None:
@@ -245,7 +253,7 @@ def load_pair(args: EvaluationArguments, model_args: ModelLoadingArguments, toke
                 trust_remote_code=model_args.trust_remote_code)
     target = load_model(args.model_name, **load)
     draft = load_model(args.assistant_name, **load)
-    check_same_vocab(target, draft)
+    models.check_same_vocab(target, draft)
     # A head from the Hub (not checked beforehand) meets the engine's hidden-size check at warm-up.
     heads = {head_dir: AcceptancePredictionHead.from_pretrained(head_dir).to(draft.device)
              for head_dir in (args.assist_acc_head_dir if need_head else [])}
