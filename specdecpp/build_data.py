@@ -40,8 +40,10 @@ from specdecpp.sampling import logits_to_probs, make_warpers, sample
 
 @dataclass
 class BuildDataArguments:
-    target_name: str = field(metadata={"help": "target model: Hub id, folder, or PEFT adapter folder"})
-    draft_name: str = field(metadata={"help": "draft model: Hub id, folder, or PEFT adapter folder"})
+    target_name: str = field(metadata={
+        "aliases": ["--target_name_or_path"], "help": "target model: Hub id, folder, or PEFT adapter folder"})
+    draft_name: str = field(metadata={
+        "aliases": ["--draft_name_or_path"], "help": "draft model: Hub id, folder, or PEFT adapter folder"})
     dataset: str = field(metadata={"help": "prompts: a registered set (humaneval), a .json/.jsonl file, or a Hub dataset"})
     output_file: str = field(metadata={"help": "where the records go (JSON Lines)"})
     max_new_tokens: int = field(default=128, metadata={"help": "length of each target continuation"})

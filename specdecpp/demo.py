@@ -27,9 +27,12 @@ class DemoArguments:
     """What the demo runs on; the defaults are the embedded pair and a HumanEval subset sized to
     finish within five minutes on two CPU cores."""
 
-    model_name: str = field(default=_DEFAULTS.model_name, metadata={"help": "target model"})
-    assistant_name: str = field(default=_DEFAULTS.assistant_name, metadata={"help": "draft model"})
-    assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir[0], metadata={"help": "the draft's head"})
+    model_name: str = field(default=_DEFAULTS.model_name, metadata={
+        "aliases": ["--target_name_or_path"], "help": "target model"})
+    assistant_name: str = field(default=_DEFAULTS.assistant_name, metadata={
+        "aliases": ["--draft_name_or_path"], "help": "draft model"})
+    assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir[0], metadata={
+        "aliases": ["--head_name_or_path"], "help": "the draft's head"})
     data_path: str = field(default="humaneval", metadata={"help": "prompt set or file (see specdecpp evaluate)"})
     prompts: int = field(default=20, metadata={"help": "prompts evaluated"})
     tune_prompts: int = field(default=4, metadata={

@@ -50,7 +50,7 @@ from specdecpp.publish import push_head
 
 @dataclass
 class ModelArguments(ModelLoadingArguments):
-    model_name_or_path: str | None = field(default=None, metadata={
+    model_name_or_path: str | None = field(default=None, metadata={"aliases": ["--draft_name_or_path"],
         "help": "the draft model whose hidden states the head reads (Hub id, folder, PEFT adapter folder)"})
     resnet_num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
     head_alignment: str = field(default="proposer", metadata={"choices": ALIGNMENTS, "help": (
@@ -60,7 +60,7 @@ class ModelArguments(ModelLoadingArguments):
     head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={"help": (
         f"features of the judged token under the proposing logits that a proposer head also reads "
         f"(any of {', '.join(FEATURES)}; 'none' for the hidden state alone); reader heads read none")})
-    target_model_name: str | None = field(default=None, metadata={
+    target_model_name: str | None = field(default=None, metadata={"aliases": ["--target_name_or_path"],
         "help": "the target the data was built with; only recorded in the head's model card"})
 
 

@@ -17,7 +17,7 @@ def report(records: list[dict], cost: dict, args: EvaluationArguments, title: st
     `extra` entries) and the figures in `--save_path`. Returns the summary document."""
     summary = metrics.summarize(records, cost["cost_ratio"])
     table = metrics.format_table(summary, cost["cost_ratio"])
-    verdict = metrics.greedy_verdict(summary)
+    verdict = metrics.greedy_verdict(summary, records)
     save_path = Path(args.save_path)
     document = {"title": title, "prompts": len({r["id"] for r in records}), "summary": summary, "table": table,
                 "greedy_check": verdict, "cost": cost, **extra, "settings": asdict(args), "machine": machine_info()}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
 from specdecpp import metrics
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
@@ -52,13 +53,15 @@ def warm_up(methods: list[Method], prompt: Prompt, tokens: int, seed: int) -> No
 
 def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments,
                    probe: metrics.CostProbe, tokenizer=None,
-                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate") -> list[dict]:
+                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
+                   target: PreTrainedModel | None = None) -> list[dict]:
     """Every method on every prompt, interleaved per prompt with the starting method rotating,
     timed one generation at a time, then `--cost_steps_per_prompt` draft steps and target
     verifications of the `probe`, whose medians go into the prompt's records. Returns one record per
     (prompt, method), with the output decoded when a `tokenizer` is given; `on_prompt(records)` is
     called after each prompt with the records so far (to save partial results); `label` names
-    the progress bar."""
+    the progress bar. Given the `target`, a greedy output that differs from the target's gets the
+    target's top-two logit margin at the first differing token (`first_difference_margin`)."""
     records: list[dict] = []
     for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not args.progress)):
         seed = args.random_seed + prompt.id
@@ -69,10 +72,30 @@ def run_evaluation(methods: list[Method], prompts: list[Prompt], args: Evaluatio
             counts = method.generate(prompt, seed)
             runs[method.spec.name] = (counts, time.perf_counter() - start)
         timing = _time_cost_steps(probe, args.cost_steps_per_prompt)
-        records += [{**_record(prompt, method.spec, runs, args, tokenizer), **timing} for method in methods]
+        for method in methods:
+            record = _record(prompt, method.spec, runs, args, tokenizer)
+            margin = None
+            if record["matches_target"] is False and target is not None:
+                margin = first_difference_margin(target, prompt.ids, runs[method.spec.name][0].tokens,
+                                                 runs["target"][0].tokens)
+            records.append({**record, **timing, "first_difference_margin": margin})
         if on_prompt is not None:
             on_prompt(records)
     return records
+
+
+def first_difference_margin(target: PreTrainedModel, prompt: list[int], tokens: list[int],
+                            reference: list[int]) -> float:
+    """Where greedy `tokens` first differ from the target's own greedy `reference`: the gap between
+    the target's two largest logits there, from one target forward on the prompt plus the common
+    prefix. A gap below `metrics.NEAR_TIE_MARGIN` is a numerical near-tie (rounding in another
+    order of operations may pick either token), not a failure of the decoding."""
+    common = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    device = target.get_input_embeddings().weight.device
+    with torch.inference_mode():
+        logits = target(input_ids=torch.tensor([prompt + reference[:common]], device=device)).logits[0, -1]
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
 
 
 def _time_cost_steps(probe: metrics.CostProbe, steps: int) -> dict:
@@ -119,7 +142,8 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: Ev
     finished = {record["id"] for record in done}
     todo = [prompt for prompt in prompts if prompt.id not in finished]
     save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
-    records = done + run_evaluation(methods, todo, args, probe, pair.tokenizer, on_prompt=save, label=label)
+    records = done + run_evaluation(methods, todo, args, probe, pair.tokenizer, on_prompt=save, label=label,
+                                    target=pair.target)
     return records, run_cost(records, probe, args.cost_steps_per_prompt)
 
 

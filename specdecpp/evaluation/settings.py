@@ -34,8 +34,10 @@ class EvaluationArguments:
     """The reference's flags (`--model_name`, `--assistant_name`, `--num_assistant_tokens_schedule`,
     ...) with lists where a sweep makes sense, plus the baselines and measurement settings."""
 
-    model_name: str = field(default=str(ZOO_DIR / "target"), metadata={"help": "target model: Hub id or folder"})
-    assistant_name: str = field(default=str(ZOO_DIR / "draft"), metadata={"help": "draft model: Hub id or folder"})
+    model_name: str = field(default=str(ZOO_DIR / "target"), metadata={
+        "aliases": ["--target_name_or_path"], "help": "target model: Hub id or folder"})
+    assistant_name: str = field(default=str(ZOO_DIR / "draft"), metadata={
+        "aliases": ["--draft_name_or_path"], "help": "draft model: Hub id or folder"})
     schedule: list[str] = field(default_factory=lambda: ["constant", "ada"], metadata={
         "aliases": ["--num_assistant_tokens_schedule"], "choices": SCHEDULES,
         "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
@@ -47,6 +49,7 @@ class EvaluationArguments:
     dynamic_num_assistant_tokens: int = field(default=20, metadata={
         "help": "dynamic: the most tokens drafted per round (Hugging Face's default, 20)"})
     assist_acc_head_dir: list[str] = field(default_factory=lambda: [str(ZOO_DIR / "head")], metadata={
+        "aliases": ["--head_name_or_path"],
         "help": "acceptance prediction heads for ada (folders or Hub ids; ada runs with each)"})
     stop_threshold: list[str] = field(default_factory=lambda: ["0.3"], metadata={
         "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
@@ -176,7 +179,13 @@ def _is_local_path(name: str) -> bool:
 
 
 def _zoo_hint(path: str) -> str:
-    return " (the embedded pair is built by `specdecpp zoo`)" if Path(path).resolve().is_relative_to(ZOO_DIR) else ""
+    """What to do about a missing folder of the embedded pair: build it (in a checkout), or point at
+    a pair (outside one, e.g. after a non-editable `pip install .`, which does not carry checkpoints/)."""
+    if not Path(path).resolve().is_relative_to(ZOO_DIR.resolve()):
+        return ""
+    return (f" (the embedded pair is expected in {ZOO_DIR}, inside a checkout of the repository, where "
+            "`specdecpp zoo` builds it; elsewhere point at a pair: --model_name TARGET --assistant_name DRAFT "
+            "--assist_acc_head_dir HEAD)")
 
 
 def _check_head(head_dir: str, draft_config) -> None:
