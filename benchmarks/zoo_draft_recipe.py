@@ -29,7 +29,7 @@ def main() -> None:
         raise SystemExit("--output_dir must not be checkpoints/zoo: this script writes a trial draft")
     tokenizer = AutoTokenizer.from_pretrained(TARGET)
     stream = zoo.encode_corpus(tokenizer, zoo.train_texts(args))
-    draft, log = zoo.distill_draft(zoo.load_model(TARGET, args.device), tokenizer, stream, args)
+    draft, log = zoo.distill_draft(zoo.load_zoo_model(TARGET, args.device), tokenizer, stream, args)
     zoo.save_model(draft, tokenizer, out / "draft")
     figures = zoo.evaluate_pair(TARGET, out / "draft", args)
     print(json.dumps({"args": asdict(args), "training": log, "figures": figures,

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 from transformers import GenerationConfig, HfArgumentParser, PreTrainedModel
 
+from specdecpp import checks
 from specdecpp.data_io import read_complete_lines, to_json_line, write_records
 from specdecpp.models import (ModelLoadingArguments, check_same_vocab, check_tokenizer, load_model, load_tokenizer,
                               model_device)
@@ -39,8 +40,10 @@ from specdecpp.sampling import logits_to_probs, make_warpers, sample
 
 @dataclass
 class BuildDataArguments:
-    target_name: str = field(metadata={"help": "target model: Hub id, folder, or PEFT adapter folder"})
-    draft_name: str = field(metadata={"help": "draft model: Hub id, folder, or PEFT adapter folder"})
+    target_name: str = field(metadata={
+        "aliases": ["--target_name_or_path"], "help": "target model: Hub id, folder, or PEFT adapter folder"})
+    draft_name: str = field(metadata={
+        "aliases": ["--draft_name_or_path"], "help": "draft model: Hub id, folder, or PEFT adapter folder"})
     dataset: str = field(metadata={"help": "prompts: a registered set (humaneval), a .json/.jsonl file, or a Hub dataset"})
     output_file: str = field(metadata={"help": "where the records go (JSON Lines)"})
     max_new_tokens: int = field(default=128, metadata={"help": "length of each target continuation"})
@@ -217,10 +220,7 @@ def open_shard(parts_dir: str, rank: int):
 
 def eos_ids(tokenizer, model: PreTrainedModel) -> set[int]:
     """Every id that ends generation: the tokenizer's EOS and the model's generation config's."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    configured = getattr(model.generation_config, "eos_token_id", None)
-    ids |= set(configured) if isinstance(configured, (list, tuple)) else ({configured} if configured is not None else set())
-    return ids
+    return checks.eos_ids(tokenizer.eos_token_id, checks.generation_eos(model))
 
 
 def build_data(args: BuildDataArguments, loading: ModelLoadingArguments | None = None) -> dict:

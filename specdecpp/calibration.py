@@ -41,8 +41,9 @@ from specdecpp.train import binary_kl, check_data_fits_draft
 
 @dataclass
 class CalibrationArguments:
-    head: str = field(metadata={"help": "the trained head: a folder or a Hub id"})
-    draft: str = field(metadata={"help": "the draft model the head was trained on"})
+    head: str = field(metadata={"aliases": ["--head_name_or_path"], "help": "the trained head: a folder or a Hub id"})
+    draft: str = field(metadata={
+        "aliases": ["--draft_name_or_path"], "help": "the draft model the head was trained on"})
     data_path: str = field(metadata={"help": "held-out records (JSON Lines or the reference's JSON)"})
     mixing_ratio: float = field(default=0.15, metadata={"help": "as in training (its eval split uses the same draws)"})
     seed: int = field(default=42, metadata={"help": "mixing seed; training's default --seed is 42"})
@@ -56,7 +57,8 @@ class CalibrationArguments:
     choose_threshold: bool = field(default=False, metadata={"help": (
         "also choose the head's stop threshold by replaying greedy rounds on these records with the pair's "
         "measured costs (needs --target and a proposer head), and store it in the head folder")})
-    target: str | None = field(default=None, metadata={"help": "the target model (for --choose_threshold)"})
+    target: str | None = field(default=None, metadata={
+        "aliases": ["--target_name_or_path"], "help": "the target model (for --choose_threshold)"})
     bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
         "help": "ada's MIN MAX drafted tokens per round, as decoding will use them (for --choose_threshold)"})
     threshold_plot_path: str = field(default="threshold.png", metadata={

@@ -34,7 +34,8 @@ from transformers.generation import (EosTokenCriteria, GenerateDecoderOnlyOutput
                                      TopKLogitsWarper, TopPLogitsWarper)
 from transformers.generation.streamers import BaseStreamer
 
-from specdecpp.decoding import GenerationStats, speculative_generate
+from specdecpp.decoding import GenerationStats, decode
+from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
 
 # `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
@@ -126,15 +127,15 @@ def hf_generate(
         bound = bound if bound is not None else (head.threshold_selection or {}).get("bound")
     knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None}
     eos = config.eos_token_id
-    out = speculative_generate(
-        model, draft, input_ids, attention_mask=model_kwargs.get("attention_mask"),
+    settings = DecodingSettings(
         schedule=schedule, head=head, max_new_tokens=int(config.max_length) - input_ids.shape[-1],
         do_sample=bool(config.do_sample), temperature=1.0 if config.temperature is None else config.temperature,
         top_k=config.top_k or 0, top_p=1.0 if config.top_p is None else config.top_p,
-        eos_token_id=[] if eos is None else eos, streamer=streamer,
-        num_assistant_tokens=config.num_assistant_tokens,
+        eos_token_id=[] if eos is None else eos, num_assistant_tokens=config.num_assistant_tokens,
         assistant_confidence_threshold=config.assistant_confidence_threshold,
         **{name: value for name, value in knobs.items() if value is not None})
+    out = decode(model, draft, input_ids, settings, attention_mask=model_kwargs.get("attention_mask"),
+                 streamer=streamer)
     if config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=out.sequences, stats=out.stats)
     return out.sequences

@@ -9,15 +9,17 @@ Greedy keeps exactly the target's argmax tokens; sampling keeps exactly the targ
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from specdecpp.checks import eos_ids, generation_eos
+from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample
-from specdecpp.schedules import SCHEDULES, DraftStep, Schedule, make_schedule
+from specdecpp.schedules import DraftStep, Schedule, make_schedule
 
 
 @dataclass
@@ -106,16 +108,32 @@ def speculative_generate(
     must be all ones (padding is refused). `schedule=None` means `ada` when a `head` is given, else
     `dynamic` (what `target.generate(assistant_model=draft)` does) with a draft, else `none`.
     Returns a `SpeculativeOutput`: the sequences (prompt included) and a `GenerationStats`."""
-    schedule = default_schedule(draft, head) if schedule is None else schedule
-    input_ids = _check_inputs(target, draft, input_ids, schedule, head, stop_threshold, bound,
-                              num_assistant_tokens, assistant_confidence_threshold, max_new_tokens, do_sample)
+    settings = DecodingSettings(
+        schedule=schedule, head=head, stop_threshold=stop_threshold, bound=bound,
+        num_assistant_tokens=num_assistant_tokens, assistant_confidence_threshold=assistant_confidence_threshold,
+        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+        eos_token_id=eos_token_id)
+    return decode(target, draft, input_ids, settings, attention_mask=attention_mask, generator=generator,
+                  streamer=streamer)
+
+
+def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
+           settings: DecodingSettings, *, attention_mask: torch.Tensor | None = None,
+           generator: torch.Generator | None = None, streamer=None) -> SpeculativeOutput:
+    """`speculative_generate` with its decoding settings in one `DecodingSettings` (what
+    evaluation and the `generate` integration pass): validated, checked against the models, then
+    decoded. Returns a `SpeculativeOutput`."""
+    if settings.schedule is None:
+        settings = replace(settings, schedule=default_schedule(draft, settings.head))
+    input_ids = _check_input_ids(input_ids)
+    settings.validate()
+    settings.check_models(target, draft)
     _check_attention_mask(input_ids, attention_mask)
-    warpers = make_warpers(temperature, top_k, top_p) if do_sample else None
-    eos = _eos_ids(target, eos_token_id)
+    schedule, max_new_tokens = settings.schedule, settings.max_new_tokens
+    warpers = make_warpers(settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
+    eos = eos_ids(generation_eos(target) if settings.eos_token_id is None else settings.eos_token_id)
     draft_correct = _draft_correct(target, draft, input_ids, max_new_tokens, eos) if schedule == "oracle" else None
-    policy = make_schedule(schedule, head=head, stop_threshold=stop_threshold, bound=tuple(bound),
-                           num_assistant_tokens=num_assistant_tokens,
-                           assistant_confidence_threshold=assistant_confidence_threshold, draft_correct=draft_correct)
+    policy = make_schedule(settings, draft_correct=draft_correct)
 
     stats = GenerationStats()
     start = time.perf_counter()
@@ -206,37 +224,17 @@ def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-def _eos_ids(target: PreTrainedModel, eos_token_id: int | list[int] | None) -> set[int]:
-    """The EOS ids generation stops at: `eos_token_id` if given, else the target's generation config's."""
-    if eos_token_id is None:
-        config = getattr(target, "generation_config", None)
-        eos_token_id = getattr(config, "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    if isinstance(eos_token_id, torch.Tensor):
-        eos_token_id = eos_token_id.tolist()
-    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
-
-
 def _draft_correct(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                    max_new_tokens: int, eos: set[int]) -> list[bool]:
     """For the oracle: the target's greedy continuation, then whether the draft's greedy
     proposal (teacher-forced on that continuation) is right at each generated position. This
     look-ahead is the oracle's knowledge, not counted in its stats."""
-    reference = speculative_generate(target, None, input_ids, schedule="none", max_new_tokens=max_new_tokens,
-                                     eos_token_id=list(eos)).sequences
+    reference = decode(target, None, input_ids, DecodingSettings(schedule="none", max_new_tokens=max_new_tokens,
+                                                                 eos_token_id=list(eos))).sequences
     generated = reference[0, input_ids.shape[1]:]
     with torch.inference_mode():
         logits = draft(input_ids=reference).logits[0, input_ids.shape[1] - 1: -1]
     return (logits.argmax(-1) == generated).tolist()
-
-
-def default_schedule(draft: PreTrainedModel | None, head: AcceptancePredictionHead | None) -> str:
-    """The schedule `speculative_generate` runs when none is named: `ada` with a head, `dynamic`
-    (transformers' default for assisted generation) with a draft alone, `none` without a draft."""
-    if head is not None:
-        return "ada"
-    return "dynamic" if draft is not None else "none"
 
 
 def _check_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
@@ -256,14 +254,9 @@ def _check_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor 
                          "padding; pass the prompt alone (tokenizer(text, return_tensors='pt'), no padding=...)")
 
 
-def _vocab_size(model: PreTrainedModel) -> int:
-    return model.get_output_embeddings().weight.shape[0]
-
-
-def _check_inputs(target, draft, input_ids, schedule, head, stop_threshold, bound, num_assistant_tokens,
-                  assistant_confidence_threshold, max_new_tokens, do_sample) -> torch.LongTensor:
-    """Fail at once, with a message naming the problem, on input the loop cannot honour.
-    Returns `input_ids` as `[1, length]`."""
+def _check_input_ids(input_ids: torch.LongTensor) -> torch.LongTensor:
+    """Fail at once, with a message naming the problem, on a prompt the loop cannot take (not an
+    integer tensor, a batch of several, empty). Returns `input_ids` as `[1, length]`."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int, torch.int16):
         raise TypeError(f"input_ids must be an integer torch.Tensor, got {type(input_ids).__name__}"
                         + (f" of {input_ids.dtype}" if isinstance(input_ids, torch.Tensor) else ""))
@@ -273,33 +266,4 @@ def _check_inputs(target, draft, input_ids, schedule, head, stop_threshold, boun
         raise ValueError(f"batch size must be 1 (input_ids of shape [1, length]), got shape {tuple(input_ids.shape)}")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the prompt needs at least one token")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if stop_threshold != "auto" and not (isinstance(stop_threshold, (int, float)) and 0.0 <= stop_threshold <= 1.0):
-        raise ValueError(f"stop_threshold must be in [0, 1] or 'auto', got {stop_threshold!r}")
-    if not 0.0 <= assistant_confidence_threshold <= 1.0:
-        raise ValueError(f"assistant_confidence_threshold must be in [0, 1], got {assistant_confidence_threshold}")
-    if len(bound) != 2 or not all(isinstance(b, int) for b in bound) or not 0 <= bound[0] <= bound[1] or bound[1] < 1:
-        raise ValueError(f"bound must be (min, max) integers with 0 <= min <= max and max >= 1, got {tuple(bound)}")
-    if schedule in ("constant", "heuristic", "dynamic") and num_assistant_tokens < 1:
-        raise ValueError(f"num_assistant_tokens must be >= 1 for schedule {schedule!r}, got {num_assistant_tokens}")
-    if schedule == "oracle" and do_sample:
-        raise ValueError("the oracle schedule is defined for greedy decoding only (do_sample=False)")
-    if schedule == "none":
-        return input_ids
-    if draft is None:
-        raise ValueError(f"schedule {schedule!r} needs a draft model")
-    if _vocab_size(target) != _vocab_size(draft):
-        raise ValueError(f"draft and target vocabularies differ: target has {_vocab_size(target)} tokens, "
-                         f"draft {_vocab_size(draft)}; speculative decoding needs one shared vocabulary")
-    if schedule == "ada":
-        if head is None:
-            raise ValueError("schedule 'ada' needs an acceptance prediction head (head=AcceptancePredictionHead...)")
-        draft_hidden = draft.config.get_text_config().hidden_size
-        if head.hidden_size != draft_hidden:
-            raise ValueError(f"the head reads hidden states of size {head.hidden_size}, "
-                             f"but the draft's hidden size is {draft_hidden}: it was trained for another draft")
-        head.resolve_stop_threshold(stop_threshold)
     return input_ids

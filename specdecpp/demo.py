@@ -1,6 +1,6 @@
 """`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command.
 
-Four methods on the same prompts, interleaved per prompt (see `specdecpp.evaluate`): the target
+Four methods on the same prompts, interleaved per prompt (see `specdecpp.evaluation`): the target
 alone, speculative decoding with the best constant K, Hugging Face's own dynamic schedule
 (`generate(assistant_model=...)`), and SpecDec++ (`ada`, our engine with the trained head).
 The best K (and the ada threshold, when several are given) is chosen beforehand on separate
@@ -17,8 +17,7 @@ from transformers import HfArgumentParser
 from transformers.utils import logging as hf_logging
 
 from specdecpp import metrics
-from specdecpp.evaluate import (EvaluationArguments, MethodSpec, ModelLoadingArguments, Pair, Prompt, load_inputs,
-                                load_pair, measure, method_specs, report, results_file, run_title)
+from specdecpp.evaluation import Evaluation, EvaluationArguments, MethodSpec, ModelLoadingArguments, Prompt
 
 _DEFAULTS = EvaluationArguments()
 
@@ -28,9 +27,12 @@ class DemoArguments:
     """What the demo runs on; the defaults are the embedded pair and a HumanEval subset sized to
     finish within five minutes on two CPU cores."""
 
-    model_name: str = field(default=_DEFAULTS.model_name, metadata={"help": "target model"})
-    assistant_name: str = field(default=_DEFAULTS.assistant_name, metadata={"help": "draft model"})
-    assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir[0], metadata={"help": "the draft's head"})
+    model_name: str = field(default=_DEFAULTS.model_name, metadata={
+        "aliases": ["--target_name_or_path"], "help": "target model"})
+    assistant_name: str = field(default=_DEFAULTS.assistant_name, metadata={
+        "aliases": ["--draft_name_or_path"], "help": "draft model"})
+    assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir[0], metadata={
+        "aliases": ["--head_name_or_path"], "help": "the draft's head"})
     data_path: str = field(default="humaneval", metadata={"help": "prompt set or file (see specdecpp evaluate)"})
     prompts: int = field(default=20, metadata={"help": "prompts evaluated"})
     tune_prompts: int = field(default=4, metadata={
@@ -66,18 +68,18 @@ def evaluation_arguments(demo: DemoArguments) -> EvaluationArguments:
         threads=demo.threads, progress=demo.progress)
 
 
-def choose(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt],
-           args: EvaluationArguments) -> tuple[dict[str, MethodSpec], list[dict], dict | None]:
+def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec], list[dict], dict | None]:
     """For each of our schedules, the spec with the lowest cost per token on `prompts` (measured
     next to the target alone, as in any evaluation). With a single candidate per schedule there
     is nothing to choose and nothing is run. Returns the choices, the tuning summary and the cost
     measurement on the tuning prompts (None when nothing was run)."""
+    specs = run.specs
     candidates = [s for s in specs if s.engine == "specdecpp"]
     schedules = {s.schedule for s in candidates}
     if len(candidates) == len(schedules):
         return {s.schedule: s for s in candidates}, [], None
     by_name = {s.name: s for s in specs}
-    records, cost = measure(pair, [by_name["target"]] + candidates, prompts, args, label="choose K")
+    records, cost = run.measure([by_name["target"]] + candidates, prompts, label="choose K")
     summary = metrics.summarize(records, cost["cost_ratio"])
     best = {schedule: by_name[min((row for row in summary if row["schedule"] == schedule),
                                   key=lambda row: row["cost_per_token"])["method"]]
@@ -87,25 +89,20 @@ def choose(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt],
 
 def run_demo(demo: DemoArguments) -> dict:
     """Choose K (and the threshold) on the tuning prompts, then evaluate the four methods on the
-    others; print and save the table. Returns the summary document (see `specdecpp.evaluate.report`)."""
-    args = evaluation_arguments(demo)
-    specs = method_specs(args)
-    model_args = ModelLoadingArguments(torch_dtype=demo.torch_dtype)
-    tokenizer, prompts = load_inputs(args, model_args)
+    others; print and save the table. Returns the summary document (see `specdecpp.evaluation.report`)."""
+    run = Evaluation(evaluation_arguments(demo), ModelLoadingArguments(torch_dtype=demo.torch_dtype))
+    prompts = run.prompts
     if len(prompts) <= demo.tune_prompts:
         raise ValueError(f"{demo.data_path} has only {len(prompts)} prompts; "
                          f"need more than --tune_prompts {demo.tune_prompts}")
-    pair = load_pair(args, model_args, tokenizer, need_head=True)
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
-    best, tuning_summary, tuning_cost = choose(pair, specs, tuning, args)
-    by_name = {spec.name: spec for spec in specs}
+    best, tuning_summary, tuning_cost = choose(run, tuning)
+    by_name = {spec.name: spec for spec in run.specs}
     final = [by_name["target"], best["constant"], by_name["hf:dynamic"], best["ada"]]
-    path = results_file(args.save_path, evaluated)
-    records, cost = measure(pair, final, evaluated, args, results_path=path)
+    records, cost = run.measure(final, evaluated, save=True)
     how = how_chosen(best, tuning, evaluated, demo, tuning_cost)
     print(how)
-    document = report(records, cost, args, run_title(args, evaluated), chosen=how, tuning_summary=tuning_summary,
-                      records_file=str(path))
+    document = run.report(records, cost, evaluated, chosen=how, tuning_summary=tuning_summary)
     print(headline(document["summary"]))
     return document
 

@@ -18,6 +18,7 @@ from datasets import Dataset
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
+from specdecpp.checks import check_head_fits_draft, hidden_size
 from specdecpp.head import AcceptancePredictionHead, logit_features
 from specdecpp.models import last_hidden_states, model_device
 
@@ -95,10 +96,7 @@ def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: lis
     """`(labels, predictions)` over every labelled position of the records, in record order: `p_acc`
     and the head's accept probability, on the examples training builds for the head's alignment
     (a proposer head's positions are each record's `p_acc` in full)."""
-    draft_hidden = draft.config.get_text_config().hidden_size
-    if head.hidden_size != draft_hidden:
-        raise ValueError(f"the head reads hidden states of size {head.hidden_size} but the draft's hidden size is "
-                         f"{draft_hidden}: it was trained for another draft")
+    check_head_fits_draft(head.hidden_size, hidden_size(draft.config))
     device = model_device(draft)
     head = head.to(device)
     labels, predictions = [], []

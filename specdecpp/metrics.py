@@ -145,18 +145,37 @@ def _per_token(count: int | None, tokens: int) -> float | None:
     return None if count is None or tokens == 0 else count / tokens
 
 
-def greedy_verdict(summary: list[dict]) -> str | None:
+NEAR_TIE_MARGIN = 1e-2  # top-two logit gap below which a greedy difference is a numerical near-tie
+
+
+def greedy_verdict(summary: list[dict], records: list[dict] | None = None) -> str | None:
     """One sentence on the greedy check: whether every checked method reproduced the target's
-    output on every prompt, or which did not (None when nothing was checked, e.g. sampling)."""
+    output on every prompt, or which did not (None when nothing was checked, e.g. sampling).
+    Given the `records`, a difference at a numerical near-tie (the target's top-two logit margin
+    at the first differing token below `NEAR_TIE_MARGIN`, `first_difference_margin` in the
+    record) is reported apart, as "differs at a near-tie (margin m)", and is not a failure:
+    float rounding in another order of operations may pick either token there."""
     checked = [row for row in summary if row["greedy_checked"]]
     if not checked:
         return None
-    failed = [f"{row['method']} ({row['greedy_identical']}/{row['greedy_checked']})" for row in checked
-              if row["greedy_identical"] < row["greedy_checked"]]
-    if not failed:
+    ties: dict[str, list[str]] = {}
+    for r in records or []:
+        margin = r.get("first_difference_margin")  # records of older runs lack it
+        if r.get("matches_target") is False and margin is not None and margin < NEAR_TIE_MARGIN:
+            ties.setdefault(r["method"], []).append(f"prompt {r['id']} differs at a near-tie (margin {margin:.2g})")
+    failed = [f"{row['method']} ({row['greedy_identical'] + len(ties.get(row['method'], []))}/{row['greedy_checked']})"
+              for row in checked
+              if row["greedy_identical"] + len(ties.get(row["method"], [])) < row["greedy_checked"]]
+    near = "; ".join(f"{method}: {', '.join(found)}" for method, found in ties.items())
+    if not failed and not near:
         return (f"greedy check passed: the output of every method ({len(checked)}) equals the target's, "
                 f"prompt by prompt ({checked[0]['greedy_checked']} prompts)")
-    return "greedy check FAILED, outputs differ from the target's: " + ", ".join(failed)
+    if not failed:
+        return (f"greedy check passed up to near-ties: every method ({len(checked)}) reproduces the target's output "
+                f"on every prompt ({checked[0]['greedy_checked']} prompts) except where the target's top two logits "
+                f"are less than {NEAR_TIE_MARGIN:g} apart: {near}")
+    verdict = "greedy check FAILED, outputs differ from the target's: " + ", ".join(failed)
+    return verdict + (f" (apart from near-ties, top-two logit margin < {NEAR_TIE_MARGIN:g}: {near})" if near else "")
 
 
 COLUMNS = (  # (header, summary key, format)

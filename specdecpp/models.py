@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specdecpp import checks
+from specdecpp.checks import is_peft_adapter, peft_base, vocab_size
+
 DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -40,11 +43,6 @@ def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | str | None:
     return DTYPES[name]
 
 
-def is_peft_adapter(name_or_path: str) -> bool:
-    """True for a local folder that holds a PEFT adapter rather than a full model."""
-    return os.path.isfile(os.path.join(name_or_path, "adapter_config.json"))
-
-
 def load_model(name_or_path: str, torch_dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
                trust_remote_code: bool = False) -> PreTrainedModel:
     """A causal LM in eval mode from a Hub id or folder; a PEFT adapter folder is loaded onto the
@@ -52,11 +50,9 @@ def load_model(name_or_path: str, torch_dtype: str | torch.dtype | None = None, 
     decoding time, and hidden states come from the merged weights the user trained)."""
     kwargs = {"dtype": parse_dtype(torch_dtype), "device_map": device_map, "trust_remote_code": trust_remote_code}
     if is_peft_adapter(name_or_path):
-        from peft import PeftConfig, PeftModel
+        from peft import PeftModel
 
-        base = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
-        if not base:
-            raise ValueError(f"PEFT adapter {name_or_path} does not name its base model (base_model_name_or_path)")
+        base = peft_base(name_or_path)
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), name_or_path)
         model = model.merge_and_unload()
     else:
@@ -73,16 +69,8 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
     when it ships one (adapters that added tokens do), else its base model's."""
     source = name_or_path
     if is_peft_adapter(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json")):
-        from peft import PeftConfig
-
-        source = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
+        source = peft_base(name_or_path)
     return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-
-
-def vocab_size(model: PreTrainedModel) -> int:
-    """Rows of the model's output layer: the size of the distributions it produces."""
-    output = model.get_output_embeddings()
-    return output.weight.shape[0] if output is not None else model.config.vocab_size
 
 
 def check_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, name: str = "model") -> None:
@@ -96,9 +84,7 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, 
 def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
     """Raise ValueError unless target and draft score the same vocabulary: speculative decoding
     compares their distributions token by token."""
-    if vocab_size(target) != vocab_size(draft):
-        raise ValueError(f"target vocabulary ({vocab_size(target)}) and draft vocabulary ({vocab_size(draft)}) "
-                         "differ: the draft must share the target's tokenizer")
+    checks.check_same_vocab(vocab_size(target), vocab_size(draft))
 
 
 def model_device(model: PreTrainedModel) -> torch.device:

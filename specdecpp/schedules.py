@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specdecpp.decoding_settings import SCHEDULES, DecodingSettings
 from specdecpp.head import AcceptancePredictionHead, logit_features
 
-SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "oracle")
 
 
 @dataclass
@@ -146,22 +146,27 @@ class Oracle(Schedule):
         self.position += num_accepted + 1
 
 
-def make_schedule(name: str, *, head: AcceptancePredictionHead | None = None, stop_threshold: float | str = 0.3,
-                  bound: tuple[int, int] = (2, 20), num_assistant_tokens: int = 5,
-                  assistant_confidence_threshold: float = 0.4, draft_correct: list[bool] | None = None) -> Schedule:
-    """A fresh policy for one generation, by schedule name (see `SCHEDULES`). Arguments a schedule
+def make_schedule(settings: DecodingSettings | str, *, draft_correct: list[bool] | None = None,
+                  **knobs) -> Schedule:
+    """A fresh policy for one generation: the schedule of `settings` (a `DecodingSettings`, or a
+    schedule name with the knobs as keyword arguments: `head`, `stop_threshold`, `bound`,
+    `num_assistant_tokens`, `assistant_confidence_threshold`; see `SCHEDULES`). Knobs a schedule
     does not use are ignored; `oracle` needs `draft_correct` (see `Oracle`); `ada` takes
     `stop_threshold="auto"` for the threshold stored in the head."""
+    if isinstance(settings, str):
+        settings = DecodingSettings(schedule=settings, **knobs)
+    name = settings.schedule
     if name == "none":
         return NoDraft()
     if name == "constant":
-        return Constant(num_assistant_tokens)
+        return Constant(settings.num_assistant_tokens)
     if name == "heuristic":
-        return Heuristic(num_assistant_tokens)
+        return Heuristic(settings.num_assistant_tokens)
     if name == "dynamic":
-        return Dynamic(num_assistant_tokens, assistant_confidence_threshold)
+        return Dynamic(settings.num_assistant_tokens, settings.assistant_confidence_threshold)
     if name == "ada":
-        return Ada(head, head.resolve_stop_threshold(stop_threshold), bound)
+        head = settings.head
+        return Ada(head, head.resolve_stop_threshold(settings.stop_threshold), tuple(settings.bound))
     if name == "oracle":
-        return Oracle(draft_correct, bound[1])
+        return Oracle(draft_correct, settings.bound[1])
     raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")

@@ -36,20 +36,21 @@ from accelerate import PartialState
 from datasets import Array2D, Dataset, Features, Sequence, Value, concatenate_datasets
 from torch import nn
 from tqdm import tqdm
-from transformers import AutoConfig, HfArgumentParser, PreTrainedModel, Trainer, TrainingArguments, set_seed
+from transformers import HfArgumentParser, PreTrainedModel, Trainer, TrainingArguments, set_seed
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import EvalPrediction, get_last_checkpoint
 
+from specdecpp.checks import check_head_fits_draft, hidden_size, text_config, vocab_size
 from specdecpp.data_io import read_records
 from specdecpp.head import ALIGNMENTS, FEATURES, AcceptancePredictionHead
 from specdecpp.head_data import IGNORE, examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
-from specdecpp.models import ModelLoadingArguments, is_peft_adapter, load_model, vocab_size
+from specdecpp.models import ModelLoadingArguments, load_model
 from specdecpp.publish import push_head
 
 
 @dataclass
 class ModelArguments(ModelLoadingArguments):
-    model_name_or_path: str | None = field(default=None, metadata={
+    model_name_or_path: str | None = field(default=None, metadata={"aliases": ["--draft_name_or_path"],
         "help": "the draft model whose hidden states the head reads (Hub id, folder, PEFT adapter folder)"})
     resnet_num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
     head_alignment: str = field(default="proposer", metadata={"choices": ALIGNMENTS, "help": (
@@ -59,7 +60,7 @@ class ModelArguments(ModelLoadingArguments):
     head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={"help": (
         f"features of the judged token under the proposing logits that a proposer head also reads "
         f"(any of {', '.join(FEATURES)}; 'none' for the hidden state alone); reader heads read none")})
-    target_model_name: str | None = field(default=None, metadata={
+    target_model_name: str | None = field(default=None, metadata={"aliases": ["--target_name_or_path"],
         "help": "the target the data was built with; only recorded in the head's model card"})
 
 
@@ -248,10 +249,8 @@ def check_data_fits_draft(records: list[dict], draft: PreTrainedModel) -> None:
 def check_head_fits(saved: dict, config: dict, where: str) -> None:
     """ValueError unless a saved head's config (`hidden_size`, `num_layers`, `alignment`,
     `features`) is that of the head being trained."""
-    if saved["hidden_size"] != config["hidden_size"]:
-        raise ValueError(f"the head in {where} reads hidden states of size {saved['hidden_size']}, but the draft's "
-                         f"hidden size is {config['hidden_size']}: it was trained for another draft "
-                         "(use a fresh --output_dir)")
+    check_head_fits_draft(saved["hidden_size"], config["hidden_size"], f"the head in {where}",
+                          " (use a fresh --output_dir)")
     for key, flag in (("num_layers", "--resnet_num_layers"), ("alignment", "--head_alignment"),
                       ("features", "--head_features")):
         theirs, ours = AcceptancePredictionHead(saved).config.get(key), config.get(key)
@@ -262,11 +261,7 @@ def check_head_fits(saved: dict, config: dict, where: str) -> None:
 # -- the run ----------------------------------------------------------------------------------------
 def draft_hidden_size(name_or_path: str, trust_remote_code: bool) -> int:
     """The draft's hidden size from its config alone (no weights loaded)."""
-    if is_peft_adapter(name_or_path):
-        from peft import PeftConfig
-
-        name_or_path = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
-    return AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code).get_text_config().hidden_size
+    return hidden_size(text_config(name_or_path, trust_remote_code))
 
 
 def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:

@@ -131,7 +131,7 @@ def lr_at(step: int, progress: float, lr: float, warmup: int) -> float:
     return lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments, steps: int, minutes: float,
+def train_lm(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments, steps: int, minutes: float,
           lr: float, desc: str, seed: int) -> dict:
     """Train `model` on random `seq_len` windows of `stream`, minimising `loss_fn(model, x)`,
     for `steps` steps or `minutes` of wall clock, whichever ends first (the schedule follows
@@ -205,7 +205,7 @@ def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -
     Returns the draft and its training log."""
     draft = draft_from_target(target, llama_config(args, args.draft_layers, tokenizer))
     teacher = target.to(args.device).eval().requires_grad_(False)
-    log = train(draft, distill_loss(teacher, args.draft_hard_label_weight), stream, args, args.draft_steps,
+    log = train_lm(draft, distill_loss(teacher, args.draft_hard_label_weight), stream, args, args.draft_steps,
                 args.draft_minutes, args.draft_lr, "draft", args.seed + 1)
     return draft, log
 
@@ -223,7 +223,7 @@ def save_model(model, tokenizer, path: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def load_model(path: Path, device: str = "cpu"):
+def load_zoo_model(path: Path, device: str = "cpu"):
     """A saved zoo model in float32, in eval mode."""
     from transformers import AutoModelForCausalLM
 
@@ -280,7 +280,7 @@ def greedy_agreement(target, draft, tokenizer, prompts: list[str], args: ZooArgu
 
 
 @torch.no_grad()
-def cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 4) -> dict:
+def pair_cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 4) -> dict:
     """c = one draft step (1 token) / one target verify step (k + 1 tokens) on warm KV caches of
     `context`, measured by `specdecpp.metrics.measure_cost_ratio` (the evaluation's own
     measurement), with the card's field names."""
@@ -298,7 +298,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target, draft = load_model(target_dir, args.device), load_model(draft_dir, args.device)
+    target, draft = load_zoo_model(target_dir, args.device), load_zoo_model(draft_dir, args.device)
     functions = stdlib_corpus.heldout_functions()[:args.eval_functions or None]
     problems = humaneval_problems()
     sets = {"stdlib-heldout": ([f.source for f in functions], [f.prompt for f in functions][:args.eval_prompts]),
@@ -311,8 +311,8 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict
         figures[name] = {"target_loss": losses["target"], "draft_loss": losses["draft"],
                          "gap": losses["draft"] - losses["target"], "texts": len(texts),
                          **greedy_agreement(target, draft, tokenizer, prompts, args)}
-    cpu_target, cpu_draft = load_model(target_dir), load_model(draft_dir)
-    figures["cost"] = cost_ratio(cpu_target, cpu_draft, tokenizer, functions[0].source, args.cost_reps)
+    cpu_target, cpu_draft = load_zoo_model(target_dir), load_zoo_model(draft_dir)
+    figures["cost"] = pair_cost_ratio(cpu_target, cpu_draft, tokenizer, functions[0].source, args.cost_reps)
     return figures
 
 
@@ -425,7 +425,7 @@ def build(args: ZooArguments) -> dict:
     print(f"corpus: {len(texts)} train files, {len(stream):,} tokens, vocabulary {len(tokenizer)}", flush=True)
 
     target = LlamaForCausalLM(llama_config(args, args.target_layers, tokenizer))
-    target_log = train(target, lm_loss, stream, args, args.target_steps, args.target_minutes, args.target_lr,
+    target_log = train_lm(target, lm_loss, stream, args, args.target_steps, args.target_minutes, args.target_lr,
                        "target", args.seed)
     draft, draft_log = distill_draft(target, tokenizer, stream, args)
 

@@ -344,7 +344,7 @@ def test_sampling_is_reproducible_with_a_generator(small_vocab_pair):
     (dict(input_ids=[[1, 2, 3]]), TypeError, "input_ids"),
     (dict(input_ids=torch.zeros(1, 3)), TypeError, "integer"),
     (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), ValueError, "empty"),
-    (dict(draft="other-vocab"), ValueError, "vocabularies differ"),
+    (dict(draft="other-vocab"), ValueError, r"vocabulary \(64\) and draft vocabulary \(80\) differ"),
     (dict(draft=None), ValueError, "draft"),
     (dict(num_assistant_tokens=0), ValueError, "num_assistant_tokens"),
     (dict(do_sample=True, temperature=0.0), ValueError, "temperature"),

@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import write_prompts
 
-from specdecpp import demo, evaluate
+from specdecpp import demo
+from specdecpp.evaluation import settings
 from specdecpp.head import AcceptancePredictionHead
 
 
@@ -70,6 +71,13 @@ def test_a_missing_pair_is_named(demo_dirs, tmp_path):
 
 
 def test_too_few_prompts_is_refused_before_loading_a_model(demo_dirs, monkeypatch):
-    monkeypatch.setattr(evaluate, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(settings, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit, match="has only 6 prompts; need more than --tune_prompts 6"):
         demo.main(flags(demo_dirs, "--tune_prompts", "6", "--prompts", "1"))
+
+
+def test_outside_a_checkout_the_demo_says_where_the_pair_is_expected(demo_dirs, tmp_path, monkeypatch):
+    zoo = tmp_path / "checkpoints" / "zoo"
+    monkeypatch.setattr(settings, "ZOO_DIR", zoo)
+    with pytest.raises(SystemExit, match=r"expected in .*--model_name TARGET --assistant_name DRAFT"):
+        demo.main(flags(demo_dirs) + ["--model_name", str(zoo / "target"), "--assistant_name", str(zoo / "draft")])

@@ -6,6 +6,7 @@ import json
 import statistics
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from conftest import write_prompts
 
 from specdecpp import evaluate as ev
+from specdecpp.evaluation import methods, runner, settings
 from specdecpp.head import AcceptancePredictionHead
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +69,7 @@ def test_target_alone_always_runs_and_none_means_baselines_only():
 
 def test_hf_settings_turn_the_confidence_stop_off_except_for_dynamic():
     args = ev.EvaluationArguments(assistant_confidence_threshold=[0.25, 0.5])
-    constant, dynamic = ev._knob_specs("hf", "constant", args)[0], ev._knob_specs("hf", "dynamic", args)[0]
+    constant, dynamic = methods._knob_specs("hf", "constant", args)[0], methods._knob_specs("hf", "dynamic", args)[0]
     assert ev.hf_assistant_settings(constant, args) == {
         "num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
     assert ev.hf_assistant_settings(dynamic, args) == {
@@ -82,12 +84,15 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(ev, "load_model", refuse)
+    monkeypatch.setattr(settings, "load_model", refuse)
 
 
 @pytest.mark.parametrize("overrides, error, message", [
-    (dict(bound=[20, 2]), ValueError, "--bound takes MIN MAX"),
-    (dict(bound=[2]), ValueError, "--bound takes MIN MAX"),
+    (dict(bound=[20, 2]), ValueError, r"--bound must be \(min, max\)"),
+    (dict(bound=[2]), ValueError, r"--bound must be \(min, max\)"),
+    (dict(num_assistant_tokens=[3, 0]), ValueError, "--num_assistant_tokens must be >= 1"),
+    (dict(dynamic_num_assistant_tokens=0), ValueError, "--dynamic_num_assistant_tokens must be >= 1"),
+    (dict(assistant_confidence_threshold=[1.5]), ValueError, r"--assistant_confidence_threshold must be in \[0, 1\]"),
     (dict(data_path="no-such-set"), ValueError, "unknown prompt set 'no-such-set'"),
     (dict(data_path="missing/prompts.jsonl"), FileNotFoundError, "no prompt file"),
     (dict(assist_acc_head_dir=["HEAD_OTHER"]), ValueError, "trained for another draft"),
@@ -125,7 +130,7 @@ def test_the_script_reports_bad_input_in_one_line():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
-        "specdecpp evaluate: error: --bound takes MIN MAX with 0 <= MIN <= MAX and MAX >= 1, got 20 2")
+        "specdecpp evaluate: error: --bound must be (min, max) integers with 0 <= min <= max and max >= 1, got (20, 2)")
 
 
 # -- Hugging Face's baselines, counted from outside --------------------------------------------
@@ -183,7 +188,7 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
         assert r["generated_length"] == 10 and r["spec_time"] > 0
         if r["engine"] is not None:  # no EOS in these models: every round emits accepted + 1
             assert r["generated_length"] == sum(r["accepted_lengths"]) + len(r["accepted_lengths"])
-            assert r["matches_target"] is True
+            assert r["matches_target"] is True and r["first_difference_margin"] is None
             assert r["output"] == next(t for t in records if t["id"] == r["id"] and t["method"] == "target")["output"]
     summary = json.loads((out / "summary.json").read_text())
     assert [row["method"] for row in summary["summary"]] == methods
@@ -235,7 +240,7 @@ def test_resume_refuses_records_of_other_methods_before_loading_a_model(eval_dir
                      baselines=["target"], n_end=2, plots=False)
     ev.evaluate(args)
     args.num_assistant_tokens, args.resume = [3], True
-    monkeypatch.setattr(ev, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(settings, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="other methods than this run"):
         ev.evaluate(args)
 
@@ -264,3 +269,66 @@ def test_run_cost_is_the_median_over_timed_prompts_and_times_now_when_none_was()
     assert probe.steps == []
     untimed = ev.run_cost([{"id": 0}, {"id": 0}, {"id": 1}], probe, steps_per_prompt=5)
     assert probe.steps == [10] and untimed["cost_ratio"] == pytest.approx(0.2) and untimed["prompts"] == 0
+
+
+# -- the greedy check tells a near-tie from a failure --------------------------------------------
+class FixedLogits(torch.nn.Module):
+    """A hand-made 'target': the logits after a token are that token's row of `table`."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = torch.nn.Embedding.from_pretrained(table)
+
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        return self.table
+
+    def forward(self, input_ids: torch.Tensor):
+        return types.SimpleNamespace(logits=self.table(input_ids))
+
+
+def test_first_difference_margin_is_the_targets_top_two_gap_after_the_common_prefix():
+    table = torch.zeros(4, 4)
+    table[0] = torch.tensor([0.0, 3.0, 1.0, 0.0])  # after the prompt: a clear choice
+    table[1] = torch.tensor([0.0, 0.0, 5.0, 4.996])  # after the common prefix: a near-tie
+    target = FixedLogits(table)
+    margin = runner.first_difference_margin(target, [0], tokens=[1, 3, 3], reference=[1, 2, 2])
+    assert margin == pytest.approx(0.004, abs=1e-5)
+    assert runner.first_difference_margin(target, [0], tokens=[2], reference=[1, 2]) == pytest.approx(2.0)
+
+
+def test_outside_a_checkout_a_missing_embedded_pair_says_where_and_what_to_do(eval_dirs, tmp_path, monkeypatch,
+                                                                            no_model_loading):
+    zoo = tmp_path / "site-packages" / "checkpoints" / "zoo"  # what a non-editable install would look for
+    monkeypatch.setattr(settings, "ZOO_DIR", zoo)
+    args = make_args(eval_dirs, tmp_path, model_name=str(zoo / "target"), assistant_name=str(zoo / "draft"))
+    with pytest.raises(FileNotFoundError) as error:
+        ev.evaluate(args)
+    message = str(error.value)
+    assert f"no model folder at {zoo / 'draft'}" in message and f"expected in {zoo}" in message
+    assert "--model_name TARGET --assistant_name DRAFT --assist_acc_head_dir HEAD" in message
+
+
+# -- one flag name for the draft, the target and the head, in every command ----------------------
+@pytest.mark.parametrize("module, dataclass_name, fields", [
+    ("specdecpp.evaluation.settings", "EvaluationArguments", ("model_name", "assistant_name", "assist_acc_head_dir")),
+    ("specdecpp.demo", "DemoArguments", ("model_name", "assistant_name", "assist_acc_head_dir")),
+    ("specdecpp.build_data", "BuildDataArguments", ("target_name", "draft_name", None)),
+    ("specdecpp.train", "ModelArguments", ("target_model_name", "model_name_or_path", None)),
+    ("specdecpp.calibration", "CalibrationArguments", ("target", "draft", "head")),
+])
+def test_every_command_takes_the_common_flags(module, dataclass_name, fields):
+    import importlib
+
+    from transformers import HfArgumentParser
+
+    cls = getattr(importlib.import_module(module), dataclass_name)
+    parser = HfArgumentParser(cls)
+    values = {"--target_name_or_path": "T", "--draft_name_or_path": "D", "--head_name_or_path": "H"}
+    argv = [arg for flag, field_name in zip(values, fields) if field_name for arg in (flag, values[flag])]
+    argv += {"BuildDataArguments": ["--dataset", "humaneval", "--output_file", "x.jsonl"],
+             "CalibrationArguments": ["--data_path", "x.jsonl"]}.get(dataclass_name, [])
+    (parsed,) = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)[:1]
+    for flag, field_name in zip(values, fields):
+        if field_name:
+            value = getattr(parsed, field_name)
+            assert value == values[flag] or value == [values[flag]], (flag, field_name, value)

@@ -67,6 +67,19 @@ def test_greedy_verdict_names_the_methods_that_differ():
     assert metrics.greedy_verdict(metrics.summarize(RECORDS[:1], 0.5)) is None
 
 
+def test_greedy_verdict_reports_near_ties_apart_from_failures():
+    summary = metrics.summarize(RECORDS, cost_ratio=0.5)
+    tie = [dict(r, first_difference_margin=0.0034 if r["matches_target"] is False else None) for r in RECORDS]
+    assert metrics.greedy_verdict(summary, tie) == (
+        "greedy check passed up to near-ties: every method (1) reproduces the target's output on every prompt "
+        "(2 prompts) except where the target's top two logits are less than 0.01 apart: "
+        "specdecpp:constant@K=4: prompt 1 differs at a near-tie (margin 0.0034)")
+    wide = [dict(r, first_difference_margin=0.5 if r["matches_target"] is False else None) for r in RECORDS]
+    assert metrics.greedy_verdict(summary, wide) == (
+        "greedy check FAILED, outputs differ from the target's: specdecpp:constant@K=4 (1/2)")
+    assert metrics.greedy_verdict(summary, RECORDS) == metrics.greedy_verdict(summary)  # older records: no margin
+
+
 def test_table_has_a_line_per_method_and_states_the_cost_ratio():
     table = metrics.format_table(metrics.summarize(RECORDS, 0.5), cost_ratio=0.5)
     lines = table.splitlines()

@@ -74,7 +74,7 @@ def test_targets_use_the_worst_set():
 
 def test_agreement_of_a_model_with_itself_is_one(micro_build):
     out, _ = micro_build
-    target = zoo.load_model(out / "target")
+    target = zoo.load_zoo_model(out / "target")
     tok = AutoTokenizer.from_pretrained(out / "target")
     prompts = stdlib_corpus.heldout_function_prompts(limit=2)
     result = zoo.greedy_agreement(target, target, tok, prompts, zoo.ZooArguments(**MICRO))
@@ -102,7 +102,7 @@ def test_training_is_deterministic_given_the_seed():
     for _ in range(2):
         torch.manual_seed(0)
         model = LlamaForCausalLM(zoo.llama_config(args, 1, tok))
-        log = zoo.train(model, zoo.lm_loss, stream, args, steps=3, minutes=10, lr=1e-3, desc="t", seed=7)
+        log = zoo.train_lm(model, zoo.lm_loss, stream, args, steps=3, minutes=10, lr=1e-3, desc="t", seed=7)
         states.append(model.state_dict())
     assert log["steps"] == 3 and log["tokens"] == 3 * 2 * 16
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
@@ -128,7 +128,7 @@ def test_the_committed_pair_and_head_fit_together_and_decode_losslessly():
     root = zoo.Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
     assert zoo.dir_bytes(root) <= 40 * 2**20
     card = json.loads((root / "card.json").read_text())
-    target, draft = zoo.load_model(root / "target"), zoo.load_model(root / "draft")
+    target, draft = zoo.load_zoo_model(root / "target"), zoo.load_zoo_model(root / "draft")
     assert target.config.vocab_size == draft.config.vocab_size == card["models"]["vocab_size"]
     assert zoo.count_params(target) == card["models"]["target"]["params"]
     assert zoo.count_params(draft) == card["models"]["draft"]["params"]

@@ -1,0 +1,89 @@
+"""The checks that several commands share, on explicit values, in one place.
+
+Does a draft fit a target (one vocabulary), does a head fit a draft (its hidden size), which
+model does a PEFT adapter folder stand on, and which token ids end generation. Decoding, data
+building, training, calibration and evaluation all call these; the module imports nothing of
+the toolkit, so the engine may use it.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+
+# -- vocabulary ---------------------------------------------------------------------------------
+def vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the model's output layer: the size of the distributions it produces."""
+    output = model.get_output_embeddings()
+    return output.weight.shape[0] if output is not None else model.config.vocab_size
+
+
+def check_same_vocab(target_vocab: int, draft_vocab: int) -> None:
+    """Raise ValueError unless target and draft score vocabularies of the same size: speculative
+    decoding compares their distributions token by token."""
+    if target_vocab != draft_vocab:
+        raise ValueError(f"target vocabulary ({target_vocab}) and draft vocabulary ({draft_vocab}) differ: "
+                         "the draft must share the target's tokenizer")
+
+
+# -- a head and its draft -----------------------------------------------------------------------
+def hidden_size(config: PretrainedConfig) -> int:
+    """The hidden size of a model config (its text part for a multimodal one): what a head reads."""
+    return config.get_text_config().hidden_size
+
+
+def check_head_fits_draft(head_hidden: int, draft_hidden: int, head: str = "the head", hint: str = "") -> None:
+    """Raise ValueError when a head reading hidden states of size `head_hidden` meets a draft of
+    hidden size `draft_hidden`: it was trained for another draft. `head` names the head in the
+    message (e.g. "the head in FOLDER"), `hint` is appended (what to do about it)."""
+    if head_hidden != draft_hidden:
+        raise ValueError(f"{head} reads hidden states of size {head_hidden}, but the draft's hidden size is "
+                         f"{draft_hidden}: it was trained for another draft{hint}")
+
+
+# -- PEFT adapters ------------------------------------------------------------------------------
+def is_peft_adapter(name_or_path: str) -> bool:
+    """True for a local folder that holds a PEFT adapter rather than a full model."""
+    return os.path.isfile(os.path.join(name_or_path, "adapter_config.json"))
+
+
+def peft_base(name_or_path: str) -> str:
+    """The base model (Hub id or folder) that the PEFT adapter folder `name_or_path` stands on; a
+    ValueError when the adapter does not name one."""
+    from peft import PeftConfig
+
+    base = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
+    if not base:
+        raise ValueError(f"PEFT adapter {name_or_path} does not name its base model (base_model_name_or_path)")
+    return base
+
+
+def model_source(name_or_path: str) -> str:
+    """Where a model's config and weights come from: the base of a PEFT adapter folder, else itself."""
+    return peft_base(name_or_path) if is_peft_adapter(name_or_path) else name_or_path
+
+
+def text_config(name_or_path: str, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The (text) config of a model, or of a PEFT adapter's base, without loading weights."""
+    return AutoConfig.from_pretrained(model_source(name_or_path), trust_remote_code=trust_remote_code).get_text_config()
+
+
+# -- EOS ----------------------------------------------------------------------------------------
+def eos_ids(*values: int | list[int] | tuple[int, ...] | torch.Tensor | None) -> set[int]:
+    """Every token id among `values` (each an id, a list or tensor of ids, or None): the ids that
+    end generation, e.g. `eos_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)`."""
+    ids: set[int] = set()
+    for value in values:
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            value = value.tolist()
+        ids |= {int(value)} if isinstance(value, int) else {int(t) for t in value}
+    return ids
+
+
+def generation_eos(model: PreTrainedModel) -> int | list[int] | None:
+    """The EOS id(s) of the model's generation config (None when it has none)."""
+    return getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -1,0 +1,94 @@
+"""The decoding settings, one dataclass with its validation, as the engine takes them.
+
+`speculative_generate` builds a `DecodingSettings` from its keyword arguments; evaluation builds
+one per method and the `generate` integration one per call; `make_schedule` reads the schedule's
+knobs from it. A new setting is a field here, its check in `validate` (values alone) or
+`check_models` (values against the models), and its use where it acts.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from transformers import PreTrainedModel
+
+from specdecpp.checks import check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
+from specdecpp.head import AcceptancePredictionHead
+
+SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "oracle")
+K_SCHEDULES = ("constant", "heuristic", "dynamic")  # the schedules that read num_assistant_tokens
+
+
+@dataclass
+class DecodingSettings:
+    """How one generation decodes: the candidate-length `schedule` (see `SCHEDULES`; None picks
+    one from the models, see `default_schedule`) and its knobs (`head`, `stop_threshold`, `bound`
+    for `ada`; `num_assistant_tokens`, `assistant_confidence_threshold` for the others), the
+    length limit, greedy or sampling (`temperature`, `top_k`, `top_p`) and the EOS ids (None: the
+    target's generation config's). The defaults are `speculative_generate`'s."""
+
+    schedule: str | None = None
+    head: AcceptancePredictionHead | None = None
+    stop_threshold: float | str = 0.3
+    bound: tuple[int, int] = (2, 20)
+    num_assistant_tokens: int = 5
+    assistant_confidence_threshold: float = 0.4
+    max_new_tokens: int = 128
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    eos_token_id: int | list[int] | None = None
+
+    def validate(self, name: Callable[[str], str] = str) -> None:
+        """Raise ValueError, naming the setting, on a value the loop cannot honour: an unknown
+        schedule, a negative length, a threshold outside [0, 1] (or `"auto"` for `stop_threshold`),
+        a bound out of order, K < 1 for a schedule that reads K, the oracle with sampling. `name`
+        spells a setting's name in the messages (a command passes `lambda s: "--" + s`)."""
+        schedule, bound = self.schedule, self.bound
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ValueError(f"unknown {name('schedule')} {schedule!r}; choose from {', '.join(SCHEDULES)}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise ValueError(f"{name('max_new_tokens')} must be an int >= 0, got {self.max_new_tokens!r}")
+        threshold = self.stop_threshold
+        if threshold != "auto" and not (isinstance(threshold, (int, float)) and 0.0 <= threshold <= 1.0):
+            raise ValueError(f"{name('stop_threshold')} must be in [0, 1] or 'auto', got {threshold!r}")
+        if not 0.0 <= self.assistant_confidence_threshold <= 1.0:
+            raise ValueError(f"{name('assistant_confidence_threshold')} must be in [0, 1], "
+                             f"got {self.assistant_confidence_threshold}")
+        if len(bound) != 2 or not all(isinstance(b, int) for b in bound) or not 0 <= bound[0] <= bound[1] \
+                or bound[1] < 1:
+            raise ValueError(f"{name('bound')} must be (min, max) integers with 0 <= min <= max and max >= 1, "
+                             f"got {tuple(bound)}")
+        if schedule in K_SCHEDULES and self.num_assistant_tokens < 1:
+            raise ValueError(f"{name('num_assistant_tokens')} must be >= 1 for schedule {schedule!r}, "
+                             f"got {self.num_assistant_tokens}")
+        if schedule == "oracle" and self.do_sample:
+            raise ValueError("the oracle schedule is defined for greedy decoding only (do_sample=False)")
+
+    def check_models(self, target: PreTrainedModel, draft: PreTrainedModel | None) -> None:
+        """Raise ValueError unless the models (and the head) fit the schedule: a draft for every
+        schedule but `none`, sharing the target's vocabulary; for `ada` a head trained for this
+        draft, holding a stored threshold when `stop_threshold="auto"`."""
+        if self.schedule == "none":
+            return
+        if draft is None:
+            raise ValueError(f"schedule {self.schedule!r} needs a draft model")
+        check_same_vocab(vocab_size(target), vocab_size(draft))
+        if self.schedule == "ada":
+            if self.head is None:
+                raise ValueError("schedule 'ada' needs an acceptance prediction head (head=AcceptancePredictionHead...)")
+            check_head_fits_draft(self.head.hidden_size, hidden_size(draft.config))
+            self.head.resolve_stop_threshold(self.stop_threshold)
+
+    def as_kwargs(self) -> dict:
+        """The settings as `speculative_generate`'s keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def default_schedule(draft: PreTrainedModel | None, head: AcceptancePredictionHead | None) -> str:
+    """The schedule `speculative_generate` runs when none is named: `ada` with a head, `dynamic`
+    (transformers' default for assisted generation) with a draft alone, `none` without a draft."""
+    if head is not None:
+        return "ada"
+    return "dynamic" if draft is not None else "none"

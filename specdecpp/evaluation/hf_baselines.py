@@ -1,0 +1,105 @@
+"""Hugging Face's assisted generation as baselines, counted from the outside.
+
+`target.generate(assistant_model=draft)` with Hugging Face's constant, heuristic and dynamic
+schedules; `count_forwards` records the models' forward passes, and `rounds_from_target_calls`
+recovers the rounds (drafted and accepted tokens) from the target's, so that these baselines
+report the same counts as our engine.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecpp.evaluation.methods import Counts, MethodSpec, sampling_kwargs
+from specdecpp.evaluation.settings import EvaluationArguments, Pair, Prompt
+
+HF_SCHEDULES = ("constant", "heuristic", "dynamic")
+
+
+def hf_assistant_settings(spec: MethodSpec, args: EvaluationArguments) -> dict:
+    """Hugging Face's assistant generation settings for one of its schedules. Its `dynamic` is
+    the `constant` schedule (at most K) with the confidence stop; a zero threshold turns that
+    stop off for the other two, which would otherwise inherit the 0.4 default."""
+    if spec.schedule not in HF_SCHEDULES:
+        raise ValueError(f"Hugging Face has no {spec.schedule!r} schedule; choose from {', '.join(HF_SCHEDULES)}")
+    dynamic = spec.schedule == "dynamic"
+    return {"num_assistant_tokens": spec.num_assistant_tokens,
+            "num_assistant_tokens_schedule": "heuristic" if spec.schedule == "heuristic" else "constant",
+            "assistant_confidence_threshold": spec.assistant_confidence_threshold if dynamic else 0.0}
+
+
+def hf_assisted_generate(spec: MethodSpec, pair: Pair, args: EvaluationArguments) -> Callable[[Prompt, int], Counts]:
+    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules. It reads the
+    schedule from the draft's generation config, so each method owns a copy of that config and
+    swaps it in for its calls (Hugging Face's `heuristic` carries its K from call to call inside
+    that copy, as it does for a user; `dynamic` moves its threshold by ROC within a call)."""
+    target, draft = pair.target, pair.draft
+    config = copy.deepcopy(draft.generation_config)
+    for name, value in hf_assistant_settings(spec, args).items():
+        setattr(config, name, value)
+    eos = target.generation_config.eos_token_id
+    pad = target.generation_config.pad_token_id
+    if pad is None and eos is not None:  # else Hugging Face warns that it picks one
+        pad = eos[0] if isinstance(eos, list) else eos
+    extra = {"pad_token_id": pad} if pad is not None else {}
+
+    def generate(prompt: Prompt, seed: int) -> Counts:
+        device = target.get_input_embeddings().weight.device
+        input_ids = torch.tensor([prompt.ids], device=device)
+        torch.manual_seed(seed)
+        with _generation_config(draft, config), count_forwards(target) as target_calls, \
+                count_forwards(draft) as draft_calls:
+            sequences = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
+                                        max_new_tokens=prompt.max_new_tokens, **sampling_kwargs(args), **extra)
+        tokens = sequences[0, len(prompt.ids):].tolist()
+        accepted, drafted = rounds_from_target_calls(target_calls, len(prompt.ids), len(tokens))
+        return Counts(tokens, len(target_calls), len(draft_calls), sum(drafted) - sum(accepted), accepted)
+
+    return generate
+
+
+@contextmanager
+def _generation_config(model: PreTrainedModel, config) -> Iterator[None]:
+    saved, model.generation_config = model.generation_config, config
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+@contextmanager
+def count_forwards(model: PreTrainedModel) -> Iterator[list[tuple[int, int]]]:
+    """Within the block, append `(new tokens, cached tokens)` to the yielded list at each forward
+    pass of `model` (the KV cache length is read before the pass extends it)."""
+    calls: list[tuple[int, int]] = []
+
+    def hook(module, args, kwargs):
+        input_ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
+        cache = kwargs.get("past_key_values")
+        calls.append((input_ids.shape[1], cache.get_seq_length() if cache is not None else 0))
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def rounds_from_target_calls(calls: list[tuple[int, int]], prompt_length: int,
+                             generated: int) -> tuple[list[int], list[int]]:
+    """Per round (one target forward each): drafted tokens accepted, and tokens drafted. A round
+    feeds the last verified token plus its k drafted tokens on top of the cache (the first round
+    feeds the whole prompt plus k), so where each round starts tells how many tokens the previous
+    one emitted: all it accepted plus the target's own token."""
+    starts, drafted = [], []
+    for new, cached in calls:
+        starts.append(cached + 1 - prompt_length if cached else 0)  # tokens generated before this round
+        drafted.append(new - 1 if cached else new - prompt_length)
+    ends = starts[1:] + [generated]
+    accepted = [min(k, max(0, end - start - 1)) for k, start, end in zip(drafted, starts, ends)]
+    return accepted, drafted
+

@@ -1,0 +1,138 @@
+"""The methods an evaluation compares, and our engine's adapter.
+
+A method is named `target`, `draft`, `specdecpp:<schedule>[@...]` or `hf:<schedule>[@...]`;
+`method_specs` turns the flags into one `MethodSpec` per schedule and knob value, and
+`engine_generate` runs a spec through `speculative_generate`, counting what it cost. Hugging
+Face's assisted generation has its own adapter in `hf_baselines`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecpp.decoding import decode
+from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.evaluation.settings import EvaluationArguments, Prompt, may_store_threshold
+from specdecpp.head import AcceptancePredictionHead
+
+
+@dataclass
+class MethodSpec:
+    """What a method is: `target`, `draft`, `specdecpp:<schedule>[@...]` or `hf:<schedule>[@...]`."""
+
+    name: str
+    engine: str | None  # "specdecpp" or "hf"; None for a model alone
+    schedule: str
+    num_assistant_tokens: int | None = None
+    stop_threshold: float | str | None = None  # "auto" until the head is loaded (see `build_method`)
+    head: str | None = None  # the ada head's folder or Hub id
+    assistant_confidence_threshold: float | None = None
+
+
+@dataclass
+class Counts:
+    """What one generation produced and cost, in forward passes (None where unknown)."""
+
+    tokens: list[int]
+    target_calls: int | None
+    draft_calls: int | None
+    discarded_tokens: int | None
+    accepted_lengths: list[int] | None
+
+
+@dataclass
+class Method:
+    """A runnable method: its spec and the function that generates for one prompt with one seed."""
+
+    spec: MethodSpec
+    generate: Callable[[Prompt, int], Counts]  # (prompt, seed) -> counts
+
+
+def method_specs(args: EvaluationArguments) -> list[MethodSpec]:
+    """The methods the flags ask for: baselines first, then one per schedule and knob value."""
+    specs = [MethodSpec("target", None, "none")]
+    if "draft" in args.baselines:
+        specs.append(MethodSpec("draft", None, "none"))
+    for schedule in ("constant", "heuristic", "dynamic"):
+        if f"hf:{schedule}" in args.baselines:
+            specs += _knob_specs("hf", schedule, args)
+    for schedule in dict.fromkeys(args.schedule):
+        if schedule != "none":
+            specs += _knob_specs("specdecpp", schedule, args)
+    return specs
+
+
+def _knob_specs(engine: str, schedule: str, args: EvaluationArguments) -> list[MethodSpec]:
+    """One spec per K (constant), per threshold (ada), or a single one."""
+    if schedule == "constant":
+        return [MethodSpec(f"{engine}:constant@K={k}", engine, schedule, num_assistant_tokens=k)
+                for k in dict.fromkeys(args.num_assistant_tokens)]
+    if schedule == "heuristic":  # it adapts K itself: one starting point is enough
+        k = args.num_assistant_tokens[0]
+        return [MethodSpec(f"{engine}:heuristic@K={k}", engine, schedule, num_assistant_tokens=k)]
+    if schedule == "ada":
+        heads = list(dict.fromkeys(args.assist_acc_head_dir))
+        # "auto" runs with every head that stores a threshold (see `may_store_threshold`)
+        return [MethodSpec(f"{engine}:ada" + (f"[{head_label(head)}]" if len(heads) > 1 else "")
+                           + f"@{t if t == 'auto' else format(float(t), 'g')}", engine, schedule,
+                           stop_threshold=t if t == "auto" else float(t), head=head)
+                for head in heads for t in dict.fromkeys(args.stop_threshold)
+                if t != "auto" or may_store_threshold(head)]
+    if schedule == "dynamic":
+        confidences = list(dict.fromkeys(args.assistant_confidence_threshold))
+        if engine == "hf":  # it moves its threshold itself: one starting point is enough
+            confidences = confidences[:1]
+        return [MethodSpec(f"{engine}:dynamic" + (f"@{c:g}" if len(confidences) > 1 else ""), engine, schedule,
+                           num_assistant_tokens=args.dynamic_num_assistant_tokens, assistant_confidence_threshold=c)
+                for c in confidences]
+    return [MethodSpec(f"{engine}:{schedule}", engine, schedule)]
+
+
+def head_label(head_dir: str) -> str:
+    """A head's short name in method names: its folder's (or Hub repo's) last part."""
+    return Path(head_dir.rstrip("/")).name
+
+
+def sampling_kwargs(args: EvaluationArguments) -> dict:
+    """The sampling keyword arguments of `generate` and `speculative_generate` the flags ask for."""
+    return dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) if args.do_sample \
+        else dict(do_sample=False)
+
+
+def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
+                    args: EvaluationArguments) -> DecodingSettings:
+    """The engine's decoding settings for `spec` (its schedule and knobs, `head` for ada) under the
+    flags' bound and sampling settings; `max_new_tokens` is set per prompt."""
+    knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
+                               ("stop_threshold", spec.stop_threshold),
+                               ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
+    return DecodingSettings(schedule=spec.schedule, head=head, bound=tuple(args.bound), **knobs, **sampling_kwargs(args))
+
+
+def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,
+                    head: AcceptancePredictionHead | None,
+                    args: EvaluationArguments) -> Callable[[Prompt, int], Counts]:
+    """Our engine with `spec`'s schedule; a model alone (`schedule="none"`) runs through the same
+    loop, its forward passes counted as target calls for the target and draft calls for the draft."""
+    settings = method_settings(spec, head, args)
+    alone_is_draft = spec.engine is None and spec.name == "draft"
+
+    def generate(prompt: Prompt, seed: int) -> Counts:
+        device = target.get_input_embeddings().weight.device
+        generator = torch.Generator(device).manual_seed(seed)
+        out = decode(target, draft, torch.tensor([prompt.ids], device=device),
+                     replace(settings, max_new_tokens=prompt.max_new_tokens), generator=generator)
+        stats = out.stats
+        tokens = out.sequences[0, len(prompt.ids):].tolist()
+        if spec.engine is None:
+            calls = (0, stats.target_calls) if alone_is_draft else (stats.target_calls, 0)
+            return Counts(tokens, *calls, discarded_tokens=0, accepted_lengths=None)
+        return Counts(tokens, stats.target_calls, stats.draft_calls, stats.discarded_tokens,
+                      list(stats.accepted_lengths))
+
+    return generate
+

@@ -1,0 +1,47 @@
+"""The report of an evaluation: the summary table, the greedy verdict, `summary.json` and the figures."""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from specdecpp import metrics, plots
+from specdecpp.evaluation.settings import EvaluationArguments, Prompt, write_json
+
+
+def report(records: list[dict], cost: dict, args: EvaluationArguments, title: str = "", **extra) -> dict:
+    """Summarize `records`, print the table and the greedy verdict, save `summary.json` (with
+    `extra` entries) and the figures in `--save_path`. Returns the summary document."""
+    summary = metrics.summarize(records, cost["cost_ratio"])
+    table = metrics.format_table(summary, cost["cost_ratio"])
+    verdict = metrics.greedy_verdict(summary, records)
+    save_path = Path(args.save_path)
+    document = {"title": title, "prompts": len({r["id"] for r in records}), "summary": summary, "table": table,
+                "greedy_check": verdict, "cost": cost, **extra, "settings": asdict(args), "machine": machine_info()}
+    if args.plots:
+        document["figures"] = [str(plots.plot_pareto(summary, save_path / "pareto.png", title)),
+                               str(plots.plot_speedup(summary, save_path / "speedup_vs_threshold.png", title))]
+    write_json(save_path / "summary.json", document, indent=1)
+    print(table)
+    if verdict:
+        print(verdict)
+    return document
+
+
+def machine_info() -> dict:
+    """Where the timings were taken (they only compare within one run)."""
+    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+
+def run_title(args: EvaluationArguments, prompts: list[Prompt]) -> str:
+    """What a run measured, in a few words: `humaneval prompts 0-163, greedy, 128 new tokens`."""
+    decoding = f"sampled (temperature {args.temperature:g})" if args.do_sample else "greedy"
+    return f"{args.data_path} prompts {prompts[0].id}-{prompts[-1].id}, {decoding}, {args.max_new_tokens} new tokens"
+
+

@@ -1,0 +1,237 @@
+"""The measurement loop: every method on every prompt, interleaved, timed, saved as it goes.
+
+`Evaluation` is the public way to run one: it checks the settings and reads the prompts when
+made, loads the pair on first use, and `measure`s and `report`s any methods on any of its
+prompts (the demo tunes on some prompts and evaluates on others this way). `evaluate` is the
+whole evaluation the flags describe, with `--resume` keeping the prompts an interrupted run
+finished.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from specdecpp import metrics
+from specdecpp.evaluation.hf_baselines import hf_assisted_generate
+from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, method_specs
+from specdecpp.evaluation.report import report, run_title
+from specdecpp.evaluation.settings import (EvaluationArguments, ModelLoadingArguments, Pair, Prompt, load_inputs,
+                                           load_pair, results_file, write_json)
+
+
+def build_method(spec: MethodSpec, pair: Pair, args: EvaluationArguments) -> Method:
+    """A runnable method for `spec` on `pair`, with the decoding settings of `args`; an ada
+    threshold of "auto" becomes the number stored in the spec's head."""
+    if spec.engine == "hf":
+        return Method(spec, hf_assisted_generate(spec, pair, args))
+    if spec.engine is None:
+        model = pair.target if spec.name == "target" else pair.draft
+        return Method(spec, engine_generate(spec, model, None, None, args))
+    head = pair.heads.get(spec.head)
+    if head is not None:
+        spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold))
+    return Method(spec, engine_generate(spec, pair.target, pair.draft, head, args))
+
+
+# -- the measurement loop -----------------------------------------------------------------------
+def warm_up(methods: list[Method], prompt: Prompt, tokens: int, seed: int) -> None:
+    """Run each method once, untimed, so that first-call costs (allocation, lazy initialisation)
+    stay out of the measurement."""
+    if tokens > 0:
+        short = Prompt(prompt.id, prompt.text, prompt.ids, min(tokens, prompt.max_new_tokens))
+        for method in methods:
+            method.generate(short, seed)
+
+
+def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments,
+                   probe: metrics.CostProbe, tokenizer=None,
+                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
+                   target: PreTrainedModel | None = None) -> list[dict]:
+    """Every method on every prompt, interleaved per prompt with the starting method rotating,
+    timed one generation at a time, then `--cost_steps_per_prompt` draft steps and target
+    verifications of the `probe`, whose medians go into the prompt's records. Returns one record per
+    (prompt, method), with the output decoded when a `tokenizer` is given; `on_prompt(records)` is
+    called after each prompt with the records so far (to save partial results); `label` names
+    the progress bar. Given the `target`, a greedy output that differs from the target's gets the
+    target's top-two logit margin at the first differing token (`first_difference_margin`)."""
+    records: list[dict] = []
+    for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not args.progress)):
+        seed = args.random_seed + prompt.id
+        order = methods[n % len(methods):] + methods[:n % len(methods)]
+        runs = {}
+        for method in order:
+            start = time.perf_counter()
+            counts = method.generate(prompt, seed)
+            runs[method.spec.name] = (counts, time.perf_counter() - start)
+        timing = _time_cost_steps(probe, args.cost_steps_per_prompt)
+        for method in methods:
+            record = _record(prompt, method.spec, runs, args, tokenizer)
+            margin = None
+            if record["matches_target"] is False and target is not None:
+                margin = first_difference_margin(target, prompt.ids, runs[method.spec.name][0].tokens,
+                                                 runs["target"][0].tokens)
+            records.append({**record, **timing, "first_difference_margin": margin})
+        if on_prompt is not None:
+            on_prompt(records)
+    return records
+
+
+def first_difference_margin(target: PreTrainedModel, prompt: list[int], tokens: list[int],
+                            reference: list[int]) -> float:
+    """Where greedy `tokens` first differ from the target's own greedy `reference`: the gap between
+    the target's two largest logits there, from one target forward on the prompt plus the common
+    prefix. A gap below `metrics.NEAR_TIE_MARGIN` is a numerical near-tie (rounding in another
+    order of operations may pick either token), not a failure of the decoding."""
+    common = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    device = target.get_input_embeddings().weight.device
+    with torch.inference_mode():
+        logits = target(input_ids=torch.tensor([prompt + reference[:common]], device=device)).logits[0, -1]
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def _time_cost_steps(probe: metrics.CostProbe, steps: int) -> dict:
+    """The medians of `steps` timed draft steps and target verifications, in ms."""
+    draft_ms, target_ms = probe.sample(steps)
+    return {"draft_step_ms": statistics.median(draft_ms), "target_verify_ms": statistics.median(target_ms)}
+
+
+def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArguments, tokenizer) -> dict:
+    """The reference's per-prompt fields for one method (`spec_time`, `target_time`, `draft_time`,
+    `num_mismatched_tokens` = discarded draft tokens, `num_LM_call` = target forward passes,
+    `generated_length`, ...) plus ours."""
+    counts, seconds = runs[spec.name]
+    target, target_time = runs["target"]
+    draft, draft_time = runs.get("draft", (None, None))
+    checked = spec.engine is not None and not args.do_sample
+    return {
+        "id": prompt.id, "method": spec.name, "engine": spec.engine, "schedule": spec.schedule,
+        "num_assistant_tokens": spec.num_assistant_tokens, "stop_threshold": spec.stop_threshold,
+        "head": spec.head, "assistant_confidence_threshold": spec.assistant_confidence_threshold,
+        "prompt": prompt.text, "prefix": prompt.ids,
+        "spec_time": seconds, "target_time": target_time, "draft_time": draft_time,
+        "num_mismatched_tokens": counts.discarded_tokens, "num_LM_call": counts.target_calls,
+        "generated_length": len(counts.tokens), "generated_length_target": len(target.tokens),
+        "generated_length_draft": len(draft.tokens) if draft is not None else None,
+        "draft_calls": counts.draft_calls, "accepted_lengths": counts.accepted_lengths,
+        "speedup": target_time / seconds, "tokens": counts.tokens,
+        "output": tokenizer.decode(counts.tokens) if tokenizer is not None else None,
+        "matches_target": counts.tokens == target.tokens if checked else None,
+    }
+
+
+def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
+            results_path: Path | None = None, label: str = "evaluate",
+            done: list[dict] | None = None) -> tuple[list[dict], dict]:
+    """Warm the methods up, then run every method on every prompt not already in `done` (records
+    of an interrupted run), timing the cost ratio's steps after each prompt and saving all
+    records so far to `results_path`. Returns the records (`done` first) and the run's cost
+    measurement (`run_cost`)."""
+    done = done or []
+    methods = [build_method(spec, pair, args) for spec in specs]
+    warm_up(methods, prompts[0], args.warmup_tokens, args.random_seed)
+    probe = metrics.CostProbe(pair.target, pair.draft, torch.tensor([prompts[0].ids]))
+    finished = {record["id"] for record in done}
+    todo = [prompt for prompt in prompts if prompt.id not in finished]
+    save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
+    records = done + run_evaluation(methods, todo, args, probe, pair.tokenizer, on_prompt=save, label=label,
+                                    target=pair.target)
+    return records, run_cost(records, probe, args.cost_steps_per_prompt)
+
+
+def run_cost(records: list[dict], probe: metrics.CostProbe, steps_per_prompt: int) -> dict:
+    """The run's cost ratio c: the median over prompts of the draft step and of the target
+    verification timed after each prompt (`metrics.cost_ratio`), with `steps_per_prompt` and the
+    number of `prompts` timed. Records saved by a version that timed c only once carry no
+    timings; if none does, the probe times as many steps now."""
+    timed = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records if "draft_step_ms" in r}
+    if timed:
+        draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
+    else:
+        draft_ms, target_ms = probe.sample(steps_per_prompt * len({r["id"] for r in records}))
+    return {**metrics.cost_ratio(draft_ms, target_ms, probe.k), "steps_per_prompt": steps_per_prompt,
+            "prompts": len(timed)}
+
+
+def records_to_resume(path: Path, specs: list[MethodSpec], prompts: list[Prompt]) -> list[dict]:
+    """The records of an interrupted run saved at `path` (none if there is no file), after checking
+    that they come from the same methods and prompts; a prompt is saved only once all its methods
+    have run, so every prompt found is complete."""
+    if not path.is_file():
+        return []
+    records = json.loads(path.read_text(encoding="utf-8"))
+    names = sorted(spec.name for spec in specs)
+    by_id = {prompt.id: prompt for prompt in prompts}
+    saved_by_id: dict[int, list[dict]] = {}
+    for record in records:
+        saved_by_id.setdefault(record["id"], []).append(record)
+    for prompt_id, saved in saved_by_id.items():
+        if sorted(record["method"] for record in saved) != names:
+            raise ValueError(f"{path} holds other methods than this run ({', '.join(names)}); "
+                             "rerun with the same flags, or choose another --save_path to start afresh")
+        if prompt_id not in by_id or saved[0]["prefix"] != by_id[prompt_id].ids:
+            raise ValueError(f"{path} holds other prompts than this run (prompt {prompt_id} differs); "
+                             "rerun with the same flags, or choose another --save_path to start afresh")
+    return records
+
+
+class Evaluation:
+    """One evaluation's inputs, checked: made from the flags (`EvaluationArguments`) and the model
+    loading settings, it refuses bad input, reads the tokenizer and the prompts and lists the
+    methods the flags ask for, all before any model is loaded; the pair is loaded on first use.
+    `measure` runs any of its methods on any of its prompts and `report` writes the summary, so a
+    caller can also tune on some prompts and evaluate on others (as the demo does)."""
+
+    def __init__(self, args: EvaluationArguments, model_args: ModelLoadingArguments | None = None):
+        self.args = args
+        self.model_args = model_args or ModelLoadingArguments()
+        self.tokenizer, self.prompts = load_inputs(args, self.model_args)
+        self.specs = method_specs(args)
+        self._pair: Pair | None = None
+
+    @property
+    def pair(self) -> Pair:
+        """The loaded target, draft, heads (when a method needs one) and tokenizer."""
+        if self._pair is None:
+            need_head = any(spec.schedule == "ada" for spec in self.specs)
+            self._pair = load_pair(self.args, self.model_args, self.tokenizer, need_head)
+        return self._pair
+
+    def measure(self, specs: list[MethodSpec] | None = None, prompts: list[Prompt] | None = None,
+                save: bool = False, label: str = "evaluate",
+                done: list[dict] | None = None) -> tuple[list[dict], dict]:
+        """`measure` the `specs` (default: all the flags ask for) on the `prompts` (default: all),
+        saving the records to `results_file` after each prompt when `save`. Returns the records and
+        the run's cost measurement."""
+        specs = self.specs if specs is None else specs
+        prompts = self.prompts if prompts is None else prompts
+        path = results_file(self.args.save_path, prompts) if save else None
+        return measure(self.pair, specs, prompts, self.args, results_path=path, label=label, done=done)
+
+    def report(self, records: list[dict], cost: dict, prompts: list[Prompt] | None = None, title: str = "",
+               **extra) -> dict:
+        """`report` the records measured on `prompts` (default: all) under `title` (default:
+        `run_title`), with `extra` entries and `records_file` in the summary document."""
+        prompts = self.prompts if prompts is None else prompts
+        path = results_file(self.args.save_path, prompts)
+        return report(records, cost, self.args, title or run_title(self.args, prompts), **extra,
+                      records_file=str(path))
+
+
+def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None = None, title: str = "") -> dict:
+    """The whole evaluation the flags describe: check the inputs (`Evaluation`), read the saved
+    records when resuming, load the pair, `measure`, `report` (under `title`, by default
+    `run_title`). Returns the summary document, with `records_file` the path of the per-prompt
+    records."""
+    run = Evaluation(args, model_args)
+    done = records_to_resume(results_file(args.save_path, run.prompts), run.specs, run.prompts) if args.resume else []
+    records, cost = run.measure(save=True, done=done)
+    return run.report(records, cost, title=title)

@@ -1,0 +1,293 @@
+"""Evaluation settings: the flags, the checks that need no model, the prompts and the pair.
+
+The bottom of the evaluation package: it imports nothing else of it. `EvaluationArguments` holds
+the reference's flags (with lists where a sweep makes sense); `check_arguments` refuses settings
+that cannot work before anything is loaded; `load_inputs` reads the tokenizer and the prompts, and
+`load_pair` the models and heads.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecpp import models
+from specdecpp.checks import check_head_fits_draft, check_same_vocab, text_config
+from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.head import AcceptancePredictionHead
+from specdecpp.models import ModelLoadingArguments, load_model, load_tokenizer
+from specdecpp.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
+from specdecpp.schedules import SCHEDULES
+
+ZOO_DIR = Path(__file__).resolve().parent.parent.parent / "checkpoints" / "zoo"
+BASELINES = ("target", "draft", "hf:constant", "hf:heuristic", "hf:dynamic")
+
+
+@dataclass
+class EvaluationArguments:
+    """The reference's flags (`--model_name`, `--assistant_name`, `--num_assistant_tokens_schedule`,
+    ...) with lists where a sweep makes sense, plus the baselines and measurement settings."""
+
+    model_name: str = field(default=str(ZOO_DIR / "target"), metadata={
+        "aliases": ["--target_name_or_path"], "help": "target model: Hub id or folder"})
+    assistant_name: str = field(default=str(ZOO_DIR / "draft"), metadata={
+        "aliases": ["--draft_name_or_path"], "help": "draft model: Hub id or folder"})
+    schedule: list[str] = field(default_factory=lambda: ["constant", "ada"], metadata={
+        "aliases": ["--num_assistant_tokens_schedule"], "choices": SCHEDULES,
+        "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
+    num_assistant_tokens: list[int] = field(default_factory=lambda: [5], metadata={
+        "help": "K for constant (one method per value); heuristic, ours and Hugging Face's, starts from the first"})
+    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [0.4], metadata={
+        "help": "dynamic: stop drafting when the draft's token probability falls below this (one method of ours "
+                "per value; Hugging Face's dynamic starts from the first and moves it itself)"})
+    dynamic_num_assistant_tokens: int = field(default=20, metadata={
+        "help": "dynamic: the most tokens drafted per round (Hugging Face's default, 20)"})
+    assist_acc_head_dir: list[str] = field(default_factory=lambda: [str(ZOO_DIR / "head")], metadata={
+        "aliases": ["--head_name_or_path"],
+        "help": "acceptance prediction heads for ada (folders or Hub ids; ada runs with each)"})
+    stop_threshold: list[str] = field(default_factory=lambda: ["0.3"], metadata={
+        "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
+                "head that has one"})
+    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
+        "help": "ada: MIN MAX drafted tokens per round"})
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
+        "choices": BASELINES, "help": "baselines run next to the schedules (the target alone always runs)"})
+    data_path: str = field(default="humaneval", metadata={
+        "help": "prompts: a prompt set name (humaneval, ...), a .json/.jsonl file, or a Hub dataset"})
+    data_split: str | None = field(default=None, metadata={
+        "help": "Hub dataset split (default: the dataset's usual one)"})
+    prompt_format: str = field(default="auto", metadata={
+        "choices": FORMATS, "help": "how prompts are shown to the model"})
+    n_begin: int = field(default=0, metadata={"help": "first prompt index"})
+    n_end: int | None = field(default=None, metadata={"help": "one past the last prompt index (default: all)"})
+    save_path: str = field(default="outputs/evaluate", metadata={"help": "folder for records, summary and plots"})
+    max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
+    max_length: int | None = field(default=None, metadata={
+        "help": "the reference's limit on prompt + generated tokens; overrides --max_new_tokens when given"})
+    do_sample: bool = field(default=False, metadata={"help": "sample instead of greedy decoding"})
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    random_seed: int = field(default=47, metadata={"help": "seeds torch and each prompt's sampling"})
+    warmup_tokens: int = field(default=16, metadata={
+        "help": "each method first generates this many tokens on the first prompt, untimed (0: no warm-up)"})
+    cost_steps_per_prompt: int = field(default=5, metadata={
+        "help": "draft steps and target verifications timed after each prompt for the cost ratio c"})
+    threads: int = field(default=0, metadata={
+        "help": "torch CPU threads (0: torch's default); small models run as fast on one, which also keeps "
+                "other processes on a shared machine from slowing the run down"})
+    plots: bool = field(default=True, metadata={"help": "draw the PNG figures (--no_plots to skip)"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar (--no_progress to hide)"})
+    resume: bool = field(default=False, metadata={
+        "help": "keep the prompts already in --save_path's records file (an interrupted run with the same "
+                "flags) and run only the rest"})
+
+
+# -- checks that need no model ------------------------------------------------------------------
+def check_arguments(args: EvaluationArguments) -> None:
+    """Raise ValueError on settings that cannot work, before anything is loaded: a bound out of
+    order, a K or threshold out of range, an unknown prompt source, ada without a head, a head
+    trained for a draft of another hidden size, models with different vocabularies, the oracle
+    with sampling, a save path that cannot be written."""
+    check_decoding_flags(args)
+    if args.max_new_tokens < 1 or (args.max_length is not None and args.max_length < 2):
+        raise ValueError("--max_new_tokens must be >= 1 (and --max_length >= 2)")
+    check_prompt_source(args.data_path)
+    draft_config = _model_config(args.assistant_name)
+    target_config = _model_config(args.model_name)
+    if draft_config is not None and target_config is not None:
+        check_same_vocab(target_config.vocab_size, draft_config.vocab_size)
+    if "ada" in args.schedule:
+        if not args.assist_acc_head_dir:
+            raise ValueError("schedule 'ada' needs --assist_acc_head_dir (a trained acceptance prediction head)")
+        for head_dir in args.assist_acc_head_dir:
+            _check_head(head_dir, draft_config)
+        if "auto" in args.stop_threshold and not any(map(may_store_threshold, args.assist_acc_head_dir)):
+            raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
+                             f"{', '.join(args.assist_acc_head_dir)} has one: choose one with "
+                             "`python -m specdecpp.calibration ... --choose_threshold`")
+    check_writable(args.save_path)
+
+
+def may_store_threshold(head_dir: str) -> bool:
+    """False for a local head folder without a stored threshold; a Hub id is checked once loaded."""
+    config_file = os.path.join(head_dir, "config.json")
+    if not os.path.isfile(config_file):
+        return True
+    with open(config_file, encoding="utf-8") as f:
+        return json.load(f).get("stop_threshold") is not None
+
+
+def check_decoding_flags(args: EvaluationArguments) -> None:
+    """Validate every decoding setting the flags describe with `DecodingSettings.validate` (one
+    per schedule, K, threshold and confidence, every K also as constant's), naming the flags in
+    its messages."""
+    thresholds = [_as_threshold(t) for t in args.stop_threshold]
+    common = dict(bound=tuple(args.bound), max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    for schedule in dict.fromkeys(["constant", *args.schedule]):
+        for k, t, c in itertools.product(args.num_assistant_tokens, thresholds, args.assistant_confidence_threshold):
+            DecodingSettings(schedule=schedule, stop_threshold=t, num_assistant_tokens=k,
+                             assistant_confidence_threshold=c, **common).validate(_flag)
+    DecodingSettings(schedule="dynamic", num_assistant_tokens=args.dynamic_num_assistant_tokens, **common).validate(
+        lambda name: _flag("dynamic_" + name if name == "num_assistant_tokens" else name))
+
+
+def _flag(name: str) -> str:
+    return "--" + name
+
+
+def _as_threshold(text: str) -> float | str:
+    """A `--stop_threshold` value as the engine takes it: a number, or the text itself ('auto', or
+    something `DecodingSettings.validate` refuses)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def check_prompt_source(source: str) -> None:
+    """Fail at once on a prompt source that is neither a prompt set, nor an existing file, nor
+    shaped like a Hub dataset id (`org/name`): asking the Hub about it would only time out here."""
+    if source in PROMPT_SETS or source in HUB_DEFAULTS or os.path.isfile(source):
+        return
+    if source.endswith((".json", ".jsonl")) or _is_local_path(source):
+        raise FileNotFoundError(f"no prompt file at {source}")
+    if "/" not in source:
+        raise ValueError(f"unknown prompt set {source!r}; choose from {', '.join(PROMPT_SETS)}, "
+                         "or give a .json/.jsonl file or a Hub dataset id (org/name)")
+
+
+def _model_config(name_or_path: str):
+    """The text config of a local model folder (a PEFT adapter's base), or None for a Hub id,
+    which is checked once loaded instead."""
+    if os.path.isdir(name_or_path):
+        return text_config(name_or_path)
+    if _is_local_path(name_or_path):
+        raise FileNotFoundError(f"no model folder at {name_or_path}{_zoo_hint(name_or_path)}")
+    return None
+
+
+def _is_local_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or os.path.exists(name)
+
+
+def _zoo_hint(path: str) -> str:
+    """What to do about a missing folder of the embedded pair: build it (in a checkout), or point at
+    a pair (outside one, e.g. after a non-editable `pip install .`, which does not carry checkpoints/)."""
+    if not Path(path).resolve().is_relative_to(ZOO_DIR.resolve()):
+        return ""
+    return (f" (the embedded pair is expected in {ZOO_DIR}, inside a checkout of the repository, where "
+            "`specdecpp zoo` builds it; elsewhere point at a pair: --model_name TARGET --assistant_name DRAFT "
+            "--assist_acc_head_dir HEAD)")
+
+
+def _check_head(head_dir: str, draft_config) -> None:
+    if not os.path.isdir(head_dir):
+        if _is_local_path(head_dir):
+            raise FileNotFoundError(f"no head folder at {head_dir}{_zoo_hint(head_dir)}")
+        return  # a Hub id: checked once loaded
+    config_file = os.path.join(head_dir, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{head_dir} holds no config.json: not an acceptance prediction head")
+    with open(config_file, encoding="utf-8") as f:
+        head_hidden = json.load(f).get("hidden_size")
+    if draft_config is not None:
+        check_head_fits_draft(head_hidden, draft_config.hidden_size, f"the head in {head_dir}")
+
+
+def check_writable(path: str) -> None:
+    """Create `path` and write a file into it, or raise ValueError saying why it cannot be used."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise ValueError(f"cannot write results to --save_path {path}: {error}") from None
+
+
+# -- prompts ------------------------------------------------------------------------------------
+@dataclass
+class Prompt:
+    """One prompt: its index in the source, its text as the model sees it, its token ids and
+    how many tokens may be generated for it."""
+
+    id: int
+    text: str
+    ids: list[int]
+    max_new_tokens: int
+
+
+def load_eval_prompts(args: EvaluationArguments, tokenizer) -> list[Prompt]:
+    """The prompts `[n_begin:n_end]` of `--data_path`, formatted and tokenized. With the reference's
+    `--max_length` (prompt + generated), prompts already that long are left out."""
+    try:
+        texts = load_prompts(args.data_path, args.data_split, args.n_begin, args.n_end)
+    except (FileNotFoundError, ValueError):
+        raise
+    except Exception as error:  # a name that is no prompt set, no file, and no reachable Hub dataset
+        raise ValueError(f"cannot read prompts from {args.data_path!r}: not a prompt set, not a file, and "
+                         f"loading it as a Hub dataset failed ({type(error).__name__}: {error})") from None
+    prompts = []
+    for i, text in enumerate(texts, start=args.n_begin):
+        formatted, ids = tokenize_prompt(text, tokenizer, args.prompt_format)
+        budget = args.max_new_tokens if args.max_length is None else args.max_length - len(ids)
+        if budget > 0:
+            prompts.append(Prompt(i, formatted, ids, budget))
+    if not prompts:
+        raise ValueError(f"every prompt is already --max_length {args.max_length} tokens long")
+    return prompts
+
+
+# -- the pair -------------------------------------------------------------------------------------
+@dataclass
+class Pair:
+    """The loaded models: target, draft, the heads by folder or Hub id (none without ada) and the tokenizer."""
+
+    target: PreTrainedModel
+    draft: PreTrainedModel
+    heads: dict[str, AcceptancePredictionHead]
+    tokenizer: object
+
+
+def load_pair(args: EvaluationArguments, model_args: ModelLoadingArguments, tokenizer, need_head: bool) -> Pair:
+    """Load target, draft and (when `need_head`) the head, and check that they fit together."""
+    load = dict(torch_dtype=model_args.torch_dtype, device_map=model_args.device_map,
+                trust_remote_code=model_args.trust_remote_code)
+    target = load_model(args.model_name, **load)
+    draft = load_model(args.assistant_name, **load)
+    models.check_same_vocab(target, draft)
+    # A head from the Hub (not checked beforehand) meets the engine's hidden-size check at warm-up.
+    heads = {head_dir: AcceptancePredictionHead.from_pretrained(head_dir).to(draft.device)
+             for head_dir in (args.assist_acc_head_dir if need_head else [])}
+    return Pair(target, draft, heads, tokenizer)
+
+
+# -- files ------------------------------------------------------------------------------------------
+def results_file(save_path: str | Path, prompts: list[Prompt]) -> Path:
+    """The reference's file name, `results_{n_begin}to{n_end}.json`, for these prompts."""
+    return Path(save_path) / f"results_{prompts[0].id}to{prompts[-1].id + 1}.json"
+
+
+def write_json(path: Path, data, indent: int | None = None) -> None:
+    """Write `data` to `path` as JSON (on one line unless `indent` is given), newline-terminated."""
+    path.write_text(json.dumps(data, indent=indent) + "\n", encoding="utf-8")
+
+
+def load_inputs(args: EvaluationArguments, model_args: ModelLoadingArguments) -> tuple[object, list[Prompt]]:
+    """Check the settings, load the tokenizer and read the prompts: everything that can fail on bad
+    input before a model is loaded. Returns the tokenizer and the prompts."""
+    check_arguments(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.model_name, trust_remote_code=model_args.trust_remote_code)
+    prompts = load_eval_prompts(args, tokenizer)
+    torch.manual_seed(args.random_seed)
+    return tokenizer, prompts
+
