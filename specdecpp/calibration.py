@@ -181,7 +181,7 @@ def run(args: CalibrationArguments, loading: ModelLoadingArguments | None = None
     print(f"reliability diagram: {args.plot_path}")
     if args.choose_threshold:
         target = load_model(args.target, loading.torch_dtype, loading.device_map, loading.trust_remote_code)
-        report["threshold"] = store_threshold(head, draft, target, records, args)
+        report["threshold"] = store_threshold(head, draft, target, records, args, predictions)
     if args.output_json:
         with open(args.output_json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
@@ -189,10 +189,12 @@ def run(args: CalibrationArguments, loading: ModelLoadingArguments | None = None
 
 
 def store_threshold(head: AcceptancePredictionHead, draft, target, records: list[dict],
-                    args: CalibrationArguments) -> dict:
-    """Choose the head's threshold on `records` (`specdecpp.threshold.choose_threshold`), store it
-    in the head folder's config and card, plot the cost curve; returns the selection record."""
-    threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound), batch_size=args.batch_size)
+                    args: CalibrationArguments, predictions: np.ndarray) -> dict:
+    """Choose the head's threshold on `records` (`specdecpp.threshold.choose_threshold`) from its
+    raw `predictions` over them (a proposer head's positions do not depend on the mixing ratio),
+    store it in the head folder's config and card, plot the cost curve; returns the selection record."""
+    threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound), batch_size=args.batch_size,
+                                            predictions=predictions)
     selection["data"] = args.data_path
     head.cpu().with_threshold(threshold, selection).save_pretrained(args.head)
     plot_threshold_curve(selection, threshold, args.threshold_plot_path)

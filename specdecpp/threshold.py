@@ -103,17 +103,19 @@ def oracle_length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int
 
 def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, target: PreTrainedModel,
                      records: list[dict], bound: tuple[int, int] = (2, 20), thresholds: tuple[float, ...] = THRESHOLDS,
-                     batch_size: int = 8, timing_steps: int = 20) -> tuple[float, dict]:
+                     batch_size: int = 8, timing_steps: int = 20,
+                     predictions: np.ndarray | None = None) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on greedy `records` is lowest,
     and the record of the choice (measured times, the cost curve, constant K = 1..6 and the oracle
-    replayed alike, for comparison), ready to store with `head.with_threshold`."""
+    replayed alike, for comparison), ready to store with `head.with_threshold`. `predictions`: the
+    head's predictions over the records (`head_data.predict`) when the caller already has them."""
     if head.alignment != "proposer":
         raise ValueError("choosing a threshold replays rounds from the head's predictions, which needs a "
                          "proposer head (a reader head judges states the records do not hold)")
     if any(p not in (0.0, 1.0) for r in records for p in r["p_acc"]):
         raise ValueError("choosing a threshold replays greedy rounds: it needs greedy records (p_acc 0 or 1), "
                          "built without --do_sample")
-    _, flat = predict(head, draft, records, batch_size=batch_size)
+    flat = predict(head, draft, records, batch_size=batch_size)[1] if predictions is None else predictions
     bounds = np.cumsum([0] + [len(r["p_acc"]) for r in records])
     predictions = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     correct = [np.asarray(r["p_acc"]) == 1.0 for r in records]
