@@ -16,8 +16,8 @@ reported by default; `--weight_mismatch w` reports the calibration of `w s / (1 
 acceptance probability the head implies, which is what should match the labels.
 
 `--choose_threshold --target TARGET` also picks the head's stop threshold for `stop_threshold="auto"`
-(`specdecpp.threshold`): greedy rounds on the records are replayed with the head's predictions and
-priced with the pair's measured step times; the threshold, the times and the cost curve go into
+(`specdecpp.threshold`): rounds on the records (greedy or sampled, as the head will decode) are
+replayed with the head's predictions and priced with the pair's measured step times; the threshold, the times and the cost curve go into
 the head folder's `config.json` and model card, and the curve into `--threshold_plot_path`.
 """
 from __future__ import annotations
@@ -55,8 +55,8 @@ class CalibrationArguments:
     plot_path: str = field(default="reliability.png", metadata={"help": "where the reliability diagram goes"})
     output_json: str | None = field(default=None, metadata={"help": "also write the report as JSON here"})
     choose_threshold: bool = field(default=False, metadata={"help": (
-        "also choose the head's stop threshold by replaying greedy rounds on these records with the pair's "
-        "measured costs (needs --target and a proposer head), and store it in the head folder")})
+        "also choose the head's stop threshold by replaying rounds on these records (greedy, or expected over "
+        "p_acc for sampled records: choose on data of the mode you decode in) with the pair's measured costs (needs --target and a proposer head), and store it in the head folder")})
     target: str | None = field(default=None, metadata={
         "aliases": ["--target_name_or_path"], "help": "the target model (for --choose_threshold)"})
     bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
@@ -201,9 +201,15 @@ def store_threshold(head: AcceptancePredictionHead, draft, target, records: list
     write_threshold_card(os.path.join(args.head, "README.md"), threshold, selection)
     best_k = min(selection["constant_k_cost_per_token"].items(), key=lambda kv: kv[1])
     print(f"stop threshold {threshold:g}: replayed cost per token {min(selection['cost_per_token']):.3f} target "
-          f"steps (best constant K={best_k[0]}: {best_k[1]:.3f}; oracle {selection['oracle_cost_per_token']:.3f}); "
+          f"steps ({selection['mode']}; best constant K={best_k[0]}: {best_k[1]:.3f}{oracle_text(selection)}); "
           f"stored in {args.head}/config.json; plot: {args.threshold_plot_path}")
     return {"stop_threshold": threshold, **selection}
+
+
+def oracle_text(selection: dict) -> str:
+    """`; oracle X` for a greedy selection, nothing for a sampled one (no oracle there)."""
+    oracle = selection["oracle_cost_per_token"]
+    return "" if oracle is None else f"; oracle {oracle:.3f}"
 
 
 def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
@@ -217,10 +223,11 @@ def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
     ax.plot(selection["thresholds"], selection["cost_per_token"], "o-", label="ada (this head)")
     best_k, best_cost = min(selection["constant_k_cost_per_token"].items(), key=lambda kv: kv[1])
     ax.axhline(best_cost, color="C1", linestyle="--", label=f"best constant K={best_k}")
-    ax.axhline(selection["oracle_cost_per_token"], color="gray", linestyle=":", label="oracle")
+    if selection["oracle_cost_per_token"] is not None:
+        ax.axhline(selection["oracle_cost_per_token"], color="gray", linestyle=":", label="oracle")
     ax.axvline(threshold, color="C2", alpha=0.5, label=f"chosen {threshold:g}")
     ax.set(xlabel="stop threshold", ylabel="cost per token (target-alone steps)",
-           title=f"replayed greedy rounds, {selection['records']} records, bound {tuple(selection['bound'])}")
+           title=f"replayed {selection['mode'].split()[0]} rounds, {selection['records']} records, bound {tuple(selection['bound'])}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -238,12 +245,12 @@ def write_threshold_card(readme: str, threshold: float, selection: dict) -> None
     constant = ", ".join(f"K={k} {c:.3f}" for k, c in selection["constant_k_cost_per_token"].items())
     text += f"""{THRESHOLD_SECTION}
 
-`stop_threshold="auto"` uses **{threshold:g}**, chosen by replaying greedy rounds on {selection['records']} dev
+`stop_threshold="auto"` uses **{threshold:g}**, chosen by replaying {selection['mode']} rounds on {selection['records']} dev
 records ({selection['data']}, {selection['tokens']} tokens) with bound {tuple(selection['bound'])}, priced with the
 pair's measured times on {selection['device']} ({selection['threads']} threads): a draft step
 {selection['draft_step_ms']:.2f} ms, a target-alone step {selection['verify_ms'][0]:.2f} ms, a verification of
 20 drafted tokens {selection['verify_ms'][-1]:.2f} ms. Cost per token in target-alone steps (1 / cost is the
-replayed speedup); constant K: {constant}; oracle {selection['oracle_cost_per_token']:.3f}.
+replayed speedup); constant K: {constant}{oracle_text(selection)}.
 
 | threshold | cost per token |
 | --- | --- |

@@ -1,4 +1,5 @@
-"""Choosing the stop threshold: the greedy replay is exact, and the choice is stored and used."""
+"""Choosing the stop threshold: the greedy replay is exact, the sampled one is the expectation over
+p_acc, and the choice is stored and used."""
 from __future__ import annotations
 
 import copy
@@ -28,6 +29,31 @@ def test_replay_by_hand():
     ada = replay(CORRECT, predictions, ada_length(0.5, 1), 20, TIMES)
     # round 0 stops after the 0.2 token (1 - 0.162 > 0.5); round 3 runs to the record's end
     assert (ada["target_calls"], ada["draft_calls"]) == (3, 7)
+
+
+def test_sampled_replay_is_the_expectation_over_acceptances():
+    accept = [np.array([0.5, 0.5, 0.3])]
+    constant = replay(accept, [None], constant_length(1), 20, TIMES)
+    # a round at 0 always; at 1 when y_0 is rejected (0.5); at 2 unless y_0 is rejected and y_1 accepted (0.75)
+    assert constant["target_calls"] == pytest.approx(1 + 0.5 + 0.75)
+    assert constant["draft_calls"] == pytest.approx(1 + 0.5)
+    assert constant["cost_per_token"] == pytest.approx((11 + 1 + 0.5 * (11 + 1) + 0.75 * 10) / 3 / 10)
+    # against simulated rounds that accept each proposal with its p_acc
+    rng = np.random.default_rng(0)
+    accept, predictions = [rng.uniform(0.2, 1.0, 12)], [rng.uniform(0.3, 1.0, 12)]
+    length = ada_length(0.6, 1)
+    expected = replay(accept, predictions, length, 20, TIMES)
+    calls = []
+    for _ in range(20000):
+        pos, target_calls = 0, 0
+        while pos < 12:
+            k = length(predictions[0], accept[0], pos, min(20, 12 - pos - 1))
+            accepted = 0
+            while accepted < k and rng.random() < accept[0][pos + accepted]:
+                accepted += 1
+            pos, target_calls = pos + accepted + 1, target_calls + 1
+        calls.append(target_calls)
+    assert np.mean(calls) == pytest.approx(expected["target_calls"], abs=4 * np.std(calls) / np.sqrt(len(calls)))
 
 
 def greedy_records(target, draft, n: int, new_tokens: int) -> list[dict]:
@@ -110,11 +136,14 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
     assert out.sequences[0, len(records[0]["prefix"]):].tolist() == records[0]["tokens"]
 
 
-def test_choosing_needs_a_proposer_head_and_greedy_records(tiny_pair):
+def test_choosing_needs_a_proposer_head_and_replays_sampled_records_in_expectation(tiny_pair, proposer_head):
     target, draft = tiny_pair
     records = greedy_records(target, draft, 1, 5)
     with pytest.raises(ValueError, match="proposer"):
         choose_threshold(AcceptancePredictionHead(32, 1), draft, target, records)
     soft = [records[0] | {"p_acc": [0.5] * 5}]
-    with pytest.raises(ValueError, match="greedy records"):
-        choose_threshold(AcceptancePredictionHead(32, 1, alignment="proposer"), draft, target, soft)
+    threshold, selection = choose_threshold(proposer_head, draft, target, soft, bound=(1, 8), timing_steps=2)
+    assert selection["mode"].startswith("sampling") and selection["oracle_cost_per_token"] is None
+    assert threshold in selection["thresholds"]
+    _, greedy = choose_threshold(proposer_head, draft, target, records, bound=(1, 8), timing_steps=2)
+    assert greedy["mode"] == "greedy" and greedy["oracle_cost_per_token"] is not None
