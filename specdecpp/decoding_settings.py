@@ -7,6 +7,7 @@ knobs from it. A new setting is a field here, its check in `validate` (values al
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -69,7 +70,8 @@ class DecodingSettings:
     def check_models(self, target: PreTrainedModel, draft: PreTrainedModel | None) -> None:
         """Raise ValueError unless the models (and the head) fit the schedule: a draft for every
         schedule but `none`, sharing the target's vocabulary; for `ada` a head trained for this
-        draft, holding a stored threshold when `stop_threshold="auto"`."""
+        draft, holding a stored threshold when `stop_threshold="auto"` (with a warning when that
+        threshold was chosen for the other decoding mode)."""
         if self.schedule == "none":
             return
         if draft is None:
@@ -80,6 +82,12 @@ class DecodingSettings:
                 raise ValueError("schedule 'ada' needs an acceptance prediction head (head=AcceptancePredictionHead...)")
             check_head_fits_draft(self.head.hidden_size, hidden_size(draft.config))
             self.head.resolve_stop_threshold(self.stop_threshold)
+            mode = "sampling" if self.do_sample else "greedy"
+            if self.stop_threshold == "auto" and self.head.threshold_mode != mode:
+                warnings.warn(f"stop_threshold='auto' is this head's threshold for {self.head.threshold_mode} "
+                              f"decoding, chosen on {self.head.threshold_mode} records, and this generation is "
+                              f"{mode}: a head trained and calibrated on {mode} records predicts better here",
+                              stacklevel=3)
 
     def as_kwargs(self) -> dict:
         """The settings as `speculative_generate`'s keyword arguments."""

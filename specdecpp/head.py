@@ -185,6 +185,14 @@ class AcceptancePredictionHead(
         self._hub_mixin_config = self.config
         return self
 
+    @property
+    def threshold_mode(self) -> str | None:
+        """`"greedy"` or `"sampling"`: the decoding mode of the records the stored threshold was
+        chosen on (selections that predate the field were greedy), or None without one."""
+        if self.stop_threshold is None:
+            return None
+        return (self.threshold_selection or {}).get("mode", "greedy").split()[0]
+
     def resolve_stop_threshold(self, stop_threshold: float | str) -> float:
         """`stop_threshold` itself, or for `"auto"` the threshold stored in this head (ValueError
         when none is stored)."""

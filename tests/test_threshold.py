@@ -147,3 +147,19 @@ def test_choosing_needs_a_proposer_head_and_replays_sampled_records_in_expectati
     assert threshold in selection["thresholds"]
     _, greedy = choose_threshold(proposer_head, draft, target, records, bound=(1, 8), timing_steps=2)
     assert greedy["mode"] == "greedy" and greedy["oracle_cost_per_token"] is not None
+
+
+def test_auto_warns_when_the_threshold_was_chosen_for_the_other_mode(tiny_pair, proposer_head):
+    import warnings
+
+    target, draft = tiny_pair
+    head = copy.deepcopy(proposer_head).with_threshold(0.4, {"mode": "greedy"})
+    prompt = torch.tensor([[5, 6, 7]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4)
+    with pytest.warns(UserWarning, match="for greedy decoding"):
+        speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4,
+                             do_sample=True, generator=torch.Generator().manual_seed(0))
+    head.with_threshold(0.4, {"mode": "sampling (expected over p_acc)"})
+    assert head.threshold_mode == "sampling"
