@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
-from specdecpp.metrics import cached_step, timed
+from specdecpp.metrics import CostProbe
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 # How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k.
@@ -39,18 +39,15 @@ def step_times(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch
                steps: int = 20, warmup_steps: int = 5) -> dict:
     """Median times (ms) on warm KV caches of `input_ids` `[1, length]`: one draft step, and one
     target verification of `k` drafted tokens (`k + 1` fed) for every `k` in `0..max_draft`
-    (`k = 0` is a target-alone step). Draft and verifications alternate so load hits them alike."""
-    draft_step = cached_step(draft, input_ids, 1)
-    verifies = [cached_step(target, input_ids, k + 1) for k in range(max_draft + 1)]
-    for _ in range(warmup_steps):
-        draft_step()
-        for verify in verifies:
-            verify()
-    draft_ms, verify_ms = [], [[] for _ in verifies]
+    (`k = 0` is a target-alone step), from a `metrics.CostProbe` per `k` sampled in turn so that
+    load hits them alike."""
+    probes = [CostProbe(target, draft, input_ids, k, warmup_steps) for k in range(max_draft + 1)]
+    draft_ms, verify_ms = [], [[] for _ in probes]
     for _ in range(steps):
-        for k, verify in enumerate(verifies):
-            draft_ms.append(1000 * timed(draft_step))
-            verify_ms[k].append(1000 * timed(verify))
+        for k, probe in enumerate(probes):
+            draft_step, verify = probe.sample(1)
+            draft_ms += draft_step
+            verify_ms[k] += verify
     return {"draft_step_ms": statistics.median(draft_ms), "verify_ms": [statistics.median(t) for t in verify_ms],
             "steps": steps, "threads": torch.get_num_threads(), "device": str(target.device)}
 
