@@ -56,7 +56,8 @@ class CalibrationArguments:
     output_json: str | None = field(default=None, metadata={"help": "also write the report as JSON here"})
     choose_threshold: bool = field(default=False, metadata={"help": (
         "also choose the head's stop threshold by replaying rounds on these records (greedy, or expected over "
-        "p_acc for sampled records: choose on data of the mode you decode in) with the pair's measured costs (needs --target and a proposer head), and store it in the head folder")})
+        "p_acc for sampled records: choose on data of the mode you decode in) with the pair's measured costs "
+        "(needs --target and a proposer head), and store it in the head folder")})
     target: str | None = field(default=None, metadata={
         "aliases": ["--target_name_or_path"], "help": "the target model (for --choose_threshold)"})
     bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
@@ -227,7 +228,7 @@ def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
         ax.axhline(selection["oracle_cost_per_token"], color="gray", linestyle=":", label="oracle")
     ax.axvline(threshold, color="C2", alpha=0.5, label=f"chosen {threshold:g}")
     ax.set(xlabel="stop threshold", ylabel="cost per token (target-alone steps)",
-           title=f"replayed {selection['mode'].split()[0]} rounds, {selection['records']} records, bound {tuple(selection['bound'])}")
+           title=f"replayed {REPLAYED_ROUNDS[selection.get('mode', 'greedy')].split(' (')[0]}, {selection['records']} records, bound {tuple(selection['bound'])}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -235,6 +236,7 @@ def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
 
 
 THRESHOLD_SECTION = "## Stored stop threshold"
+REPLAYED_ROUNDS = {"greedy": "greedy rounds", "sampling": "sampled rounds (in expectation over p_acc)"}
 
 
 def write_threshold_card(readme: str, threshold: float, selection: dict) -> None:
@@ -245,7 +247,7 @@ def write_threshold_card(readme: str, threshold: float, selection: dict) -> None
     constant = ", ".join(f"K={k} {c:.3f}" for k, c in selection["constant_k_cost_per_token"].items())
     text += f"""{THRESHOLD_SECTION}
 
-`stop_threshold="auto"` uses **{threshold:g}**, chosen by replaying {selection['mode']} rounds on {selection['records']} dev
+`stop_threshold="auto"` uses **{threshold:g}**, chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection['records']} dev
 records ({selection['data']}, {selection['tokens']} tokens) with bound {tuple(selection['bound'])}, priced with the
 pair's measured times on {selection['device']} ({selection['threads']} threads): a draft step
 {selection['draft_step_ms']:.2f} ms, a target-alone step {selection['verify_ms'][0]:.2f} ms, a verification of

@@ -104,7 +104,7 @@ draft = AutoModelForCausalLM.from_pretrained("{{ draft_model | default("DRAFT", 
 tokenizer = AutoTokenizer.from_pretrained("{{ target_model | default("TARGET", true) }}")
 inputs = tokenizer("def fibonacci(n):", return_tensors="pt")
 out = target.generate(**inputs, assistant_model=draft, custom_generate="{{ repo_id | default("this-repo-or-folder", true) }}",
-                      trust_remote_code=True, max_new_tokens=128, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound={{ bound | default((2, 20), true) }})
+                      trust_remote_code=True, max_new_tokens=128, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound={{ bound | default((2, 20), true) }}{{ ", do_sample=True" if do_sample else "" }})
 print(tokenizer.decode(out[0]))
 ```
 
@@ -115,7 +115,7 @@ With specdecpp directly:
 ```python
 from specdecpp import AcceptancePredictionHead, speculative_generate
 head = AcceptancePredictionHead.from_pretrained("{{ repo_id | default("this-repo-or-folder", true) }}")
-out = speculative_generate(target, draft, **inputs, head=head, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound={{ bound | default((2, 20), true) }})
+out = speculative_generate(target, draft, **inputs, head=head, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound={{ bound | default((2, 20), true) }}{{ ", do_sample=True" if do_sample else "" }})
 ```
 """
 
@@ -191,7 +191,7 @@ class AcceptancePredictionHead(
         chosen on (selections that predate the field were greedy), or None without one."""
         if self.stop_threshold is None:
             return None
-        return (self.threshold_selection or {}).get("mode", "greedy").split()[0]
+        return (self.threshold_selection or {}).get("mode", "greedy")
 
     def resolve_stop_threshold(self, stop_threshold: float | str) -> float:
         """`stop_threshold` itself, or for `"auto"` the threshold stored in this head (ValueError
@@ -268,9 +268,11 @@ class AcceptancePredictionHead(
         write_custom_generate(save_directory)
 
     def generate_model_card(self, *args, **kwargs):
-        """The model card, with the stored stop threshold and the bound it was chosen for (when the
-        config has them) unless the caller gives them, and empty calibration columns filled in."""
+        """The model card, with the stored stop threshold, the bound it was chosen for and its
+        decoding mode (sampling examples for a threshold chosen on sampled records) when the config
+        has them, unless the caller gives them, and empty calibration columns filled in."""
         kwargs.setdefault("stop_threshold", self.stop_threshold)
+        kwargs.setdefault("do_sample", self.threshold_mode == "sampling")
         bound = (self.threshold_selection or {}).get("bound")
         kwargs.setdefault("bound", tuple(bound) if bound else None)
         calibration = kwargs.get("calibration") or {}

@@ -132,7 +132,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
 
     curve = [cost(ada_length(t, bound[0])) for t in thresholds]
     selection = {"records": len(records), "tokens": int(bounds[-1]), "bound": list(bound),
-                 "mode": "greedy" if greedy else "sampling (expected over p_acc)", **times,
+                 "mode": "greedy" if greedy else "sampling", **times,
                  "thresholds": list(thresholds), "cost_per_token": curve,
                  "constant_k_cost_per_token": {str(k): cost(constant_length(k)) for k in range(1, 7)},
                  "oracle_cost_per_token": cost(oracle_length) if greedy else None,

@@ -84,6 +84,15 @@ def test_model_card_records_pair_data_and_metrics(tmp_path):
     for text in ("org/draft-135M", "org/target-1.7B", "data/alpaca.jsonl", "| eval_binary_kl | 0.123 |",
                  "library_name: specdecpp", "2405.19715"):
         assert text in card
+    assert "do_sample" not in card
+
+
+def test_model_card_examples_follow_the_stored_threshold(tmp_path):
+    head = AcceptancePredictionHead(8, 1, alignment="proposer", stop_threshold=0.25,
+                                    threshold_selection={"bound": [1, 20], "mode": "sampling"})
+    head.save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert 'stop_threshold="auto", bound=(1, 20), do_sample=True)' in card
 
 
 def test_reference_constructor_call_and_config():
