@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -236,30 +237,38 @@ def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
 
 
 THRESHOLD_SECTION = "## Stored stop threshold"
+# The decoding settings in the card's usage examples (see head.MODEL_CARD), up to the call's ")".
+USAGE_SETTINGS = re.compile(r"stop_threshold=[^,\n]+, bound=\(\d+, \d+\)(, do_sample=True)?\)")
 REPLAYED_ROUNDS = {"greedy": "greedy rounds", "sampling": "sampled rounds (in expectation over p_acc)"}
 
 
 def write_threshold_card(readme: str, threshold: float, selection: dict) -> None:
-    """Add (or replace) the model card's section on the stored threshold and how it was chosen."""
+    """Add (or replace) the model card's section on the stored threshold and how it was chosen,
+    keeping the sections around it, and point the card's usage examples at the stored threshold
+    (`stop_threshold="auto"`, its bound and, when chosen on sampled records, `do_sample=True`)."""
     text = open(readme, encoding="utf-8").read() if os.path.isfile(readme) else ""
-    text = text.split(THRESHOLD_SECTION)[0].rstrip() + "\n\n"
+    before, _, after = text.partition(THRESHOLD_SECTION)
+    later_sections = after[after.index("\n## "):] if "\n## " in after else ""
+    sampling = ", do_sample=True" if selection.get("mode") == "sampling" else ""
+    usage = f'stop_threshold="auto", bound={tuple(selection["bound"])}{sampling})'
     rows = "\n".join(f"| {t:g} | {c:.3f} |" for t, c in zip(selection["thresholds"], selection["cost_per_token"]))
     constant = ", ".join(f"K={k} {c:.3f}" for k, c in selection["constant_k_cost_per_token"].items())
-    text += f"""{THRESHOLD_SECTION}
+    section = f"""{THRESHOLD_SECTION}
 
 `stop_threshold="auto"` uses **{threshold:g}**, chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection['records']} dev
 records ({selection['data']}, {selection['tokens']} tokens) with bound {tuple(selection['bound'])}, priced with the
 pair's measured times on {selection['device']} ({selection['threads']} threads): a draft step
 {selection['draft_step_ms']:.2f} ms, a target-alone step {selection['verify_ms'][0]:.2f} ms, a verification of
-20 drafted tokens {selection['verify_ms'][-1]:.2f} ms. Cost per token in target-alone steps (1 / cost is the
+{len(selection['verify_ms']) - 1} drafted tokens {selection['verify_ms'][-1]:.2f} ms. Cost per token in target-alone steps (1 / cost is the
 replayed speedup); constant K: {constant}{oracle_text(selection)}.
 
 | threshold | cost per token |
 | --- | --- |
 {rows}
 """
+    text = before.rstrip() + "\n\n" + section + later_sections
     with open(readme, "w", encoding="utf-8") as f:
-        f.write(text)
+        f.write(USAGE_SETTINGS.sub(usage, text))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -163,3 +163,22 @@ def test_auto_warns_when_the_threshold_was_chosen_for_the_other_mode(tiny_pair, 
                              do_sample=True, generator=torch.Generator().manual_seed(0))
     head.with_threshold(0.4, {"mode": "sampling"})
     assert head.threshold_mode == "sampling"
+
+
+def test_threshold_card_section_and_usage_examples(tmp_path):
+    from specdecpp.calibration import THRESHOLD_SECTION, write_threshold_card
+
+    AcceptancePredictionHead(8, 1, alignment="proposer").save_pretrained(tmp_path)
+    readme = tmp_path / "README.md"
+    assert "stop_threshold=0.3, bound=(2, 20))" in readme.read_text()
+    selection = {"records": 2, "data": "dev.jsonl", "tokens": 40, "bound": [1, 20], "mode": "sampling",
+                 "device": "cpu", "threads": 1, "draft_step_ms": 1.0, "verify_ms": [10.0] * 21,
+                 "thresholds": [0.25, 0.5], "cost_per_token": [0.9, 1.0], "constant_k_cost_per_token": {"1": 0.95},
+                 "oracle_cost_per_token": None}
+    write_threshold_card(str(readme), 0.25, selection)
+    readme.write_text(readme.read_text() + "\n## Later section\n\nkept\n")
+    write_threshold_card(str(readme), 0.5, selection | {"mode": "greedy", "oracle_cost_per_token": 0.5})
+    card = readme.read_text()
+    assert card.count(THRESHOLD_SECTION) == 1 and "uses **0.5**" in card and "oracle 0.500" in card
+    assert "## Later section\n\nkept" in card and "## Use from transformers" in card
+    assert card.count('stop_threshold="auto", bound=(1, 20))') == 2 and "do_sample" not in card
