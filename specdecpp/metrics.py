@@ -41,17 +41,12 @@ class CostProbe:
         self.k = k
         self.draft_step = cached_step(draft, input_ids, 1)
         self.target_verify = cached_step(target, input_ids, k + 1)
-        for _ in range(warmup_steps):
-            self.draft_step()
-            self.target_verify()
+        self.sample(warmup_steps)
 
     def sample(self, steps: int) -> tuple[list[float], list[float]]:
         """`steps` timings (ms) of each kind of step, alternating so that load on the machine
         hits both alike. Returns the draft step times and the target verification times."""
-        draft_ms, target_ms = [], []
-        for _ in range(steps):
-            draft_ms.append(1000 * timed(self.draft_step))
-            target_ms.append(1000 * timed(self.target_verify))
+        draft_ms, (target_ms,) = time_alternately(self.draft_step, [self.target_verify], steps)
         return draft_ms, target_ms
 
 
@@ -70,22 +65,46 @@ def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_id
     return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
 
 
-def cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens: int) -> Callable[[], None]:
-    """A function that runs one forward of `num_tokens` new tokens on top of the cached prompt,
-    then crops the cache back, so every call does the same work."""
+def cached_steps(model: PreTrainedModel, input_ids: torch.LongTensor,
+                 token_counts: list[int]) -> list[Callable[[], None]]:
+    """For each `n` in `token_counts`, a function that runs one forward of `n` new tokens on top
+    of the cached prompt, then crops the cache back, so every call does the same work. The
+    functions share one KV cache of the prompt (each leaves it as it found it)."""
     device = model.get_input_embeddings().weight.device
     input_ids = input_ids.to(device)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         model(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    new_tokens = input_ids[:, -1:].repeat(1, num_tokens)
 
-    def step() -> None:
-        with torch.inference_mode():
-            model(input_ids=new_tokens, past_key_values=cache, use_cache=True, logits_to_keep=num_tokens)
-        cache.crop(-num_tokens)  # transformers 5: a negative count removes that many positions
+    def step_of(num_tokens: int) -> Callable[[], None]:
+        new_tokens = input_ids[:, -1:].repeat(1, num_tokens)
 
-    return step
+        def step() -> None:
+            with torch.inference_mode():
+                model(input_ids=new_tokens, past_key_values=cache, use_cache=True, logits_to_keep=num_tokens)
+            cache.crop(-num_tokens)  # transformers 5: a negative count removes that many positions
+
+        return step
+
+    return [step_of(n) for n in token_counts]
+
+
+def cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens: int) -> Callable[[], None]:
+    """`cached_steps` for one token count."""
+    return cached_steps(model, input_ids, [num_tokens])[0]
+
+
+def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[], None]],
+                     steps: int) -> tuple[list[float], list[list[float]]]:
+    """`steps` rounds of timing, for each of `verifies` in turn, one draft step and then that
+    verification (ms), so that load on the machine hits them all alike. Returns the draft step
+    times and each verification's times."""
+    draft_ms, verify_ms = [], [[] for _ in verifies]
+    for _ in range(steps):
+        for times, verify in zip(verify_ms, verifies):
+            draft_ms.append(1000 * timed(draft_step))
+            times.append(1000 * timed(verify))
+    return draft_ms, verify_ms
 
 
 def timed(step: Callable[[], None]) -> float:

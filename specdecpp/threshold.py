@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
-from specdecpp.metrics import CostProbe
+from specdecpp.metrics import cached_step, cached_steps, time_alternately
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 # How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k.
@@ -39,15 +39,12 @@ def step_times(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch
                steps: int = 20, warmup_steps: int = 5) -> dict:
     """Median times (ms) on warm KV caches of `input_ids` `[1, length]`: one draft step, and one
     target verification of `k` drafted tokens (`k + 1` fed) for every `k` in `0..max_draft`
-    (`k = 0` is a target-alone step), from a `metrics.CostProbe` per `k` sampled in turn so that
-    load hits them alike."""
-    probes = [CostProbe(target, draft, input_ids, k, warmup_steps) for k in range(max_draft + 1)]
-    draft_ms, verify_ms = [], [[] for _ in probes]
-    for _ in range(steps):
-        for k, probe in enumerate(probes):
-            draft_step, verify = probe.sample(1)
-            draft_ms += draft_step
-            verify_ms[k] += verify
+    (`k = 0` is a target-alone step), timed alternately (`metrics.time_alternately`) on one
+    cache per model."""
+    draft_step = cached_step(draft, input_ids, 1)
+    verifies = cached_steps(target, input_ids, [k + 1 for k in range(max_draft + 1)])
+    time_alternately(draft_step, verifies, warmup_steps)
+    draft_ms, verify_ms = time_alternately(draft_step, verifies, steps)
     return {"draft_step_ms": statistics.median(draft_ms), "verify_ms": [statistics.median(t) for t in verify_ms],
             "steps": steps, "threads": torch.get_num_threads(), "device": str(target.device)}
 
@@ -60,7 +57,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
     expected counts and cost per token in target-alone steps, summing over the positions a round
     can start at, weighted by the probability that one does (for greedy records, the one path)."""
     draft_ms, verify_ms = times["draft_step_ms"], times["verify_ms"]
-    tokens = target_calls = draft_calls = total_ms = 0.0
+    tokens, target_calls, draft_calls, total_ms = 0, 0.0, 0.0, 0.0
     for acc, pred in zip(accept, predictions):
         n = len(acc)
         starts = np.zeros(n + 1)  # starts[pos]: P(a round starts at pos)
@@ -77,7 +74,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
                 reached *= acc[pos + m]
             starts[pos + k + 1] += reached
         tokens += n
-    return {"tokens": int(tokens), "target_calls": float(target_calls), "draft_calls": float(draft_calls),
+    return {"tokens": tokens, "target_calls": float(target_calls), "draft_calls": float(draft_calls),
             "cost_per_token": total_ms / tokens / verify_ms[0]}
 
 
