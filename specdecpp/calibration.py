@@ -253,14 +253,18 @@ def write_threshold_card(readme: str, threshold: float, selection: dict) -> None
     usage = f'stop_threshold="auto", bound={tuple(selection["bound"])}{sampling})'
     rows = "\n".join(f"| {t:g} | {c:.3f} |" for t, c in zip(selection["thresholds"], selection["cost_per_token"]))
     constant = ", ".join(f"K={k} {c:.3f}" for k, c in selection["constant_k_cost_per_token"].items())
+    plain, judged = selection["step_times"], selection["judged_step_times"]
     section = f"""{THRESHOLD_SECTION}
 
 `stop_threshold="auto"` uses **{threshold:g}**, chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection['records']} dev
-records ({selection['data']}, {selection['tokens']} tokens) with bound {tuple(selection['bound'])}, priced with the
-pair's measured times on {selection['device']} ({selection['threads']} threads): a draft step
-{selection['draft_step_ms']:.2f} ms, a target-alone step {selection['verify_ms'][0]:.2f} ms, a verification of
-{len(selection['verify_ms']) - 1} drafted tokens {selection['verify_ms'][-1]:.2f} ms. Cost per token in target-alone steps (1 / cost is the
-replayed speedup); constant K: {constant}{oracle_text(selection)}.
+records ({selection['data']}, {selection['tokens']} tokens) with bound {tuple(selection['bound'])}, each round priced with
+what the loop spends (`specdecpp.costs`), measured through the engine's own steps on {plain['device']} with
+{plain['threads']} torch thread(s), {plain['repeats']} timed passes: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
+{plain['draft_ms'][0]:.2f} ms first in a round, {plain['draft_ms'][-1]:.2f} ms late in a long one ({judged['draft_ms'][0]:.2f} / {judged['draft_ms'][-1]:.2f} ms
+with this head judging); the head's judgement {judged['judge_ms']:.3f} ms per drafted token; a verification of 1 / {len(plain['verify_ms']) - 1}
+drafted tokens {plain['verify_ms'][1]:.2f} / {plain['verify_ms'][-1]:.2f} ms; the loop's own overhead {plain['round_overhead_ms']:.3f} ms per round.
+Cost per token in target-alone steps (1 / cost is the replayed speedup); constant K: {constant}{oracle_text(selection)}.
+Timings depend on the machine and its load: re-run `--choose_threshold` on the machine you decode on.
 
 | threshold | cost per token |
 | --- | --- |

@@ -18,7 +18,7 @@ from transformers.utils import ModelOutput
 from specdecpp.checks import eos_ids, generation_eos
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample
+from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample, widened
 from specdecpp.schedules import DraftStep, Schedule, make_schedule
 
 
@@ -28,7 +28,10 @@ class GenerationStats:
     first of each also reads the prompt); `accepted_lengths` holds, per round, how many drafted
     tokens the target accepted and `draft_lengths` how many were drafted;
     `discarded_tokens` is how many it rejected. Without an EOS
-    inside the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`."""
+    inside the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`.
+    Where the time went (seconds): `draft_time` in draft steps, `verify_time` in the target's
+    verifications, `schedule_time` in the schedule's stop decisions (`ada`'s judgements); the rest
+    of `wall_time` is the loop's own work."""
 
     target_calls: int = 0
     draft_calls: int = 0
@@ -37,6 +40,9 @@ class GenerationStats:
     draft_lengths: list[int] = field(default_factory=list)
     generated_length: int = 0
     wall_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    schedule_time: float = 0.0
 
 
 @dataclass
@@ -148,10 +154,10 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
             # A round emits up to k + 1 tokens, so never draft past the length limit.
             drafted, draft_probs = _draft(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
                                           warpers, generator, stats)
-            target_logits, _ = target_model.forward(seq + drafted, num_logits=len(drafted) + 1)
+            verify_start = time.perf_counter()
+            num_accepted, next_token = verify(target_model, seq, drafted, draft_probs, warpers, generator)
+            stats.verify_time += time.perf_counter() - verify_start
             stats.target_calls += 1
-            num_accepted, next_token = _verify(drafted, draft_probs, target_logits, warpers, generator)
-
             stats.accepted_lengths.append(num_accepted)
             stats.draft_lengths.append(len(drafted))
             stats.discarded_tokens += len(drafted) - num_accepted
@@ -180,19 +186,43 @@ def _draft(draft_model: CachedModel | None, seq: list[int], policy: Schedule, ma
     drafted: list[int] = []
     draft_probs: list[torch.Tensor] = []
     for num_drafted in range(1, max_tokens + 1):
-        logits, hidden = draft_model.forward(seq + drafted, num_logits=1, hidden=policy.needs_hidden_states)
+        start = time.perf_counter()
+        step = draft_step(draft_model, seq + drafted, num_drafted, warpers, generator, policy.needs_hidden_states)
+        drafted_at = time.perf_counter()
+        stop = policy.stop_after(step)
+        stats.schedule_time += time.perf_counter() - drafted_at
+        stats.draft_time += drafted_at - start
         stats.draft_calls += 1
-        if warpers is None:
-            probs = logits[0].float().softmax(-1)
-            token = int(probs.argmax())
-        else:
-            probs = logits_to_probs(logits, warpers)[0]
-            token = int(sample(probs[None], generator))
-            draft_probs.append(probs)
-        drafted.append(token)
-        if policy.stop_after(DraftStep(num_drafted, float(probs[token]), hidden, token, logits[0])):
+        drafted.append(step.token)
+        if warpers is not None:
+            draft_probs.append(step.probs)
+        if stop:
             break
     return drafted, draft_probs
+
+
+def draft_step(draft_model: CachedModel, tokens: list[int], num_drafted: int, warpers,
+               generator: torch.Generator | None, hidden: bool) -> DraftStep:
+    """One draft forward after `tokens` and the token it proposes: the draft's argmax (greedy,
+    `warpers` None) or a sample from its warped distribution. Its softmax is computed once and
+    serves the choice, the acceptance test and (unwarped) the head's features."""
+    logits, state = draft_model.forward(tokens, num_logits=1, hidden=hidden)
+    logits = widened(logits[0])
+    if warpers is None:
+        probs = logits.softmax(-1)
+        token = int(probs.argmax())
+    else:
+        probs = logits_to_probs(logits[None], warpers)[0]
+        token = int(sample(probs[None], generator))
+    return DraftStep(num_drafted, float(probs[token]), state, token, logits, probs, warped=bool(warpers))
+
+
+def verify(target_model: CachedModel, seq: list[int], drafted: list[int], draft_probs: list[torch.Tensor], warpers,
+           generator: torch.Generator | None) -> tuple[int, int]:
+    """One target forward over `[last verified token, drafted...]` after `seq`, then `_verify`:
+    how many drafted tokens are accepted and the token the target adds after them."""
+    target_logits, _ = target_model.forward(seq + drafted, num_logits=len(drafted) + 1)
+    return _verify(drafted, draft_probs, target_logits, warpers, generator)
 
 
 def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: torch.Tensor, warpers,

@@ -12,6 +12,7 @@ id loads with `AcceptancePredictionHead.from_pretrained` and `push_to_hub` publi
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -43,6 +44,55 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str])
     engine all see the same values), as float32 `[..., len(names)]`."""
     log_probs = logits.float().log_softmax(-1)
     return torch.stack([FEATURES[name](log_probs, tokens) for name in names], dim=-1)
+
+
+def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, names: list[str]) -> list[float]:
+    """`logit_features` of one drafted `token` from the softmax its draft step already computed,
+    as Python floats: `logits` `[vocab]` are the draft's raw logits (float32 or wider) and `probs`
+    their softmax at temperature 1 without filtering (None when the step's distribution was warped;
+    it is then computed here). No log-softmax over the vocabulary: log q(y) is the log of one
+    probability, and the entropy is `log Z - sum(q * logits)`, with `log Z = logit(a) - log q(a)`
+    read at a token `a` of high probability; logits the draft rules out (-inf) take the exact path."""
+    if probs is None:
+        probs = logits.softmax(-1)
+    q_token = float(probs[token])
+    values = {}
+    if "log_q" in names:
+        values["log_q"] = max(math.log(q_token), -50.0) if q_token > 0.0 else -50.0  # as `_log_q` clamps
+    if "entropy" in names:
+        anchor = token if q_token > 1e-6 else int(probs.argmax())  # log Z from a well-resolved probability
+        q_anchor = q_token if anchor == token else float(probs[anchor])
+        entropy = float(logits[anchor]) - math.log(q_anchor) - float(torch.dot(probs, logits))
+        if not math.isfinite(entropy):  # -inf logits: 0 * -inf in the dot product
+            entropy = float(_entropy(logits.log_softmax(-1), None))
+        values["entropy"] = entropy
+    return [values[name] for name in names]
+
+
+class LeanJudge:
+    """A head's `accept_prob` for one draft state at a time, as the decode loop calls it once per
+    draft step: the same arithmetic on the head's own weight tensors (no module calls, no autograd,
+    the two output logits folded into one difference), returning a Python float. It shares the
+    head's weights, so it must be rebuilt after the head's weights are replaced."""
+
+    def __init__(self, head: "AcceptancePredictionHead"):
+        output = head.model[-1]
+        self.blocks = [(block.linear.weight.detach(), block.linear.bias.detach()) for block in head.model[:-1]]
+        self.out_weight = (output.weight[1] - output.weight[0]).detach()
+        self.out_bias = float(output.bias[1].detach() - output.bias[0].detach())
+        self.dtype, self.device = output.weight.dtype, output.weight.device
+        self.num_features = len(head.features)
+
+    def __call__(self, hidden: torch.Tensor, features: list[float] = ()) -> float:
+        """P(accept) from one hidden state `[hidden]` and the judged token's feature values."""
+        # Detached weights and a state without grad: nothing for autograd to record.
+        x = hidden.to(self.device, self.dtype)
+        if self.num_features:
+            x = torch.cat((x, torch.tensor(features, dtype=self.dtype, device=self.device)))
+        for weight, bias in self.blocks:
+            x = x + torch.nn.functional.silu(torch.addmv(bias, weight, x), inplace=True)
+        logit = float(torch.dot(self.out_weight, x)) + self.out_bias
+        return 1.0 / (1.0 + math.exp(-logit)) if logit > -700 else 0.0
 
 
 class ResBlock(nn.Module):

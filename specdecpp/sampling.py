@@ -30,8 +30,12 @@ def make_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -
 def logits_to_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
     """Rows of logits `[n, vocab]` -> probabilities after the warpers, computed in float32 or
     wider (half-precision softmax would bias the acceptance ratio)."""
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    return warpers(None, logits).softmax(-1)
+    return warpers(None, widened(logits)).softmax(-1)
+
+
+def widened(logits: torch.Tensor) -> torch.Tensor:
+    """`logits` in float32 when they are half precision, else as they are (float64 stays)."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -16,23 +16,31 @@ from dataclasses import dataclass
 import torch
 
 from specdecpp.decoding_settings import SCHEDULES, DecodingSettings
-from specdecpp.head import AcceptancePredictionHead, logit_features
+from specdecpp.head import AcceptancePredictionHead, LeanJudge, step_features
 
 
 
 @dataclass
 class DraftStep:
     """What the loop knows right after drafting token `y_j` (`num_drafted = j`): the token, the
-    draft's probability of it (after any sampling warpers), the draft's raw logits `[vocab]` that
-    proposed it, and the draft's last-layer hidden state at the input position of that forward —
-    the state of `y_{j-1}`, or of the last verified token when `j == 1` (only computed when the
-    schedule asks for hidden states)."""
+    draft's probability of it and the distribution `probs` `[vocab]` it was drawn from (after any
+    sampling warpers; `warped` says whether they changed it), the draft's raw logits `[vocab]` that
+    proposed it (float32 or wider), and the draft's last-layer hidden state at the input position
+    of that forward — the state of `y_{j-1}`, or of the last verified token when `j == 1` (only
+    computed when the schedule asks for hidden states)."""
 
     num_drafted: int
     token_prob: float
     hidden: torch.Tensor | None = None
     token: int = -1
     logits: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    warped: bool = False
+
+    @property
+    def raw_probs(self) -> torch.Tensor | None:
+        """The softmax of the raw logits when the step computed it (unwarped), else None."""
+        return None if self.warped else self.probs
 
 
 class Schedule:
@@ -98,10 +106,10 @@ class Ada(Schedule):
     needs_hidden_states = True
 
     def __init__(self, head: AcceptancePredictionHead, stop_threshold: float, bound: tuple[int, int]):
-        self.head = head
+        self.features = head.features
+        self.judge_state = LeanJudge(head)
         self.stop_threshold = stop_threshold
         self.min_draft, self.max_k = bound
-        self.head_device = next(head.parameters()).device
         self.judges_proposed_token = head.alignment == "proposer"
         self.p_all_accepted = 1.0
 
@@ -113,16 +121,14 @@ class Ada(Schedule):
         if self.judges_proposed_token:
             self.p_all_accepted *= self.judge(step)
         elif step.num_drafted >= 2:
-            self.p_all_accepted *= float(self.head.accept_prob(step.hidden.to(self.head_device)))
+            self.p_all_accepted *= self.judge_state(step.hidden)
         return step.num_drafted >= self.min_draft and 1.0 - self.p_all_accepted > self.stop_threshold
 
     def judge(self, step: DraftStep) -> float:
-        """A proposer head's P(accept) of the token `step` just drafted."""
-        features = None
-        if self.head.features:
-            token = torch.tensor(step.token, device=step.logits.device)
-            features = logit_features(step.logits, token, self.head.features).to(self.head_device)
-        return float(self.head.accept_prob(step.hidden.to(self.head_device), features))
+        """A proposer head's P(accept) of the token `step` just drafted, its features taken from
+        the softmax the draft step already computed."""
+        features = step_features(step.logits, step.raw_probs, step.token, self.features) if self.features else ()
+        return self.judge_state(step.hidden, features)
 
 
 class Oracle(Schedule):

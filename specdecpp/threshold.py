@@ -12,51 +12,38 @@ engine from the draft's own wrong prefix and here from the target's, may differ 
 Sampled records replay under the assumption training makes too: each acceptance is judged along
 the target's prefix. A proposer head's prediction for `draft[i]` comes from that same prefix; a
 reader head judges states that have read each proposal, which records hold only for accepted ones,
-so only proposer heads are replayed. Each round is priced with the pair's measured times: one draft
-step, and one target verification as a function of its length (on a CPU it grows with the tokens
-checked). The cost per token is in units of one target-alone step, so 1 / cost is the speedup the
+so only proposer heads are replayed. Each round is priced with the pair's measured times
+(`specdecpp.costs.StepTimes`): its draft steps, the head's judgement of each, the target's
+verification as a function of its length (on a CPU it grows with the tokens checked) and the loop's
+overhead per round, all timed through the engine's own steps. The cost per token is in units of one target-alone step, so 1 / cost is the speedup the
 replay predicts. `choose_threshold` replays a grid of thresholds and keeps the cheapest.
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.costs import StepTimes, measure_costs
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
-from specdecpp.metrics import cached_step, cached_steps, time_alternately
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 # How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k.
 RoundLength = Callable[[np.ndarray, np.ndarray, int, int], int]
 
 
-def step_times(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
-               steps: int = 20, warmup_steps: int = 5) -> dict:
-    """Median times (ms) on warm KV caches of `input_ids` `[1, length]`: one draft step, and one
-    target verification of `k` drafted tokens (`k + 1` fed) for every `k` in `0..max_draft`
-    (`k = 0` is a target-alone step), timed alternately (`metrics.time_alternately`) on one
-    cache per model."""
-    draft_step = cached_step(draft, input_ids, 1)
-    verifies = cached_steps(target, input_ids, [k + 1 for k in range(max_draft + 1)])
-    time_alternately(draft_step, verifies, warmup_steps)
-    draft_ms, verify_ms = time_alternately(draft_step, verifies, steps)
-    return {"draft_step_ms": statistics.median(draft_ms), "verify_ms": [statistics.median(t) for t in verify_ms],
-            "steps": steps, "threads": torch.get_num_threads(), "device": str(target.device)}
-
-
 def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length: RoundLength, max_draft: int,
-           times: dict) -> dict:
+           times: StepTimes, judged: bool = False, unit_ms: float | None = None) -> dict:
     """Replay rounds over records (`accept[r][i]`: the probability that the target accepts
     `draft[i]`, 0 or 1 for greedy records), each drafting `round_length(...)` tokens, at most
-    `max_draft` and never past the record's end (a round emits up to `k + 1` tokens). Returns the
-    expected counts and cost per token in target-alone steps, summing over the positions a round
-    can start at, weighted by the probability that one does (for greedy records, the one path)."""
-    draft_ms, verify_ms = times["draft_step_ms"], times["verify_ms"]
+    `max_draft` and never past the record's end (a round emits up to `k + 1` tokens), every drafted
+    token judged by the head when `judged`. Returns the expected counts, time per token
+    (`StepTimes.round_ms` per round) and cost per token in `unit_ms` (by default one target-alone
+    step of `times`), summing over the positions a round can
+    start at, weighted by the probability that one does (for greedy records, the one path)."""
     tokens, target_calls, draft_calls, total_ms = 0, 0.0, 0.0, 0.0
     for acc, pred in zip(accept, predictions):
         n = len(acc)
@@ -67,7 +54,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
                 continue
             k = round_length(pred, acc, pos, min(max_draft, n - pos - 1))
             target_calls, draft_calls = target_calls + starts[pos], draft_calls + starts[pos] * k
-            total_ms += starts[pos] * (verify_ms[k] + draft_ms * k)
+            total_ms += starts[pos] * times.round_ms(k, k if judged else 0)
             reached = starts[pos]  # P(the round's first m proposals are accepted)
             for m in range(k):
                 starts[pos + m + 1] += reached * (1.0 - acc[pos + m])
@@ -75,7 +62,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
             starts[pos + k + 1] += reached
         tokens += n
     return {"tokens": tokens, "target_calls": float(target_calls), "draft_calls": float(draft_calls),
-            "cost_per_token": total_ms / tokens / verify_ms[0]}
+            "ms_per_token": total_ms / tokens, "cost_per_token": total_ms / tokens / (unit_ms or times.target_alone_ms)}
 
 
 def ada_length(threshold: float, min_draft: int) -> RoundLength:
@@ -107,7 +94,7 @@ def oracle_length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int
 
 def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, target: PreTrainedModel,
                      records: list[dict], bound: tuple[int, int] = (2, 20), thresholds: tuple[float, ...] = THRESHOLDS,
-                     batch_size: int = 8, timing_steps: int = 20,
+                     batch_size: int = 8, timing_repeats: int = 8,
                      predictions: np.ndarray | None = None) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
     as the head will decode) is lowest, and the record of the choice (measured times, the cost
@@ -122,16 +109,27 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     predictions = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     accept = [np.asarray(r["p_acc"], dtype=np.float64) for r in records]
     greedy = all(np.isin(a, (0.0, 1.0)).all() for a in accept)
-    longest = max(records, key=lambda r: len(r["prefix"]))
-    times = step_times(target, draft, torch.tensor([longest["prefix"]]), bound[1], timing_steps)
-    def cost(round_length: RoundLength) -> float:
-        return round(replay(accept, predictions, round_length, bound[1], times)["cost_per_token"], 5)
+    plain, judged = measure_costs(target, draft, probe_input(records), bound[1], head=head, do_sample=not greedy,
+                                  repeats=timing_repeats)
 
-    curve = [cost(ada_length(t, bound[0])) for t in thresholds]
+    def cost(round_length: RoundLength, times: StepTimes = plain) -> float:
+        replayed = replay(accept, predictions, round_length, bound[1], times, times is judged, plain.target_alone_ms)
+        return round(replayed["cost_per_token"], 5)
+
+    curve = [cost(ada_length(t, bound[0]), judged) for t in thresholds]
     selection = {"records": len(records), "tokens": int(bounds[-1]), "bound": list(bound),
-                 "mode": "greedy" if greedy else "sampling", **times,
+                 "mode": "greedy" if greedy else "sampling",
+                 "step_times": plain.as_dict(), "judged_step_times": judged.as_dict(),
                  "thresholds": list(thresholds), "cost_per_token": curve,
                  "constant_k_cost_per_token": {str(k): cost(constant_length(k)) for k in range(1, 7)},
                  "oracle_cost_per_token": cost(oracle_length) if greedy else None,
-                 "cost_unit": "one target-alone step (1 / cost = replayed speedup)"}
+                 "cost_unit": "one target-alone step through the loop (1 / cost = replayed speedup)"}
     return thresholds[int(np.argmin(curve))], selection
+
+
+def probe_input(records: list[dict]) -> torch.LongTensor:
+    """Where to time the steps: the record whose prompt is nearest the mean length, its prompt and
+    the first half of its continuation, the context a generation sees halfway through."""
+    mean_length = sum(len(r["prefix"]) for r in records) / len(records)
+    record = min(records, key=lambda r: abs(len(r["prefix"]) - mean_length))
+    return torch.tensor([list(record["prefix"]) + list(record["tokens"][: len(record["tokens"]) // 2])])

@@ -1,0 +1,147 @@
+"""Where does decoding time go? Measured time per token beside the time each method's own counts
+predict, for every schedule on one prompt set.
+
+The step times come from `specdecpp.costs.measure_costs` (the loop's own steps, timed in rounds as
+the loop takes them, without and with the head's judgement) on the context a generation sees
+halfway: the prompt nearest the mean length and the first half of the target's continuation. Then every method decodes every prompt,
+methods interleaved prompt by prompt, the first prompt a warm-up. For each method it prints:
+measured ms/token (total time over total tokens), predicted ms/token (each round priced at its
+length, each judgement, the round overhead, and each prompt's prefill timed on its own), their
+ratio, and the counts behind the prediction. Greedy, no EOS (every method generates the same
+number of tokens), one torch thread unless `--threads`.
+
+    python benchmarks/time_breakdown.py                                  # zoo pair, stdlib-heldout 0-12
+    python benchmarks/time_breakdown.py --data_path humaneval --n_end 20 --max_new_tokens 128
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.costs import StepProbe, judged_tokens, loop_overhead_ms, measure_round_overhead, prefill_extra_ms
+from specdecpp.prompts import load_prompts
+
+ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
+
+
+def methods(head: AcceptancePredictionHead, bound: tuple[int, int]) -> dict[str, dict]:
+    """The schedules compared: target alone, constant K, our `dynamic` at three confidences, `ada`
+    at the head's stored threshold, and the oracle."""
+    table = {"target alone": dict(schedule="none")}
+    table.update({f"constant K={k}": dict(schedule="constant", num_assistant_tokens=k) for k in (2, 3, 4)})
+    table.update({f"dynamic@{c:g}": dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=c)
+                  for c in (0.3, 0.4, 0.5)})
+    threshold = "auto" if head.stop_threshold is not None else 0.3
+    table[f"ada@{threshold}"] = dict(schedule="ada", head=head, stop_threshold=threshold, bound=bound)
+    table["oracle"] = dict(schedule="oracle", bound=bound)
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=str(ZOO / "target"))
+    parser.add_argument("--draft", default=str(ZOO / "draft"))
+    parser.add_argument("--head", default=str(ZOO / "head"))
+    parser.add_argument("--data_path", default="stdlib-heldout", help="a prompt set, file or Hub dataset")
+    parser.add_argument("--n_begin", type=int, default=0)
+    parser.add_argument("--n_end", type=int, default=13)
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--bound", type=int, nargs=2, default=None, help="ada's bound (default: the head's stored one)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output_json", default=None, help="also write the table and step times here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
+    head = AcceptancePredictionHead.from_pretrained(args.head)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    texts = load_prompts(args.data_path, None, args.n_begin, args.n_end)
+    prompts = [torch.tensor([tokenizer(text)["input_ids"]]) for text in texts]
+    stored_bound = (head.threshold_selection or {}).get("bound")
+    bound = tuple(args.bound or stored_bound or (2, 20))
+    table = methods(head, bound)
+
+    mean_length = sum(p.shape[1] for p in prompts) / len(prompts)
+    typical = min(prompts, key=lambda p: abs(p.shape[1] - mean_length))
+    context = speculative_generate(target, None, typical, max_new_tokens=args.max_new_tokens // 2,
+                                   eos_token_id=[]).sequences
+    probes = {"plain": StepProbe(target, draft, context, bound[1]),
+              "ada": StepProbe(target, draft, context, bound[1], head=head)}
+    runs, overheads = [], []
+    for i, prompt in enumerate(prompts):
+        for name, settings in table.items():
+            out = speculative_generate(target, None if settings["schedule"] == "none" else draft, prompt,
+                                       max_new_tokens=args.max_new_tokens, eos_token_id=[], **settings)
+            if i > 0:  # the first prompt is a warm-up
+                runs.append((name, prompt, out.stats))
+        # Step times sampled between prompts, so that machine load hits them as it hits the methods.
+        for probe in probes.values():
+            probe.sample()
+        overheads.append(measure_round_overhead(target, draft, context, runs=1))
+    plain = replace(probes["plain"].times(), round_overhead_ms=statistics.median(overheads))
+    judged_times = replace(probes["ada"].times(), round_overhead_ms=plain.round_overhead_ms)
+    for label, times in (("without a head", plain), ("ada with the head", judged_times)):
+        print(f"step times {label} (ms, {times.device}, {times.threads} thread(s), context {context.shape[1]} tokens): "
+              f"target alone {times.target_alone_ms:.2f}; judgement {times.judge_ms:.3f}; round overhead "
+              f"{times.round_overhead_ms:.3f}\n  draft step j=1..{len(times.draft_ms)}: "
+              + " ".join(f"{v:.2f}" for v in times.draft_ms)
+              + f"\n  verify k=0..{len(times.verify_ms) - 1}: " + " ".join(f"{v:.2f}" for v in times.verify_ms))
+
+    totals = {name: {"measured_ms": 0.0, "predicted_ms": 0.0, "tokens": 0, "target_calls": 0, "draft_calls": 0,
+                     "judged": 0, "schedule_ms": 0.0, "own_ms": 0.0} for name in table}
+    prefills = {}
+    for name, prompt, stats in runs:
+        settings, total = table[name], totals[name]
+        alone, is_ada = settings["schedule"] == "none", settings["schedule"] == "ada"
+        key = (id(prompt), alone)
+        if key not in prefills:
+            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain)
+        times = judged_times if is_ada else plain
+        judged = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
+        total["measured_ms"] += 1000 * stats.wall_time
+        total["predicted_ms"] += times.predicted_ms(stats.draft_lengths, judged, with_draft=not alone) + prefills[key]
+        total["tokens"] += stats.generated_length
+        total["target_calls"] += stats.target_calls
+        total["draft_calls"] += stats.draft_calls
+        total["judged"] += judged
+        total["schedule_ms"] += 1000 * stats.schedule_time
+        total["own_ms"] += loop_overhead_ms(stats) * stats.target_calls
+
+    alone_ms = totals["target alone"]["measured_ms"] / totals["target alone"]["tokens"]
+    print(f"\n{len(prompts) - 1} prompts of {args.data_path} (after one warm-up), {args.max_new_tokens} new tokens, "
+          f"greedy; ada bound {bound}")
+    print("| method | measured ms/tok | predicted ms/tok | measured / predicted | speedup | target calls/tok "
+          "| draft calls/tok | stop decision ms/draft step | loop's own ms/round |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for name, total in totals.items():
+        tokens = total["tokens"]
+        row = {"method": name, "measured_ms_per_token": total["measured_ms"] / tokens,
+               "predicted_ms_per_token": total["predicted_ms"] / tokens,
+               "target_calls_per_token": total["target_calls"] / tokens,
+               "draft_calls_per_token": total["draft_calls"] / tokens, "judged_per_token": total["judged"] / tokens,
+               "stop_decision_ms_per_draft_step": total["schedule_ms"] / total["draft_calls"] if total["draft_calls"]
+               else None,
+               "loop_ms_per_round": total["own_ms"] / total["target_calls"]}
+        row["ratio"] = row["measured_ms_per_token"] / row["predicted_ms_per_token"]
+        row["speedup"] = alone_ms / row["measured_ms_per_token"]
+        rows.append(row)
+        decision = "-" if row["stop_decision_ms_per_draft_step"] is None else f"{row['stop_decision_ms_per_draft_step']:.3f}"
+        print(f"| {name} | {row['measured_ms_per_token']:.3f} | {row['predicted_ms_per_token']:.3f} | "
+              f"{row['ratio']:.3f} | {row['speedup']:.2f}x | {row['target_calls_per_token']:.3f} | "
+              f"{row['draft_calls_per_token']:.3f} | {decision} | {row['loop_ms_per_round']:.3f} |")
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps({"step_times": plain.as_dict(), "judged_step_times": judged_times.as_dict(),
+                                                     "context_tokens": context.shape[1], "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
