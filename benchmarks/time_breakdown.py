@@ -31,15 +31,16 @@ from specdecpp.prompts import load_prompts
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
-def methods(head: AcceptancePredictionHead, bound: tuple[int, int]) -> dict[str, dict]:
+def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: list[str]) -> dict[str, dict]:
     """The schedules compared: target alone, constant K, our `dynamic` at three confidences, `ada`
-    at the head's stored threshold, and the oracle."""
+    at `thresholds` (`auto`: the head's stored one), and the oracle."""
     table = {"target alone": dict(schedule="none")}
     table.update({f"constant K={k}": dict(schedule="constant", num_assistant_tokens=k) for k in (2, 3, 4)})
     table.update({f"dynamic@{c:g}": dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=c)
                   for c in (0.3, 0.4, 0.5)})
-    threshold = "auto" if head.stop_threshold is not None else 0.3
-    table[f"ada@{threshold}"] = dict(schedule="ada", head=head, stop_threshold=threshold, bound=bound)
+    for threshold in thresholds:
+        threshold = threshold if threshold == "auto" else float(threshold)
+        table[f"ada@{threshold}"] = dict(schedule="ada", head=head, stop_threshold=threshold, bound=bound)
     table["oracle"] = dict(schedule="oracle", bound=bound)
     return table
 
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--n_end", type=int, default=13)
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--bound", type=int, nargs=2, default=None, help="ada's bound (default: the head's stored one)")
+    parser.add_argument("--stop_threshold", nargs="+", default=["auto"], help="ada's thresholds ('auto': the head's)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output_json", default=None, help="also write the table and step times here")
     args = parser.parse_args()
@@ -67,7 +69,7 @@ def main() -> None:
     prompts = [torch.tensor([tokenizer(text)["input_ids"]]) for text in texts]
     stored_bound = (head.threshold_selection or {}).get("bound")
     bound = tuple(args.bound or stored_bound or (2, 20))
-    table = methods(head, bound)
+    table = methods(head, bound, args.stop_threshold)
 
     mean_length = sum(p.shape[1] for p in prompts) / len(prompts)
     typical = min(prompts, key=lambda p: abs(p.shape[1] - mean_length))

@@ -157,6 +157,8 @@ def test_stats_add_up(tiny_pair, random_head, schedule):
         assert stats.discarded_tokens == sum(stats.draft_lengths) - sum(stats.accepted_lengths)
         assert all(0 <= a <= d for a, d in zip(stats.accepted_lengths, stats.draft_lengths))
         assert stats.wall_time > 0
+        assert stats.draft_time + stats.verify_time + stats.schedule_time <= stats.wall_time
+        assert stats.verify_time > 0 and (stats.draft_time > 0) == (stats.draft_calls > 0)
         if schedule == "constant":  # exactly K, except where the length limit cuts the last rounds
             assert all(d == min(4, 37 - sum(stats.accepted_lengths[:i]) - i - 1) for i, d in enumerate(stats.draft_lengths))
         if schedule == "none":
@@ -299,6 +301,7 @@ def chi_square_pvalue(samples: list[tuple[int, int]], expected_probs: torch.Tens
     ("heuristic", dict(top_p=0.8)),
     ("ada", dict(temperature=1.3)),
     ("ada-proposer", dict(top_k=5)),
+    ("ada-proposer", dict()),  # unwarped: the head's features reuse the draft step's softmax
 ])
 def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, settings):
     target, draft = small_vocab_pair

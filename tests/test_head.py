@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_model
 from torch import nn
 
 from specdecpp import AcceptancePredictionHead
-from specdecpp.head import ResBlock, logit_features
+from specdecpp.head import FEATURES, LeanJudge, ResBlock, logit_features, step_features
 
 
 class ReferenceHead(nn.Module):
@@ -137,3 +137,36 @@ def test_logit_features_are_log_q_and_entropy():
     torch.testing.assert_close(features[:, 1], -(log_probs.exp() * log_probs).sum(-1))
     ruled_out = logit_features(torch.tensor([0.0, float("-inf")]), torch.tensor(1), ["log_q", "entropy"])
     assert torch.isfinite(ruled_out).all()
+
+
+def test_step_features_from_the_shared_softmax_equal_logit_features():
+    """The engine's features of one drafted token, from the softmax its draft step computed, are
+    training's `logit_features` of the raw logits: for the argmax (greedy), sampled and unlikely
+    tokens, with the softmax given or not, and with logits the draft rules out."""
+    torch.manual_seed(0)
+    logits = torch.randn(64) * 4
+    logits[7] = -30.0  # probability ~1e-14: log Z is read at the argmax instead
+    names = list(FEATURES)
+    probs = logits.softmax(-1)
+    for token in (int(logits.argmax()), int(torch.multinomial(probs, 1)), 7):
+        expected = logit_features(logits, torch.tensor(token), names)
+        for shared in (probs, None):
+            torch.testing.assert_close(torch.tensor(step_features(logits, shared, token, names)), expected,
+                                       rtol=1e-5, atol=1e-5)
+    ruled_out = torch.tensor([2.0, float("-inf"), 0.5])
+    torch.testing.assert_close(torch.tensor(step_features(ruled_out, ruled_out.softmax(-1), 0, names)),
+                               logit_features(ruled_out, torch.tensor(0), names), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", [dict(alignment="reader"),
+                                    dict(alignment="proposer", features=["log_q", "entropy"]),
+                                    dict(alignment="proposer")])
+def test_lean_judge_equals_accept_prob(config):
+    head = randomized(AcceptancePredictionHead(16, num_layers=3, **config), seed=3)
+    judge = LeanJudge(head)
+    torch.manual_seed(1)
+    for _ in range(5):
+        hidden = torch.randn(16)
+        features = (torch.randn(len(head.features)) * 2).tolist()
+        expected = head.accept_prob(hidden, torch.tensor(features) if head.features else None)
+        assert judge(hidden, features) == pytest.approx(float(expected), rel=1e-5, abs=1e-6)

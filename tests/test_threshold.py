@@ -11,10 +11,11 @@ import torch
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.calibration import main as calibration_main
+from specdecpp.costs import StepTimes
 from specdecpp.head_data import predict
 from specdecpp.threshold import ada_length, choose_threshold, constant_length, oracle_length, replay
 
-TIMES = {"draft_step_ms": 1.0, "verify_ms": [10.0 + k for k in range(21)]}
+TIMES = StepTimes(draft_ms=[1.0] * 20, verify_ms=[10.0 + k for k in range(21)], target_alone_ms=10.0)
 CORRECT = [np.array([1, 1, 0, 1, 1, 1, 0, 0], dtype=bool)]
 
 
@@ -29,6 +30,24 @@ def test_replay_by_hand():
     ada = replay(CORRECT, predictions, ada_length(0.5, 1), 20, TIMES)
     # round 0 stops after the 0.2 token (1 - 0.162 > 0.5); round 3 runs to the record's end
     assert (ada["target_calls"], ada["draft_calls"]) == (3, 7)
+
+
+def test_replayed_time_is_the_sum_of_the_priced_steps():
+    """Every part of a round is priced: the draft steps by their place in the round, the head's
+    judgements, the verification by its length and the loop's own overhead."""
+    times = StepTimes(draft_ms=[3.0, 2.0, 1.5], verify_ms=[10.0, 12.0, 13.0, 15.0], target_alone_ms=9.0,
+                      judge_ms=0.25, round_overhead_ms=0.5)
+    constant = replay(CORRECT, [None], constant_length(2), 20, times)
+    # rounds of 2, 2, 1 and 0 drafted tokens (see test_replay_by_hand)
+    rounds_ms = (13 + 3 + 2 + 0.5) + (13 + 3 + 2 + 0.5) + (12 + 3 + 0.5) + (10 + 0.5)
+    assert rounds_ms == pytest.approx(times.predicted_ms([2, 2, 1, 0]))
+    assert constant["ms_per_token"] * 8 == pytest.approx(rounds_ms)
+    assert constant["cost_per_token"] == pytest.approx(rounds_ms / 8 / 9.0)
+    # a judged round adds its judgements; rounds past the measured lengths repeat the last step's price
+    judged = replay(CORRECT, [np.full(8, 0.99)], constant_length(2), 20, times, judged=True)
+    assert judged["ms_per_token"] * 8 == pytest.approx(rounds_ms + 5 * 0.25)
+    assert times.round_ms(5) == pytest.approx(15.0 + 3 + 2 + 1.5 * 3 + 0.5)
+    assert times.predicted_ms([0, 0], with_draft=False) == 18.0
 
 
 def test_sampled_replay_is_the_expectation_over_acceptances():
@@ -113,10 +132,12 @@ def test_replay_reproduces_the_engine_counts(tiny_pair, proposer_head):
 def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, pair_dirs, tmp_path):
     target, draft = tiny_pair
     records = greedy_records(target, draft, 3, 20)
-    threshold, selection = choose_threshold(proposer_head, draft, target, records, bound=(1, 8), timing_steps=2)
+    threshold, selection = choose_threshold(proposer_head, draft, target, records, bound=(1, 8), timing_repeats=2)
     assert threshold in selection["thresholds"]
     assert min(selection["cost_per_token"]) == selection["cost_per_token"][selection["thresholds"].index(threshold)]
-    assert len(selection["verify_ms"]) == 9 and selection["oracle_cost_per_token"] <= min(selection["cost_per_token"])
+    assert len(selection["step_times"]["verify_ms"]) == 9 and len(selection["judged_step_times"]["draft_ms"]) == 8
+    assert selection["judged_step_times"]["judge_ms"] > 0 and selection["step_times"]["judge_ms"] == 0
+    assert selection["oracle_cost_per_token"] <= min(selection["cost_per_token"])
 
     head_dir, data = tmp_path / "head", tmp_path / "dev.jsonl"
     copy.deepcopy(proposer_head).float().save_pretrained(head_dir)
@@ -142,10 +163,10 @@ def test_choosing_needs_a_proposer_head_and_replays_sampled_records_in_expectati
     with pytest.raises(ValueError, match="proposer"):
         choose_threshold(AcceptancePredictionHead(32, 1), draft, target, records)
     soft = [records[0] | {"p_acc": [0.5] * 5}]
-    threshold, selection = choose_threshold(proposer_head, draft, target, soft, bound=(1, 8), timing_steps=2)
+    threshold, selection = choose_threshold(proposer_head, draft, target, soft, bound=(1, 8), timing_repeats=2)
     assert selection["mode"] == "sampling" and selection["oracle_cost_per_token"] is None
     assert threshold in selection["thresholds"]
-    _, greedy = choose_threshold(proposer_head, draft, target, records, bound=(1, 8), timing_steps=2)
+    _, greedy = choose_threshold(proposer_head, draft, target, records, bound=(1, 8), timing_repeats=2)
     assert greedy["mode"] == "greedy" and greedy["oracle_cost_per_token"] is not None
 
 
@@ -172,7 +193,8 @@ def test_threshold_card_section_and_usage_examples(tmp_path):
     readme = tmp_path / "README.md"
     assert "stop_threshold=0.3, bound=(2, 20))" in readme.read_text()
     selection = {"records": 2, "data": "dev.jsonl", "tokens": 40, "bound": [1, 20], "mode": "sampling",
-                 "device": "cpu", "threads": 1, "draft_step_ms": 1.0, "verify_ms": [10.0] * 21,
+                 "step_times": StepTimes([1.0] * 20, [10.0] * 21, 9.0).as_dict(),
+                 "judged_step_times": StepTimes([1.1] * 20, [10.0] * 21, 9.0, judge_ms=0.1).as_dict(),
                  "thresholds": [0.25, 0.5], "cost_per_token": [0.9, 1.0], "constant_k_cost_per_token": {"1": 0.95},
                  "oracle_cost_per_token": None}
     write_threshold_card(str(readme), 0.25, selection)
