@@ -65,15 +65,34 @@ class CachedModel:
         # Sliding-window layers drop old states unless told that we may roll back.
         self.cache.activate_past_recording()
         self.logits_kwarg = "logits_to_keep" if model._supports_logits_to_keep() else None
+        # The last hidden state is read as the output layer's input (nothing else is kept); None until
+        # checked against `output_hidden_states` on a one-token step, False if they differ.
+        self.output_layer = model.get_output_embeddings()
+        self.output_input_is_hidden = None if self.output_layer is not None else False
 
     def forward(self, seq: list[int], num_logits: int, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq`, and (if
         `hidden`) the last layer's hidden state at the last position."""
         new_tokens = torch.tensor([seq[self.cache.get_seq_length():]], device=self.device)
         kwargs = {self.logits_kwarg: num_logits} if self.logits_kwarg else {}
-        out = self.model(input_ids=new_tokens, past_key_values=self.cache, use_cache=True,
-                         output_hidden_states=hidden, **kwargs)
-        return out.logits[0, -num_logits:], (out.hidden_states[-1][0, -1] if hidden else None)
+        if not hidden:
+            out = self.model(input_ids=new_tokens, past_key_values=self.cache, use_cache=True, **kwargs)
+            return out.logits[0, -num_logits:], None
+        check = self.output_input_is_hidden is None and new_tokens.shape[1] == 1
+        all_layers = check or self.output_input_is_hidden is False
+        captured = []
+        handle = self.output_layer.register_forward_pre_hook(lambda module, args: captured.append(args[0])) \
+            if self.output_layer is not None else None
+        try:
+            out = self.model(input_ids=new_tokens, past_key_values=self.cache, use_cache=True,
+                             output_hidden_states=all_layers, **kwargs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        if check:
+            self.output_input_is_hidden = bool(torch.equal(captured[-1][0, -1], out.hidden_states[-1][0, -1]))
+        state = out.hidden_states[-1][0, -1] if all_layers else captured[-1][0, -1]
+        return out.logits[0, -num_logits:], state
 
     def crop(self, length: int) -> None:
         extra = self.cache.get_seq_length() - length

@@ -11,6 +11,7 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.decoding import CachedModel
 from specdecpp.sampling import logits_to_probs, make_warpers
 from specdecpp.schedules import SCHEDULES
 
@@ -115,6 +116,22 @@ def test_greedy_equal_across_model_families(family, random_head):
         out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head,
                                    num_assistant_tokens=3, max_new_tokens=20)
         assert torch.equal(out.sequences, target_greedy(target, prompt, 20)), (family, schedule)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "qwen2", "opt"])
+def test_the_hidden_state_the_loop_reads_is_the_last_layer_output(family, tiny_pair):
+    """The loop reads the draft's state as its output layer's input, which must be the model's last
+    hidden state (training's `hidden_states[-1]`): at the prefill and at every step after it."""
+    model = tiny_pair[1] if family == "llama" else tiny_family_model(family, seed=1)
+    cached, seq = CachedModel(model), prompts(1, seed=4)[0][0].tolist()
+    with torch.inference_mode():
+        for _ in range(4):
+            logits, state = cached.forward(seq, num_logits=1, hidden=True)
+            full = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
+            torch.testing.assert_close(state, full.hidden_states[-1][0, -1])
+            torch.testing.assert_close(logits[0], full.logits[0, -1])
+            seq = seq + [int(logits[0].argmax())]
+    assert cached.output_input_is_hidden is True
 
 
 def test_eos_inside_a_draft_run_stops_where_the_target_stops(tiny_pair):
