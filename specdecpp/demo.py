@@ -1,10 +1,11 @@
 """`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command.
 
-Four methods on the same prompts, interleaved per prompt (see `specdecpp.evaluation`): the target
-alone, speculative decoding with the best constant K, Hugging Face's own dynamic schedule
-(`generate(assistant_model=...)`), and SpecDec++ (`ada`, our engine with the trained head).
-The best K (and the ada threshold, when several are given) is chosen beforehand on separate
-tuning prompts, by the lowest cost per token: `(target calls + c * draft calls) / token`, with
+Five methods on the same prompts, interleaved per prompt (see `specdecpp.evaluation`): the target
+alone, Hugging Face's own dynamic schedule (`generate(assistant_model=...)`), speculative decoding
+with the best constant K, our `dynamic` schedule (the draft's own confidence, the strongest rival
+that needs no training) at its best confidence threshold, and SpecDec++ (`ada`, our engine with the
+trained head). The best K, confidence (and ada threshold, when several are given) are chosen
+beforehand on separate tuning prompts, by the lowest cost per token: `(target calls + c * draft calls) / token`, with
 the draft/target cost ratio `c` measured in the same run. The evaluated prompts play no part in
 that choice, so no method is tuned on the prompts it is scored on.
 """
@@ -38,8 +39,11 @@ class DemoArguments:
     tune_prompts: int = field(default=4, metadata={
         "help": "prompts before those, used only to choose K (and the threshold)"})
     max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
-    constant_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6], metadata={
+    constant_ks: list[int] = field(default_factory=lambda: [2, 3, 4, 5], metadata={
         "help": "K values to choose from"})
+    confidence_thresholds: list[float] = field(default_factory=lambda: [0.4, 0.3, 0.5], metadata={
+        "help": "our dynamic schedule's draft-confidence thresholds to choose from; Hugging Face's dynamic "
+                "schedule starts from the first"})
     stop_threshold: list[str] = field(default_factory=lambda: ["auto"], metadata={
         "help": "ada thresholds to choose from; 'auto' (the default) is the one stored in the head, chosen from "
                 "the pair's costs when the head was calibrated"})
@@ -55,14 +59,18 @@ class DemoArguments:
 
 def evaluation_arguments(demo: DemoArguments) -> EvaluationArguments:
     """The evaluation settings the demo runs with: greedy, the target and Hugging Face's dynamic
-    schedule as baselines, our constant and ada schedules over the demo's K values and thresholds."""
+    schedule as baselines, our constant, dynamic and ada schedules over the demo's K values,
+    confidences and thresholds."""
     if demo.prompts < 1 or demo.tune_prompts < 0:
         raise ValueError(f"need --prompts >= 1 and --tune_prompts >= 0, got {demo.prompts} and {demo.tune_prompts}")
-    if demo.tune_prompts == 0 and (len(demo.constant_ks) > 1 or len(demo.stop_threshold) > 1):
-        raise ValueError("choosing among several --constant_ks or --stop_threshold values needs --tune_prompts >= 1")
+    if demo.tune_prompts == 0 and max(len(demo.constant_ks), len(demo.confidence_thresholds),
+                                      len(demo.stop_threshold)) > 1:
+        raise ValueError("choosing among several --constant_ks, --confidence_thresholds or --stop_threshold values "
+                         "needs --tune_prompts >= 1")
     return EvaluationArguments(
         model_name=demo.model_name, assistant_name=demo.assistant_name, assist_acc_head_dir=[demo.assist_acc_head_dir],
-        schedule=["constant", "ada"], num_assistant_tokens=demo.constant_ks, stop_threshold=demo.stop_threshold,
+        schedule=["constant", "dynamic", "ada"], num_assistant_tokens=demo.constant_ks,
+        assistant_confidence_threshold=demo.confidence_thresholds, stop_threshold=demo.stop_threshold,
         baselines=["target", "hf:dynamic"], data_path=demo.data_path, n_end=demo.tune_prompts + demo.prompts,
         save_path=demo.save_path, max_new_tokens=demo.max_new_tokens, random_seed=demo.random_seed,
         threads=demo.threads, progress=demo.progress)
@@ -88,8 +96,8 @@ def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec
 
 
 def run_demo(demo: DemoArguments) -> dict:
-    """Choose K (and the threshold) on the tuning prompts, then evaluate the four methods on the
-    others; print and save the table. Returns the summary document (see `specdecpp.evaluation.report`)."""
+    """Choose K, the confidence (and the threshold) on the tuning prompts, then evaluate the five
+    methods on the others; print and save the table. Returns the summary document (see `specdecpp.evaluation.report`)."""
     run = Evaluation(evaluation_arguments(demo), ModelLoadingArguments(torch_dtype=demo.torch_dtype))
     prompts = run.prompts
     if len(prompts) <= demo.tune_prompts:
@@ -98,7 +106,7 @@ def run_demo(demo: DemoArguments) -> dict:
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
     best, tuning_summary, tuning_cost = choose(run, tuning)
     by_name = {spec.name: spec for spec in run.specs}
-    final = [by_name["target"], best["constant"], by_name["hf:dynamic"], best["ada"]]
+    final = [by_name["target"], by_name["hf:dynamic"], best["constant"], best["dynamic"], best["ada"]]
     records, cost = run.measure(final, evaluated, save=True)
     how = how_chosen(best, tuning, evaluated, demo, tuning_cost)
     print(how)
@@ -109,29 +117,33 @@ def run_demo(demo: DemoArguments) -> dict:
 
 def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: list[Prompt], demo: DemoArguments,
                tuning_cost: dict | None) -> str:
-    """One paragraph saying which K and threshold were picked, and how; `tuning_cost` is the
-    cost measurement on the tuning prompts (None when there was nothing to choose)."""
+    """One paragraph saying which K, confidence and threshold were picked, and how; `tuning_cost` is
+    the cost measurement on the tuning prompts (None when there was nothing to choose)."""
+    picked = (f"constant K = {best['constant'].num_assistant_tokens}, dynamic confidence = "
+              f"{best['dynamic'].assistant_confidence_threshold:g}, ada threshold = {best['ada'].name.split('@')[-1]}")
     if not tuning or tuning_cost is None:
-        return (f"constant K = {best['constant'].num_assistant_tokens}, "
-                f"ada threshold = {best['ada'].name.split('@')[-1]} (given).")
-    return (f"constant K = {best['constant'].num_assistant_tokens} (of {demo.constant_ks}) and ada threshold = "
-            f"{best['ada'].name.split('@')[-1]} (of {demo.stop_threshold}) were chosen by the lowest cost per token, "
+        return f"{picked} (given)."
+    return (f"{picked} (of K {demo.constant_ks}, confidences {demo.confidence_thresholds} and thresholds "
+            f"{demo.stop_threshold}) were chosen by the lowest cost per token, "
             f"(target calls + c * draft calls) / token, on {len(tuning)} tuning prompts "
             f"({demo.data_path} {tuning[0].id}-{tuning[-1].id}; c = {tuning_cost['cost_ratio']:.3f} measured there) "
             f"that are not among the {len(evaluated)} evaluated ({evaluated[0].id}-{evaluated[-1].id}).")
 
 
 def headline(summary: list[dict]) -> str:
-    """SpecDec++ against the best constant K and Hugging Face's dynamic schedule: cost per token
-    first (it does not drift with the machine), then the measured speedup."""
+    """SpecDec++ against the best constant K, our dynamic schedule and Hugging Face's: cost per
+    token first (it does not drift with the machine), then the measured speedup."""
     rows = {row["schedule"] if row["engine"] == "specdecpp" else row["method"]: row for row in summary}
-    ada, constant, dynamic = rows["ada"], rows["constant"], rows["hf:dynamic"]
-    change = 100 * (ada["cost_per_token"] / constant["cost_per_token"] - 1)
-    return (f"SpecDec++ ({ada['method']}): cost per token {ada['cost_per_token']:.3f}, {change:+.1f}% against the "
-            f"best constant K ({constant['cost_per_token']:.3f}), "
-            f"Hugging Face dynamic {dynamic['cost_per_token']:.3f}; "
-            f"speedup over the target alone {ada['speedup']:.2f}x against {constant['speedup']:.2f}x and "
-            f"{dynamic['speedup']:.2f}x (medians over prompts of paired times, this run).")
+    ada, constant, dynamic, hf = rows["ada"], rows["constant"], rows["dynamic"], rows["hf:dynamic"]
+
+    def change(row: dict) -> str:
+        return f"{100 * (ada['cost_per_token'] / row['cost_per_token'] - 1):+.1f}%"
+
+    return (f"SpecDec++ ({ada['method']}): cost per token {ada['cost_per_token']:.3f}, {change(constant)} against the "
+            f"best constant K ({constant['cost_per_token']:.3f}), {change(dynamic)} against our dynamic at its best "
+            f"confidence ({dynamic['cost_per_token']:.3f}), Hugging Face dynamic {hf['cost_per_token']:.3f}; "
+            f"speedup over the target alone {ada['speedup']:.2f}x against {constant['speedup']:.2f}x, "
+            f"{dynamic['speedup']:.2f}x and {hf['speedup']:.2f}x (medians over prompts of paired times, this run).")
 
 
 def main(argv: list[str] | None = None) -> None:
