@@ -7,6 +7,7 @@
 #   ./evaluate.sh --n_end 20 --max_new_tokens 64 --save_path outputs/quick
 #   ./evaluate.sh --data_path stdlib-heldout --save_path results/stdlib-heldout
 #   ./evaluate.sh --do_sample --random_seed 0 --schedule constant dynamic ada --save_path results/humaneval-sampled
+# A --save_path that already holds results needs --resume (finish that run) or --overwrite (start again).
 set -euo pipefail
 cd "$(dirname "$0")"
 python specdecpp/evaluate.py \

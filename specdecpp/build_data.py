@@ -13,6 +13,8 @@ Resumable: while it runs, records go to `OUT.parts/` (one shard per rank, flushe
 the settings they were built with in `meta.json`); a rerun reads the complete records there and
 builds only the missing prompts. When every prompt is done the shards are merged into `OUT`
 (written atomically) and `OUT.parts/` is removed, so `OUT` exists only when it is complete.
+Nothing is written before the models have loaded and passed their checks, so a run refused for
+bad input leaves nothing that a corrected rerun would have to be told to overwrite.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from tqdm import tqdm
 from transformers import GenerationConfig, HfArgumentParser, PreTrainedModel
 
 from specdecpp import checks
-from specdecpp.data_io import read_complete_lines, to_json_line, write_records
+from specdecpp.cli import input_errors
+from specdecpp.data_io import atomic_write, read_complete_lines, to_json_line, write_records
 from specdecpp.models import (ModelLoadingArguments, check_same_vocab, check_tokenizer, load_model, load_tokenizer,
                               model_device)
 from specdecpp.prompts import FORMATS, load_prompts, tokenize_prompt
@@ -182,22 +185,29 @@ def run_settings(args: BuildDataArguments, loading: ModelLoadingArguments) -> di
     return settings
 
 
-def check_or_write_settings(parts_dir: str, settings: dict, rank: int) -> None:
-    """Refuse to resume a partial build made with different settings; record ours for a new one."""
+def check_settings(parts_dir: str, settings: dict) -> None:
+    """Refuse to resume a partial build made with different settings (nothing to check for a new one)."""
     path = os.path.join(parts_dir, "meta.json")
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+        except ValueError as error:  # not JSON: written by hand, or damaged outside this tool
+            raise ValueError(f"{path} is damaged ({error}): pass --overwrite to start the build again") from None
         changed = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
         if changed:
             raise ValueError(f"{parts_dir} holds a partial build made with other settings "
                              f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changed.items())}); "
                              "rerun with the same settings to resume it, or pass --overwrite to start again")
-    elif rank == 0:
+
+
+def write_settings(parts_dir: str, settings: dict, rank: int) -> None:
+    """Record the settings of a new partial build (rank 0, atomically); a resumed one keeps its own."""
+    path = os.path.join(parts_dir, "meta.json")
+    if rank == 0 and not os.path.exists(path):
         os.makedirs(parts_dir, exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        with atomic_write(path) as f:
             json.dump(settings, f, indent=2)
-        os.replace(path + ".tmp", path)
 
 
 def finished_records(parts_dir: str) -> dict[int, dict]:
@@ -235,15 +245,9 @@ def build_data(args: BuildDataArguments, loading: ModelLoadingArguments | None =
     texts = load_prompts(args.dataset, args.dataset_split, args.n_begin, args.n_end)
     prompts = {args.n_begin + i: tokenize_prompt(text, tokenizer, args.prompt_format) for i, text in enumerate(texts)}
 
-    if args.overwrite and rank == 0:
-        shutil.rmtree(parts_dir, ignore_errors=True)
-        if os.path.exists(out):
-            os.remove(out)
-    barrier()
-    check_or_write_settings(parts_dir, run_settings(args, loading), rank)
-    done = finished_records(parts_dir)
-    barrier()  # everyone has read the same finished set before any rank appends to it
-    todo = [i for i in prompts if i not in done][rank::world]
+    settings = run_settings(args, loading)
+    if not args.overwrite:
+        check_settings(parts_dir, settings)
 
     device = None if loading.device_map else (f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
     target, draft = (load_model(name, loading.torch_dtype, loading.device_map, loading.trust_remote_code)
@@ -252,8 +256,22 @@ def build_data(args: BuildDataArguments, loading: ModelLoadingArguments | None =
         target, draft = target.to(device), draft.to(device)
     check_tokenizer(tokenizer, target, "the target")
     check_same_vocab(target, draft)
+    for model, role in ((target, "the target"), (draft, "the draft")):
+        checks.check_can_roll_back(model, role)  # the records would describe a decode the engine refuses
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
     eos = eos_ids(tokenizer, target)
+
+    # Only now, with the models loaded and checked, is anything written: a run refused above
+    # leaves no settings file that would make the corrected rerun look like another build.
+    if args.overwrite and rank == 0:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+        if os.path.exists(out):
+            os.remove(out)
+    barrier()
+    write_settings(parts_dir, settings, rank)
+    done = finished_records(parts_dir)
+    barrier()  # everyone has read the same finished set before any rank appends to it
+    todo = [i for i in prompts if i not in done][rank::world]
 
     new_tokens, start = 0, time.perf_counter()
     with open_shard(parts_dir, rank) as shard, tqdm(total=len(todo), desc=f"build-data rank {rank}/{world}",
@@ -304,8 +322,9 @@ def merge_shards(parts_dir: str, out: str, indices: list[int]) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Command line: `python -m specdecpp.build_data --help`."""
     parser = HfArgumentParser((BuildDataArguments, ModelLoadingArguments))
-    args, loading = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
-    build_data(args, loading)
+    with input_errors("build-data"):
+        args, loading = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        build_data(args, loading)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -32,10 +32,11 @@ import numpy as np
 import torch
 from transformers import HfArgumentParser
 
-from specdecpp.data_io import read_records
+from specdecpp.cli import input_errors
+from specdecpp.data_io import atomic_write, read_records
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
-from specdecpp.models import ModelLoadingArguments, load_model
+from specdecpp.models import ModelLoadingArguments, load_head, load_model
 from specdecpp.threshold import choose_threshold
 from specdecpp.train import binary_kl, check_data_fits_draft
 
@@ -166,11 +167,27 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def check_outputs(args: CalibrationArguments) -> None:
+    """Refuse an output file in a folder that does not exist (FileNotFoundError) before anything is
+    read or scored, rather than after the whole report was computed."""
+    outputs = {"--plot_path": args.plot_path, "--output_json": args.output_json}
+    if args.choose_threshold:
+        outputs["--threshold_plot_path"] = args.threshold_plot_path
+    for flag, path in outputs.items():
+        if path and not os.path.isdir(folder := os.path.dirname(os.path.abspath(path))):
+            raise FileNotFoundError(f"{flag} {path}: no folder {folder}; create it or choose another path")
+
+
 def run(args: CalibrationArguments, loading: ModelLoadingArguments | None = None) -> dict:
     """Score the records, print the report, write the diagram (and JSON); returns the report."""
     loading = loading or ModelLoadingArguments()
+    check_outputs(args)
     records = read_records(args.data_path)  # bad data fails before any model loads
-    head = AcceptancePredictionHead.from_pretrained(args.head)
+    head = load_head(args.head)
+    if args.choose_threshold and head.alignment != "proposer":  # refused now, not after scoring every record
+        raise ValueError(f"--choose_threshold needs a proposer head, and {args.head} is a {head.alignment} head: "
+                         "choosing a threshold replays rounds from the head's predictions on the records, which "
+                         "hold the states a proposer head judges only (train one with --head_alignment proposer)")
     draft = load_model(args.draft, loading.torch_dtype, loading.device_map, loading.trust_remote_code)
     check_data_fits_draft(records, draft)
     if loading.device_map is None and torch.cuda.is_available():
@@ -185,7 +202,7 @@ def run(args: CalibrationArguments, loading: ModelLoadingArguments | None = None
         target = load_model(args.target, loading.torch_dtype, loading.device_map, loading.trust_remote_code)
         report["threshold"] = store_threshold(head, draft, target, records, args, predictions)
     if args.output_json:
-        with open(args.output_json, "w", encoding="utf-8") as f:
+        with atomic_write(args.output_json) as f:
             json.dump(report, f, indent=2)
     return report
 
@@ -278,8 +295,9 @@ Timings depend on the machine and its load: re-run `--choose_threshold` on the m
 def main(argv: list[str] | None = None) -> None:
     """Command line: `python -m specdecpp.calibration --help`."""
     parser = HfArgumentParser((CalibrationArguments, ModelLoadingArguments))
-    args, loading = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
-    run(args, loading)
+    with input_errors("calibration"):
+        args, loading = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        run(args, loading)
 
 
 if __name__ == "__main__":

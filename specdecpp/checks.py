@@ -1,12 +1,13 @@
 """The checks that several commands share, on explicit values, in one place.
 
-Does a draft fit a target (one vocabulary), does a head fit a draft (its hidden size), which
-model does a PEFT adapter folder stand on, and which token ids end generation. Decoding, data
-building, training, calibration and evaluation all call these; the module imports nothing of
-the toolkit, so the engine may use it.
+Does a draft fit a target (one vocabulary), is a folder a head at all and does a head fit a draft
+(its hidden size), which model does a PEFT adapter folder stand on, and which token ids end
+generation. Decoding, data building, training, calibration and evaluation all call these; the
+module imports nothing of the toolkit, so the engine may use it.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -28,6 +29,22 @@ def check_same_vocab(target_vocab: int, draft_vocab: int) -> None:
                          "the draft must share the target's tokenizer")
 
 
+# -- a cache that can roll back -----------------------------------------------------------------
+def check_can_roll_back(model: PreTrainedModel, role: str = "model") -> None:
+    """Raise ValueError for a model whose cache cannot be cut back to an earlier length: recurrent
+    (state-space, linear-attention) layers carry one state forward and cannot forget the tokens a
+    verification rejects, so speculative decoding with it would be silently wrong. `role` names
+    the model in the message ("the target", "the draft")."""
+    from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
+
+    recurrent = getattr(model, "_is_stateful", False) or any(
+        isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=model.config).layers)
+    if recurrent:
+        raise ValueError(f"{role} ({type(model).__name__}) has recurrent layers (state-space or linear attention) whose "
+                         "state cannot be rolled back after a rejected draft token: speculative decoding needs models "
+                         "whose cache can be cropped (attention-only architectures)")
+
+
 # -- a head and its draft -----------------------------------------------------------------------
 def hidden_size(config: PretrainedConfig) -> int:
     """The hidden size of a model config (its text part for a multimodal one): what a head reads."""
@@ -41,6 +58,30 @@ def check_head_fits_draft(head_hidden: int, draft_hidden: int, head: str = "the 
     if head_hidden != draft_hidden:
         raise ValueError(f"{head} reads hidden states of size {head_hidden}, but the draft's hidden size is "
                          f"{draft_hidden}: it was trained for another draft{hint}")
+
+
+def read_head_config(folder: str) -> dict:
+    """The config of the acceptance prediction head saved in the local `folder`, or an error saying
+    that the folder is not a head: no `config.json` (FileNotFoundError), a model's config (one with
+    `model_type` or `architectures`) or another file rather than a head's (`hidden_size`,
+    `num_layers`, ...), or no weights file (ValueError)."""
+    config_file = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{folder} is not a head folder (no config.json)")
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            config = json.load(f)
+    except ValueError as error:  # a JSON or a text decoding error
+        raise ValueError(f"{config_file} is damaged ({error}): save the head again or restore the file") from None
+    config = config if isinstance(config, dict) else {}
+    if "model_type" in config or "architectures" in config or not isinstance(config.get("hidden_size"), int):
+        what = f"a {config['model_type']} model's" if "model_type" in config else "not a head's"
+        raise ValueError(f"{folder} is not a head folder: its config.json is {what} (a head's holds hidden_size, "
+                         "num_layers, alignment); pass a folder train.py wrote, its --output_dir or a checkpoint-*")
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in ("model.safetensors", "pytorch_model.bin")):
+        raise ValueError(f"{folder} is not a head folder: it holds a head's config.json but no weights "
+                         "(model.safetensors)")
+    return config
 
 
 # -- PEFT adapters ------------------------------------------------------------------------------

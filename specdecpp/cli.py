@@ -2,11 +2,14 @@
 
 Each command is the module's own `main(argv)`, so `specdecpp train ...`,
 `python -m specdecpp.train ...` and `python specdecpp/train.py ...` are the same program.
+Every command reports input it rejects the same way (`input_errors`): one line, non-zero exit.
 """
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 COMMANDS = {
     "build-data": ("specdecpp.build_data", "build training data (target continuations, draft proposals, p_acc)"),
@@ -17,6 +20,17 @@ COMMANDS = {
     "demo": ("specdecpp.demo", "the one-command demo on the embedded pair"),
     "push": ("specdecpp.publish", "publish a head folder on the Hub (head files and custom_generate/ only)"),
 }
+
+
+@contextmanager
+def input_errors(command: str) -> Iterator[None]:
+    """Turn the errors a command raises on input it rejects (ValueError, FileNotFoundError, whose
+    messages name the input and the fix) into one line, `specdecpp COMMAND: error: MESSAGE`, and a
+    non-zero exit, without a traceback; any other error is unexpected and keeps its traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"specdecpp {command}: error: {error}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,9 +1,11 @@
-"""Training records on disk: reading, validating, writing.
+"""Training records on disk: reading, validating, writing; and the atomic writing of whole files.
 
 Our files are JSON Lines, one record per prompt (fields in DESIGN.md section 2). The reference
 implementation wrote one JSON array whose lists were stored as strings and whose log-prob fields
 were named after model sizes (`log_p_7b` for the draft, `log_p_70b` for the target); `read_records`
 reads both and always returns our form, so nothing downstream needs to know which it got.
+Every command that rewrites a whole file (records, results, summaries, settings) writes it with
+`atomic_write`, so an interruption never leaves a half-written file behind.
 """
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TextIO
 
 LIST_FIELDS = ("tokens", "draft", "log_p_draft", "log_p_target", "p_acc")  # one entry per continuation token
 REQUIRED_FIELDS = ("prefix",) + LIST_FIELDS
@@ -134,18 +138,35 @@ def read_complete_lines(path: str | os.PathLike) -> tuple[list[dict], int]:
     return records, good
 
 
-def write_records(path: str | os.PathLike, records: Iterable[dict]) -> None:
-    """Write records as JSON Lines atomically: a temporary file renamed into place, so `path` is
-    either absent or complete, never a partial file that a later run would trust."""
+@contextmanager
+def atomic_write(path: str | os.PathLike) -> Iterator[TextIO]:
+    """Open a temporary file next to `path` for writing text, and rename it onto `path` once the
+    block ends without an error: `path` then holds either its old content or the whole new one,
+    never a partial file that a later run would trust or reject (an interruption or an exception
+    inside the block leaves the old file as it was and removes the temporary one)."""
     path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{os.getpid()}"  # same folder, so the rename is atomic
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(to_json_line(record))
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def write_json(path: str | os.PathLike, data, indent: int | None = None) -> None:
+    """Write `data` to `path` as JSON (on one line unless `indent` is given), newline-terminated,
+    atomically (`atomic_write`)."""
+    with atomic_write(path) as f:
+        f.write(json.dumps(data, indent=indent) + "\n")
+
+
+def write_records(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    """Write records as JSON Lines atomically (`atomic_write`), so `path` is either absent or
+    complete, never a partial file that a later run would trust."""
+    with atomic_write(path) as f:
+        for record in records:
+            f.write(to_json_line(record))

@@ -73,8 +73,12 @@ class CachedModel:
     def forward(self, seq: list[int], num_logits: int, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq`, and (if
         `hidden`) the last layer's hidden state at the last position."""
-        new_tokens = torch.tensor([seq[self.cache.get_seq_length():]], device=self.device)
-        kwargs = {self.logits_kwarg: num_logits} if self.logits_kwarg else {}
+        seen = self.cache.get_seq_length()
+        new_tokens = torch.tensor([seq[seen:]], device=self.device)
+        # Explicit positions: models that number new tokens from the cache's own bookkeeping can miscount.
+        kwargs = {"position_ids": torch.arange(seen, len(seq), device=self.device)[None]}
+        if self.logits_kwarg:
+            kwargs[self.logits_kwarg] = num_logits
         if not hidden:
             out = self.model(input_ids=new_tokens, past_key_values=self.cache, use_cache=True, **kwargs)
             return out.logits[0, -num_logits:], None

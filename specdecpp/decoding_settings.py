@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 from transformers import PreTrainedModel
 
-from specdecpp.checks import check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
+from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
 from specdecpp.head import AcceptancePredictionHead
 
 SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "oracle")
@@ -71,11 +71,14 @@ class DecodingSettings:
         """Raise ValueError unless the models (and the head) fit the schedule: a draft for every
         schedule but `none`, sharing the target's vocabulary; for `ada` a head trained for this
         draft, holding a stored threshold when `stop_threshold="auto"` (with a warning when that
-        threshold was chosen for the other decoding mode)."""
+        threshold was chosen for the other decoding mode). Models with recurrent layers are refused
+        (`checks.check_can_roll_back`), the target too: the loop rolls its cache back."""
+        check_can_roll_back(target, "the target")
         if self.schedule == "none":
             return
         if draft is None:
             raise ValueError(f"schedule {self.schedule!r} needs a draft model")
+        check_can_roll_back(draft, "the draft")
         check_same_vocab(vocab_size(target), vocab_size(draft))
         if self.schedule == "ada":
             if self.head is None:

@@ -18,8 +18,9 @@ that every speculative method's output equals the target's.
 Output in `--save_path`: `results_{n_begin}to{n_end}.json` (one record per prompt and method,
 the reference's fields plus ours), `summary.json` (the table below, the measured cost ratio,
 the greedy verdict, the settings), `pareto.png` and `speedup_vs_threshold.png`.
-Records are saved after every prompt; `--resume` reruns an interrupted run with the same flags,
-keeping the prompts it finished.
+Records are saved after every prompt, each save replacing the file atomically; `--resume` reruns
+an interrupted run with the same flags, keeping the prompts it finished. A results file that
+holds records is never replaced without `--resume` or `--overwrite`.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ if __name__ == "__main__" and not __package__:
 from pathlib import Path
 
 from transformers import HfArgumentParser
+
+from specdecpp.cli import input_errors
 
 # The names below are the evaluation's public ones (and those the tests use); they live in
 # `specdecpp.evaluation`, split by job.
@@ -62,10 +65,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[EvaluationArguments, Mode
 def main(argv: list[str] | None = None) -> None:
     """`specdecpp evaluate [flags]`: run `evaluate` and exit non-zero with a one-line message on bad input."""
     args, model_args = parse_args(argv)
-    try:
+    with input_errors("evaluate"):
         document = evaluate(args, model_args)
-    except (ValueError, FileNotFoundError) as error:
-        sys.exit(f"specdecpp evaluate: error: {error}")
     print(f"records: {document['records_file']}\nsummary: {Path(args.save_path) / 'summary.json'}")
 
 

@@ -3,18 +3,24 @@
 A name or path is whatever `from_pretrained` takes (a Hub id or a local folder); a local folder
 holding a PEFT adapter (`adapter_config.json`) loads its base model and merges the adapter in.
 `dtype` and `device_map` pass straight through (`device_map="auto"` spreads a target larger than
-one GPU), and `trust_remote_code` stays off unless the caller turns it on.
+one GPU), and `trust_remote_code` stays off unless the caller turns it on. A weights file that
+cannot be read is reported with its path (`load_model`, `load_head`).
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from glob import glob
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecpp import checks
 from specdecpp.checks import is_peft_adapter, peft_base, vocab_size
+from specdecpp.head import AcceptancePredictionHead
 
 DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -53,15 +59,48 @@ def load_model(name_or_path: str, torch_dtype: str | torch.dtype | None = None, 
         from peft import PeftModel
 
         base = peft_base(name_or_path)
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), name_or_path)
+        with naming_damaged_weights(base, name_or_path):
+            model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), name_or_path)
         model = model.merge_and_unload()
     else:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        with naming_damaged_weights(name_or_path):
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     if torch_dtype is None and model_device(model).type == "cpu" and model.dtype in (torch.float16, torch.bfloat16):
         # Nothing asked for: a half-precision checkpoint on a CPU runs slowly there and rounds
         # near-tied logits differently from float32, so it runs in float32.
         model = model.float()
     return model.eval()
+
+
+def load_head(name_or_path: str) -> AcceptancePredictionHead:
+    """`AcceptancePredictionHead.from_pretrained(name_or_path)` (a folder or a Hub id), with a local
+    folder first checked to be a head (`checks.read_head_config`) and a damaged weights file named."""
+    if os.path.isdir(name_or_path):
+        checks.read_head_config(name_or_path)
+    with naming_damaged_weights(name_or_path):
+        return AcceptancePredictionHead.from_pretrained(name_or_path)
+
+
+@contextmanager
+def naming_damaged_weights(*folders: str) -> Iterator[None]:
+    """Turn safetensors' error on a damaged weights file, which names no file, into a ValueError
+    naming the files of the local `folders` that cannot be read (or the names given, for Hub ids)."""
+    try:
+        yield
+    except SafetensorError as error:
+        damaged = [path for folder in folders if os.path.isdir(folder)
+                   for path in sorted(glob(os.path.join(folder, "*.safetensors"))) if not _readable(path)]
+        raise ValueError(f"damaged weights file {', '.join(damaged or folders)} ({error}): save or download it "
+                         "again") from None
+
+
+def _readable(path: str) -> bool:
+    """Whether safetensors can read the header of the file at `path` (a file cut short fails here)."""
+    try:
+        with safe_open(path, "pt"):
+            return True
+    except (SafetensorError, OSError):
+        return False
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

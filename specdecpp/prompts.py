@@ -72,12 +72,26 @@ def prompt_text(row: dict, where: str = "row") -> str:
 
 
 def _read_file_rows(path: str) -> list[dict]:
+    """The rows of a JSON array or JSON Lines file; a line that is not JSON is a ValueError naming
+    the file and the line (counted in the file, blank lines included)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if text.lstrip().startswith("["):
-        rows = json.loads(text)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from None
     else:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = []
+        # split on newlines only: splitlines() also splits on characters JSON strings may hold (U+2028, ...)
+        for line_no, line in enumerate(text.split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                where = f"{path}: line {line_no}"
+                raise ValueError(f"{where} is not valid JSON ({error.msg} at column {error.colno})") from None
     if not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{path}: expected JSON objects, one per prompt")
     return rows

@@ -27,8 +27,10 @@ from pathlib import Path
 
 from huggingface_hub import HfApi
 
+from specdecpp.checks import read_head_config
+from specdecpp.cli import input_errors
 from specdecpp.custom_generate import write_custom_generate
-from specdecpp.head import AcceptancePredictionHead
+from specdecpp.models import load_head
 
 # Top-level files of a head folder that are published; everything else stays home.
 PUBLISHED = ("config.json", "model.safetensors", "pytorch_model.bin", "README.md", "card.json", "calibration*.json",
@@ -84,11 +86,12 @@ def complete_card(existing: str | None, rendered: str) -> str:
 def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id: str | None = None) -> list[str]:
     """Copy what is published from `head_dir` into `staging`, write `custom_generate/` and the
     completed model card there (the repo id in its examples), and return the staged files'
-    relative paths, sorted. ValueError if `head_dir` does not load as a head."""
+    relative paths, sorted. ValueError or FileNotFoundError, saying so, if `head_dir` is not a head
+    (`models.load_head` checks it before loading, so a model folder is not mistaken for one)."""
     head_dir, staging = Path(head_dir), Path(staging)
-    if not (head_dir / "config.json").is_file():
-        raise ValueError(f"{head_dir} is not a head folder (no config.json)")
-    head = AcceptancePredictionHead.from_pretrained(head_dir)  # refuses what is not a head
+    if not head_dir.is_dir():
+        raise FileNotFoundError(f"no head folder at {head_dir}")
+    head = load_head(str(head_dir))
     for name in published_files(head_dir):
         shutil.copy2(head_dir / name, staging / name)
     write_custom_generate(staging)
@@ -108,6 +111,7 @@ def push_head(head_dir: str | os.PathLike, repo_id: str, *, private: bool = Fals
     """Publish the head in `head_dir` as the Hub model repo `repo_id` (created if needed; `private`
     applies when it is created): stage it with `stage_head`, then `HfApi.upload_folder`. Returns
     the upload's `CommitInfo`."""
+    read_head_config(os.fspath(head_dir))  # refuse what is not a head before creating a repo for it
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
     with tempfile.TemporaryDirectory() as staging:
@@ -126,11 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--revision", default=None, help="the branch to commit to (default: main)")
     parser.add_argument("--dry_run", action="store_true", help="list the files that would be published, upload nothing")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.dry_run:
-        with tempfile.TemporaryDirectory() as staging:
-            print("\n".join(stage_head(args.head_dir, staging, args.repo_id)))
-        return
-    commit = push_head(args.head_dir, args.repo_id, private=args.private, token=args.token, revision=args.revision)
+    with input_errors("push"):
+        if args.dry_run:
+            with tempfile.TemporaryDirectory() as staging:
+                print("\n".join(stage_head(args.head_dir, staging, args.repo_id)))
+            return
+        commit = push_head(args.head_dir, args.repo_id, private=args.private, token=args.token, revision=args.revision)
     print(f"published {args.head_dir} to {getattr(commit, 'commit_url', None) or args.repo_id}")
 
 

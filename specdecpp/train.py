@@ -12,7 +12,8 @@ reads the state at `z_i` of `prefix + z`, `z_i` the draft's proposal or, with pr
 soft label `p_acc[i]` (DESIGN.md section 2); the eval metric is the mean binary KL(label || prediction).
 
 Only the head trains and only the head is saved: `output_dir` and every `checkpoint-*` folder load
-with `AcceptancePredictionHead.from_pretrained`, and `--resume_from_checkpoint` continues a run.
+with `AcceptancePredictionHead.from_pretrained`, and `--resume_from_checkpoint` continues a run
+(`True`: from the newest complete checkpoint, skipping any whose save was interrupted).
 `--cache_hidden_states` runs the frozen draft once over the data and trains on the stored states.
 """
 from __future__ import annotations
@@ -25,8 +26,10 @@ if __name__ == "__main__" and not __package__:
     # or their folder on sys.path would shadow top-level packages of the same name
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import fnmatch
 import gc
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 
@@ -37,14 +40,15 @@ from datasets import Array2D, Dataset, Features, Sequence, Value, concatenate_da
 from torch import nn
 from tqdm import tqdm
 from transformers import HfArgumentParser, PreTrainedModel, Trainer, TrainingArguments, set_seed
-from transformers.trainer import TRAINING_ARGS_NAME
-from transformers.trainer_utils import EvalPrediction, get_last_checkpoint
+from transformers.trainer import SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalPrediction
 
 from specdecpp.checks import check_head_fits_draft, hidden_size, text_config, vocab_size
+from specdecpp.cli import input_errors
 from specdecpp.data_io import read_records
 from specdecpp.head import ALIGNMENTS, FEATURES, AcceptancePredictionHead
 from specdecpp.head_data import IGNORE, examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
-from specdecpp.models import ModelLoadingArguments, load_model
+from specdecpp.models import ModelLoadingArguments, load_head, load_model
 from specdecpp.publish import push_head
 
 
@@ -205,7 +209,7 @@ class HeadTrainer(Trainer):
         torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
-        saved = AcceptancePredictionHead.from_pretrained(resume_from_checkpoint)
+        saved = load_head(resume_from_checkpoint)
         head = self.accelerator.unwrap_model(model or self.model).head
         check_head_fits(saved.config, head.config, resume_from_checkpoint)
         head.load_state_dict(saved.state_dict())
@@ -273,15 +277,50 @@ def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
             "alignment": model_args.head_alignment, "features": features}
 
 
+def missing_checkpoint_files(folder: str) -> list[str]:
+    """What `folder` lacks of a checkpoint as Trainer writes one: the head (`config.json` and its
+    weights), the optimizer and scheduler state, and `trainer_state.json` (written last). A save
+    interrupted part-way leaves some out, and resuming from it fails or silently restarts them."""
+    names = os.listdir(folder)
+
+    def has(*patterns: str) -> bool:
+        return any(fnmatch.fnmatch(name, pattern) for name in names for pattern in patterns)
+
+    deepspeed = has("latest")  # DeepSpeed's own sub-folder, named in `latest`, holds optimizer and scheduler
+    present = {"config.json": has("config.json"), "model.safetensors": has("model.safetensors", "pytorch_model.bin"),
+               "optimizer.pt": deepspeed or has("optimizer*"),  # optimizer.pt/.bin, FSDP's optimizer_* folder
+               SCHEDULER_NAME: deepspeed or has(SCHEDULER_NAME), TRAINER_STATE_NAME: has(TRAINER_STATE_NAME)}
+    return [name for name, found in present.items() if not found]
+
+
+def latest_complete_checkpoint(output_dir: str, report: bool = True) -> str:
+    """The newest `checkpoint-*` folder of `output_dir` that `missing_checkpoint_files` finds
+    complete; newer incomplete ones (an interrupted save) are skipped, each with a line on stderr
+    saying which and why when `report`. ValueError when there is no complete one."""
+    pattern = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
+    steps = {int(m.group(1)): os.path.join(output_dir, name) for name in os.listdir(output_dir)
+             if (m := pattern.fullmatch(name)) and os.path.isdir(os.path.join(output_dir, name))}
+    for step in sorted(steps, reverse=True):
+        missing = missing_checkpoint_files(steps[step])
+        if not missing:
+            return steps[step]
+        if report:
+            print(f"skipping {steps[step]}: incomplete, no {', '.join(missing)} (its save was interrupted)",
+                  file=sys.stderr)
+    raise ValueError(f"--resume_from_checkpoint True: no complete checkpoint-* folder in {output_dir}"
+                     + (" (all are incomplete)" if steps else ""))
+
+
 def resolve_checkpoint(args: HeadTrainingArguments) -> str | None:
-    """`--resume_from_checkpoint`: a folder, or `True` for the newest checkpoint in output_dir."""
+    """`--resume_from_checkpoint`: a folder, or `True` for the newest complete checkpoint in
+    output_dir (`latest_complete_checkpoint`)."""
     value = args.resume_from_checkpoint
     if value in (None, False, "False", "false", ""):
         return None
     if value in (True, "True", "true"):
-        value = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
-        if value is None:
+        if not os.path.isdir(args.output_dir):
             raise ValueError(f"--resume_from_checkpoint True: no checkpoint-* folder in {args.output_dir}")
+        value = latest_complete_checkpoint(args.output_dir, report=args.process_index == 0)
     if not os.path.isfile(os.path.join(value, "config.json")):
         raise ValueError(f"--resume_from_checkpoint {value}: not a head checkpoint (no config.json)")
     return value
@@ -305,6 +344,10 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTraini
     if checkpoint:
         with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
             check_head_fits(json.load(f), head_config, checkpoint)
+        if missing := missing_checkpoint_files(checkpoint):
+            raise ValueError(f"--resume_from_checkpoint {checkpoint} is incomplete, no {', '.join(missing)} (its save "
+                             "was interrupted): resume from an earlier checkpoint, or pass True to take the newest "
+                             "complete one")
 
     draft = load_model(model_args.model_name_or_path, model_args.torch_dtype, model_args.device_map,
                        model_args.trust_remote_code)
@@ -345,8 +388,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTraini
 def main(argv: list[str] | None = None) -> None:
     """Command line: `python specdecpp/train.py --help` (all TrainingArguments flags work)."""
     parser = HfArgumentParser((ModelArguments, DataArguments, HeadTrainingArguments))
-    model_args, data_args, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
-    trainer = train(model_args, data_args, args)
+    with input_errors("train"):
+        model_args, data_args, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        trainer = train(model_args, data_args, args)
     release_process_group(trainer)
 
 

@@ -21,6 +21,21 @@ def tiny_llama(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2,
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
+def tiny_recurrent(kind: str = "jamba", vocab_size: int = 64, seed: int = 0):
+    """A tiny random model with recurrent layers, whose cache cannot be rolled back: `jamba`
+    (mamba and attention layers) or `mamba` (state-space only)."""
+    from transformers import AutoModelForCausalLM, JambaConfig, MambaConfig
+
+    torch.manual_seed(seed)
+    config = (JambaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1,
+                          expert_layer_period=100, num_experts=1, bos_token_id=None, eos_token_id=None,
+                          pad_token_id=None) if kind == "jamba"
+              else MambaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, bos_token_id=None,
+                               eos_token_id=None, pad_token_id=None))
+    return AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+
+
 def perturbed_copy(model: LlamaForCausalLM, noise: float, seed: int = 1) -> LlamaForCausalLM:
     """A draft that agrees with `model` often but not always: its weights plus Gaussian noise."""
     draft = LlamaForCausalLM(model.config).to(model.dtype).eval()

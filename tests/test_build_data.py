@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import torch
-from conftest import free_port, tiny_tokenizer, write_prompts
+from conftest import free_port, tiny_llama, tiny_tokenizer, write_prompts
 
 import specdecpp.build_data as build_module
-from specdecpp.build_data import BuildDataArguments, build_batch, build_data, trim_at_eos
+from specdecpp.build_data import BuildDataArguments, build_batch, build_data, main, trim_at_eos
 from specdecpp.data_io import read_records
 from specdecpp.models import load_model
 from specdecpp.sampling import logits_to_probs, make_warpers
@@ -161,6 +161,39 @@ def test_existing_output_is_refused_unless_overwrite(pair_dirs, prompts_file, tm
 def test_bad_arguments_fail_before_loading(pair_dirs, prompts_file, tmp_path, bad):
     with pytest.raises(ValueError):
         args_for(pair_dirs, prompts_file, bad.pop("output_file", tmp_path / "o.jsonl"), **bad)
+
+
+def test_a_run_refused_by_a_check_leaves_nothing_and_the_corrected_rerun_is_accepted(pair_dirs, prompts_file,
+                                                                                   tmp_path):
+    other = tmp_path / "other_draft"
+    tiny_llama(vocab_size=80).save_pretrained(other)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(ValueError, match=r"vocabulary \(64\) and draft vocabulary \(80\) differ"):
+        build_data(BuildDataArguments(target_name=pair_dirs[0], draft_name=str(other), dataset=prompts_file,
+                                      output_file=str(out), max_new_tokens=MAX_NEW, n_end=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other_draft"], "a refused run writes nothing"
+    build_data(args_for(pair_dirs, prompts_file, out, n_end=2))  # the corrected rerun, without --overwrite
+    assert [r["index"] for r in read_records(out)] == [0, 1]
+
+
+def test_a_draft_with_recurrent_layers_is_refused(pair_dirs, prompts_file, tmp_path):
+    from conftest import tiny_recurrent
+
+    recurrent = tmp_path / "jamba_draft"
+    tiny_recurrent("jamba").save_pretrained(recurrent)
+    with pytest.raises(ValueError, match=r"the draft \(JambaForCausalLM\) has recurrent layers"):
+        build_data(BuildDataArguments(target_name=pair_dirs[0], draft_name=str(recurrent), dataset=prompts_file,
+                                      output_file=str(tmp_path / "out.jsonl"), max_new_tokens=MAX_NEW, n_end=2))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--output_file", "x.json"], "output_file must end in .jsonl"),
+    (["--output_file", "x.jsonl", "--dataset", "no/such.jsonl"], "no prompt file at no/such.jsonl"),
+])
+def test_the_command_reports_bad_input_in_one_line(pair_dirs, flags, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--target_name", pair_dirs[0], "--draft_name", pair_dirs[1], "--dataset", "humaneval", *flags])
+    assert exit_.value.code.startswith(f"specdecpp build-data: error: {message}")
 
 
 def test_torchrun_two_ranks_build_the_same_file(pair_dirs, prompts_file, tmp_path):

@@ -9,6 +9,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from test_train import synthetic_records
 
+from specdecpp import calibration
 from specdecpp.calibration import calibration_report, main, predict, soft_auroc, unweight
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.models import load_model
@@ -66,6 +67,37 @@ def test_command_prints_report_and_writes_diagram(pair_dirs, tmp_path, capsys):
         assert name in out
     assert (tmp_path / "rel.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "rel.json").read_text())["positions"] > 0
+
+
+@pytest.fixture
+def no_scoring(monkeypatch):
+    """Fail the test if records are scored or a model (draft or target) is loaded."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("records were scored or a model loaded before the input was checked")
+
+    monkeypatch.setattr(calibration, "predict", refuse)
+    monkeypatch.setattr(calibration, "load_model", refuse)
+
+
+def test_a_reader_head_is_refused_for_choosing_a_threshold_before_any_scoring(pair_dirs, tmp_path, no_scoring):
+    AcceptancePredictionHead(32, 2).save_pretrained(tmp_path / "head")  # no alignment: a reader head
+    (tmp_path / "dev.jsonl").write_text(json.dumps(synthetic_records(1)[0]) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--head", str(tmp_path / "head"), "--draft", pair_dirs[1], "--data_path", str(tmp_path / "dev.jsonl"),
+              "--plot_path", str(tmp_path / "rel.png"), "--choose_threshold", "--target", pair_dirs[0]])
+    assert exit_.value.code.startswith(f"specdecpp calibration: error: --choose_threshold needs a proposer head, "
+                                       f"and {tmp_path / 'head'} is a reader head")
+
+
+@pytest.mark.parametrize("flag", ["--plot_path", "--output_json"])
+def test_an_output_in_a_missing_folder_is_refused_before_any_scoring(pair_dirs, tmp_path, no_scoring, monkeypatch,
+                                                                     flag):
+    monkeypatch.setattr(calibration, "read_records", lambda path: pytest.fail("the records were read"))
+    missing = tmp_path / "no" / "such" / "out.png"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--head", str(tmp_path / "head"), "--draft", pair_dirs[1], "--data_path", "dev.jsonl", flag, str(missing)])
+    assert exit_.value.code == (f"specdecpp calibration: error: {flag} {missing}: no folder {missing.parent}; create "
+                                "it or choose another path")
 
 
 def test_unweight_inverts_the_weighted_optimum():

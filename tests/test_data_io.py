@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from specdecpp.data_io import normalize_record, read_complete_lines, read_records, to_json_line, write_records
+from specdecpp.data_io import (atomic_write, normalize_record, read_complete_lines, read_records, to_json_line,
+                               write_json, write_records)
 
 RECORD = {"prompt": "p", "prefix": [1, 7], "continuation": "a b", "tokens": [4, 5, 2], "draft": [4, 9, 2],
           "log_p_draft": [-0.1, -0.5, -0.2], "log_p_target": [-0.2, float("-inf"), -0.1], "p_acc": [1.0, 0.0, 0.5]}
@@ -70,3 +71,24 @@ def test_complete_lines_stop_before_a_torn_line(tmp_path):
     path.write_text(whole + '{"index": 3, "tok')
     records, length = read_complete_lines(path)
     assert len(records) == 2 and length == len(whole.encode())
+
+
+def test_a_write_interrupted_by_an_exception_leaves_the_old_file_intact(tmp_path):
+    path = tmp_path / "results.json"
+    write_json(path, [{"id": 0}])
+    with pytest.raises(RuntimeError):
+        with atomic_write(path) as f:
+            f.write('[{"id": 0}, {"id": 1, "half wri')
+            raise RuntimeError("interrupted")
+    assert json.loads(path.read_text()) == [{"id": 0}]
+
+    def interrupted_records():
+        yield RECORD
+        raise KeyboardInterrupt  # what SIGINT raises, here in the middle of writing records
+
+    with pytest.raises(KeyboardInterrupt):
+        write_records(path, interrupted_records())
+    assert json.loads(path.read_text()) == [{"id": 0}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"], "no temporary file is left behind"
+    write_json(path, {"a": 1}, indent=1)
+    assert path.read_text() == '{\n "a": 1\n}\n'

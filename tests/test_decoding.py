@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_llama
+from conftest import perturbed_copy, tiny_llama, tiny_recurrent
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
@@ -348,6 +348,19 @@ def test_sampling_is_reproducible_with_a_generator(small_vocab_pair):
 
 
 # -- bad input fails at once, clearly ---------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["jamba", "mamba"])
+def test_models_whose_cache_cannot_roll_back_are_refused(tiny_pair, kind):
+    """A recurrent layer cannot forget rejected tokens: refused as the draft and as the target,
+    with a message naming the model, before anything is decoded."""
+    target, draft = tiny_pair
+    recurrent = tiny_recurrent(kind)
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match=f"the draft \\({type(recurrent).__name__}\\) has recurrent layers"):
+        speculative_generate(target, recurrent, prompt, schedule="constant", max_new_tokens=4)
+    with pytest.raises(ValueError, match=f"the target \\({type(recurrent).__name__}\\) has recurrent layers"):
+        speculative_generate(recurrent, None, prompt, schedule="none", max_new_tokens=4)
+
 
 @pytest.mark.parametrize("change,error,message", [
     (dict(schedule="fastest"), ValueError, "unknown schedule"),

@@ -118,6 +118,15 @@ def test_models_with_different_vocabularies_are_refused(eval_dirs, tmp_path, no_
         ev.evaluate(make_args(eval_dirs, tmp_path, assistant_name=str(other)))
 
 
+def test_a_draft_with_recurrent_layers_is_refused(eval_dirs, tmp_path):
+    from conftest import tiny_recurrent
+
+    recurrent = tmp_path / "jamba_draft"
+    tiny_recurrent("jamba").save_pretrained(recurrent)
+    with pytest.raises(ValueError, match=r"the draft \(JambaForCausalLM\) has recurrent layers"):
+        ev.evaluate(make_args(eval_dirs, tmp_path, assistant_name=str(recurrent), schedule=["constant"]))
+
+
 def test_a_save_path_that_cannot_be_written_is_refused(eval_dirs, tmp_path, no_model_loading):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -217,6 +226,7 @@ def test_sampling_runs_are_seeded_per_prompt_and_not_greedy_checked(eval_dirs, t
     first = ev.evaluate(args)
     records = json.loads(Path(first["records_file"]).read_text())
     assert all(r["matches_target"] is None for r in records) and first["greedy_check"] is None
+    args.overwrite = True
     again = json.loads(Path(ev.evaluate(args)["records_file"]).read_text())
     assert [r["tokens"] for r in again] == [r["tokens"] for r in records]  # same seeds, same samples
 
@@ -243,6 +253,49 @@ def test_resume_refuses_records_of_other_methods_before_loading_a_model(eval_dir
     monkeypatch.setattr(settings, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="other methods than this run"):
         ev.evaluate(args)
+
+
+def test_a_rerun_without_resume_or_overwrite_keeps_the_finished_records(eval_dirs, tmp_path, no_model_loading):
+    args = make_args(eval_dirs, tmp_path, n_end=2)
+    path = Path(args.save_path) / "results_0to2.json"
+    path.parent.mkdir()
+    path.write_text('[{"id": 0, "method": "target", "prefix": [1]}]')
+    with pytest.raises(ValueError, match=f"{path} holds the records of an earlier run: pass --resume .* --overwrite"):
+        ev.evaluate(args)
+    assert path.read_text() == '[{"id": 0, "method": "target", "prefix": [1]}]'
+    args.resume = args.overwrite = True
+    with pytest.raises(ValueError, match="pass one of them"):
+        ev.evaluate(args)
+    args.resume = False
+    with pytest.raises(AssertionError, match="a model was loaded"):  # --overwrite goes on to run
+        ev.evaluate(args)
+
+
+def test_a_damaged_results_file_is_named_with_the_way_out(eval_dirs, tmp_path, no_model_loading):
+    args = make_args(eval_dirs, tmp_path, n_end=2, resume=True)
+    path = Path(args.save_path) / "results_0to2.json"
+    path.parent.mkdir()
+    for damaged, why in (('[{"id": 0, "method": "tar', "Unterminated string"), ('{"id": 0}', "not a list of records")):
+        path.write_text(damaged)
+        with pytest.raises(SystemExit) as exit_:
+            ev.main(["--model_name", args.model_name, "--assistant_name", args.assistant_name, "--assist_acc_head_dir",
+                     args.assist_acc_head_dir[0], "--data_path", args.data_path, "--n_end", "2", "--save_path",
+                     args.save_path, "--resume"])
+        assert exit_.value.code.startswith(f"specdecpp evaluate: error: results file {path} is damaged ({why}")
+        assert exit_.value.code.endswith("rerun with --overwrite to start again, or restore it")
+
+
+def test_a_run_that_fails_before_saving_leaves_no_save_path_behind(eval_dirs, tmp_path):
+    import shutil
+
+    target = tmp_path / "target"
+    shutil.copytree(eval_dirs["target"], target)
+    weights = target / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    args = make_args(eval_dirs, tmp_path, model_name=str(target), save_path=str(tmp_path / "new" / "out"), n_end=2)
+    with pytest.raises(ValueError, match=f"damaged weights file {weights} "):
+        ev.evaluate(args)
+    assert not (tmp_path / "new").exists()
 
 
 class FixedProbe:

@@ -5,8 +5,9 @@ import pytest
 import torch
 from conftest import tiny_llama, tiny_tokenizer
 
-from specdecpp.models import (check_same_vocab, check_tokenizer, last_hidden_states, load_model, load_tokenizer,
-                              parse_dtype)
+from specdecpp.head import AcceptancePredictionHead
+from specdecpp.models import (check_same_vocab, check_tokenizer, last_hidden_states, load_head, load_model,
+                              load_tokenizer, parse_dtype)
 
 
 def test_folder_loads_with_dtype_in_eval_mode(pair_dirs):
@@ -82,3 +83,25 @@ def test_last_hidden_states_ignore_padding(tiny_pair):
     torch.testing.assert_close(left[:, 2:], alone)
     torch.testing.assert_close(right[:, :4], alone)
     torch.testing.assert_close(alone, final)
+
+
+def cut_short(path) -> None:
+    """Truncate a file to half its length, as an interrupted copy or download leaves it."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_a_damaged_weights_file_is_named(tmp_path):
+    tiny_llama().save_pretrained(tmp_path / "model")
+    AcceptancePredictionHead(32, 1).save_pretrained(tmp_path / "head")
+    for folder, load in (("model", load_model), ("head", load_head)):
+        cut_short(tmp_path / folder / "model.safetensors")
+        with pytest.raises(ValueError, match=f"damaged weights file {tmp_path / folder / 'model.safetensors'} "):
+            load(str(tmp_path / folder))
+
+
+def test_a_model_folder_is_not_taken_for_a_head(pair_dirs, tmp_path):
+    with pytest.raises(ValueError, match="is not a head folder: its config.json is a llama model's"):
+        load_head(pair_dirs[0])
+    with pytest.raises(FileNotFoundError, match="is not a head folder \\(no config.json\\)"):
+        load_head(str(tmp_path))

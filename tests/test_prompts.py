@@ -43,6 +43,17 @@ def test_local_json_and_jsonl_files(tmp_path):
         load_prompts(str(tmp_path / "gsm8k.jsonl"), n_begin=2, n_end=1)
 
 
+def test_a_malformed_line_is_named_with_its_file_and_line(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    # line 3 is blank and line 2 holds a U+2028 inside a string: neither may shift the count
+    path.write_text('{"prompt": "a"}\n{"prompt": "b\u2028c"}\n\n{"prompt": "d"}\n{"prompt": "e\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=f"^{path}: line 5 is not valid JSON"):
+        load_prompts(str(path))
+    path.write_text('[{"prompt": "a"},\n {"prompt": }]')
+    with pytest.raises(ValueError, match=rf"^{path}: not valid JSON \(.*line 2 column"):
+        load_prompts(str(path))
+
+
 def test_hub_names_go_through_datasets_with_the_reference_defaults(monkeypatch):
     calls = []
 

@@ -91,8 +91,18 @@ def test_the_push_command(tmp_path, hub, capsys):
     assert set(listed) == HEAD_FILES | {"calibration.json", "reliability.png"} and not hub["upload_folder"]
     cli.main(["push", str(folder), "me/acchead"])
     assert hub["create_repo"][0]["private"] is False and hub["upload_folder"][0]["files"] == sorted(listed)
-    with pytest.raises(ValueError, match="not a head folder"):
+    with pytest.raises(SystemExit) as exit_:
         cli.main(["push", str(tmp_path), "me/acchead"])
+    assert exit_.value.code == f"specdecpp push: error: {tmp_path} is not a head folder (no config.json)"
+
+
+@pytest.mark.parametrize("dry_run", [["--dry_run"], []])
+def test_pushing_a_folder_that_is_not_a_head_says_so_and_creates_no_repo(pair_dirs, tmp_path, hub, dry_run):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["push", pair_dirs[0], "me/acchead", *dry_run])
+    assert exit_.value.code.startswith(f"specdecpp push: error: {pair_dirs[0]} is not a head folder: its config.json "
+                                       "is a llama model's")
+    assert not hub["create_repo"] and not hub["upload_folder"]
 
 
 def test_a_hand_written_card_keeps_its_text_and_gains_the_generate_example(tmp_path):

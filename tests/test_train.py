@@ -17,7 +17,7 @@ from transformers import set_seed
 from specdecpp.head import AcceptancePredictionHead, logit_features
 from specdecpp.models import load_model
 from specdecpp.train import (IGNORE, DataArguments, HeadTrainingArguments, ModelArguments, acceptance_loss, binary_kl,
-                             make_example, train)
+                             latest_complete_checkpoint, main, make_example, train)
 
 N_RECORDS = 12
 
@@ -159,10 +159,52 @@ def test_only_the_head_is_saved_and_training_resumes(pair_dirs, data_files, tmp_
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     os.symlink(tmp_path / "full" / "checkpoint-3", resumed_dir / "checkpoint-3")
+    # a later save interrupted after the head was written: no optimizer, scheduler or trainer state
+    (resumed_dir / "checkpoint-5").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        os.symlink(tmp_path / "full" / "checkpoint-6" / name, resumed_dir / "checkpoint-5" / name)
     run(pair_dirs, data_files, resumed_dir, resume_from_checkpoint="True")
     resumed = AcceptancePredictionHead.from_pretrained(resumed_dir)
     for key, value in head.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[key], value)
+
+
+def complete_checkpoint(folder, *names: str) -> None:
+    """A stand-in for a checkpoint folder holding `names` (default: all that Trainer writes)."""
+    folder.mkdir(parents=True)
+    for name in names or ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+                          "trainer_state.json"):
+        (folder / name).write_text("{}")
+
+
+def test_resume_takes_the_latest_complete_checkpoint_and_says_what_it_skipped(tmp_path, capsys):
+    complete_checkpoint(tmp_path / "checkpoint-3")
+    complete_checkpoint(tmp_path / "checkpoint-20", "config.json", "model.safetensors", "trainer_state.json", "latest",
+                        "global_step20")  # DeepSpeed keeps optimizer and scheduler in its global_step folder
+    complete_checkpoint(tmp_path / "checkpoint-150", "config.json", "model.safetensors", "optimizer.pt")
+    complete_checkpoint(tmp_path / "checkpoint-100", "config.json", "model.safetensors", "optimizer.pt", "scheduler.pt")
+    assert latest_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-20")
+    assert capsys.readouterr().err.splitlines() == [
+        f"skipping {tmp_path / 'checkpoint-150'}: incomplete, no scheduler.pt, trainer_state.json (its save was "
+        "interrupted)",
+        f"skipping {tmp_path / 'checkpoint-100'}: incomplete, no trainer_state.json (its save was interrupted)"]
+    for name in ("checkpoint-20", "checkpoint-3"):
+        (tmp_path / name / "trainer_state.json").unlink()
+    with pytest.raises(ValueError, match="no complete checkpoint-\\* folder"):
+        latest_complete_checkpoint(str(tmp_path))
+
+
+def test_resuming_from_a_named_incomplete_checkpoint_is_refused_before_loading(pair_dirs, data_files, tmp_path):
+    AcceptancePredictionHead(32, 2, alignment="proposer", features=["log_q", "entropy"]).save_pretrained(
+        tmp_path / "checkpoint-7")
+    with pytest.raises(ValueError, match="checkpoint-7 is incomplete, no optimizer.pt, scheduler.pt, trainer_state"):
+        run(pair_dirs, data_files, tmp_path, resume_from_checkpoint=str(tmp_path / "checkpoint-7"))
+
+
+def test_the_command_reports_bad_input_in_one_line(tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--output_dir", str(tmp_path), "--use_cpu", "True", "--report_to", "none"])
+    assert exit_.value.code == "specdecpp train: error: --model_name_or_path (the draft) and --data_path are required"
 
 
 def test_resuming_a_head_of_another_draft_or_alignment_is_refused(pair_dirs, data_files, tmp_path):

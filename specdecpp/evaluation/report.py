@@ -9,16 +9,18 @@ from pathlib import Path
 import torch
 
 from specdecpp import metrics, plots
-from specdecpp.evaluation.settings import EvaluationArguments, Prompt, write_json
+from specdecpp.data_io import write_json
+from specdecpp.evaluation.settings import EvaluationArguments, Prompt
 
 
 def report(records: list[dict], cost: dict, args: EvaluationArguments, title: str = "", **extra) -> dict:
     """Summarize `records`, print the table and the greedy verdict, save `summary.json` (with
-    `extra` entries) and the figures in `--save_path`. Returns the summary document."""
+    `extra` entries, atomically) and the figures in `--save_path`. Returns the summary document."""
     summary = metrics.summarize(records, cost["cost_ratio"])
     table = metrics.format_table(summary, cost["cost_ratio"])
     verdict = metrics.greedy_verdict(summary, records)
     save_path = Path(args.save_path)
+    save_path.mkdir(parents=True, exist_ok=True)
     document = {"title": title, "prompts": len({r["id"] for r in records}), "summary": summary, "table": table,
                 "greedy_check": verdict, "cost": cost, **extra, "settings": asdict(args), "machine": machine_info()}
     if args.plots:

@@ -4,7 +4,8 @@
 made, loads the pair on first use, and `measure`s and `report`s any methods on any of its
 prompts (the demo tunes on some prompts and evaluates on others this way). `evaluate` is the
 whole evaluation the flags describe, with `--resume` keeping the prompts an interrupted run
-finished.
+finished and, without it, refusing to replace them unless `--overwrite` says so. The records
+file is replaced atomically after each prompt, so an interruption leaves the last complete one.
 """
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecpp import metrics
+from specdecpp.data_io import write_json
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
 from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, method_specs
 from specdecpp.evaluation.report import report, run_title
-from specdecpp.evaluation.settings import (EvaluationArguments, ModelLoadingArguments, Pair, Prompt, load_inputs,
-                                           load_pair, results_file, write_json)
+from specdecpp.evaluation.settings import (EvaluationArguments, ModelLoadingArguments, Pair, Prompt,
+                                           check_results_replaceable, load_inputs, load_pair, results_file)
 
 
 def build_method(spec: MethodSpec, pair: Pair, args: EvaluationArguments) -> Method:
@@ -141,6 +143,8 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: Ev
     probe = metrics.CostProbe(pair.target, pair.draft, torch.tensor([prompts[0].ids]))
     finished = {record["id"] for record in done}
     todo = [prompt for prompt in prompts if prompt.id not in finished]
+    if results_path is not None:
+        results_path.parent.mkdir(parents=True, exist_ok=True)  # made only now: a run that failed earlier leaves none
     save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
     records = done + run_evaluation(methods, todo, args, probe, pair.tokenizer, on_prompt=save, label=label,
                                     target=pair.target)
@@ -164,10 +168,17 @@ def run_cost(records: list[dict], probe: metrics.CostProbe, steps_per_prompt: in
 def records_to_resume(path: Path, specs: list[MethodSpec], prompts: list[Prompt]) -> list[dict]:
     """The records of an interrupted run saved at `path` (none if there is no file), after checking
     that they come from the same methods and prompts; a prompt is saved only once all its methods
-    have run, so every prompt found is complete."""
+    have run, so every prompt found is complete. A file that is not a list of records is reported
+    as damaged, with the way out."""
     if not path.is_file():
         return []
-    records = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # not JSON, or not text
+        raise ValueError(damaged(path, str(error))) from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) and {"id", "method", "prefix"} <= r.keys()
+                                                for r in records):
+        raise ValueError(damaged(path, "not a list of records"))
     names = sorted(spec.name for spec in specs)
     by_id = {prompt.id: prompt for prompt in prompts}
     saved_by_id: dict[int, list[dict]] = {}
@@ -181,6 +192,11 @@ def records_to_resume(path: Path, specs: list[MethodSpec], prompts: list[Prompt]
             raise ValueError(f"{path} holds other prompts than this run (prompt {prompt_id} differs); "
                              "rerun with the same flags, or choose another --save_path to start afresh")
     return records
+
+
+def damaged(path: Path, why: str) -> str:
+    """The message for a results file that cannot be resumed from: its path, why, the way out."""
+    return f"results file {path} is damaged ({why}): rerun with --overwrite to start again, or restore it"
 
 
 class Evaluation:
@@ -228,10 +244,15 @@ class Evaluation:
 
 def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None = None, title: str = "") -> dict:
     """The whole evaluation the flags describe: check the inputs (`Evaluation`), read the saved
-    records when resuming, load the pair, `measure`, `report` (under `title`, by default
-    `run_title`). Returns the summary document, with `records_file` the path of the per-prompt
-    records."""
+    records when resuming (else refuse to replace them without `--overwrite`), load the pair,
+    `measure`, `report` (under `title`, by default `run_title`). Returns the summary document,
+    with `records_file` the path of the per-prompt records."""
     run = Evaluation(args, model_args)
-    done = records_to_resume(results_file(args.save_path, run.prompts), run.specs, run.prompts) if args.resume else []
+    path = results_file(args.save_path, run.prompts)
+    if args.resume:
+        done = records_to_resume(path, run.specs, run.prompts)
+    else:
+        check_results_replaceable(path, args.overwrite)
+        done = []
     records, cost = run.measure(save=True, done=done)
     return run.report(records, cost, title=title)

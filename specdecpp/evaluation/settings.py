@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,10 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp import models
-from specdecpp.checks import check_head_fits_draft, check_same_vocab, text_config
+from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, read_head_config, text_config
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.models import ModelLoadingArguments, load_model, load_tokenizer
+from specdecpp.models import ModelLoadingArguments, load_head, load_model, load_tokenizer
 from specdecpp.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.schedules import SCHEDULES
 
@@ -87,6 +88,9 @@ class EvaluationArguments:
     resume: bool = field(default=False, metadata={
         "help": "keep the prompts already in --save_path's records file (an interrupted run with the same "
                 "flags) and run only the rest"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace the records already in --save_path's records file (without --resume or this, a run "
+                "refuses to start over finished prompts)"})
 
 
 # -- checks that need no model ------------------------------------------------------------------
@@ -94,7 +98,9 @@ def check_arguments(args: EvaluationArguments) -> None:
     """Raise ValueError on settings that cannot work, before anything is loaded: a bound out of
     order, a K or threshold out of range, an unknown prompt source, ada without a head, a head
     trained for a draft of another hidden size, models with different vocabularies, the oracle
-    with sampling, a save path that cannot be written."""
+    with sampling, a save path that cannot be written, --resume with --overwrite."""
+    if args.resume and args.overwrite:
+        raise ValueError("--resume keeps the finished prompts and --overwrite replaces them: pass one of them")
     check_decoding_flags(args)
     if args.max_new_tokens < 1 or (args.max_length is not None and args.max_length < 2):
         raise ValueError("--max_new_tokens must be >= 1 (and --max_length >= 2)")
@@ -193,23 +199,28 @@ def _check_head(head_dir: str, draft_config) -> None:
         if _is_local_path(head_dir):
             raise FileNotFoundError(f"no head folder at {head_dir}{_zoo_hint(head_dir)}")
         return  # a Hub id: checked once loaded
-    config_file = os.path.join(head_dir, "config.json")
-    if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"{head_dir} holds no config.json: not an acceptance prediction head")
-    with open(config_file, encoding="utf-8") as f:
-        head_hidden = json.load(f).get("hidden_size")
+    head_hidden = read_head_config(head_dir)["hidden_size"]
     if draft_config is not None:
         check_head_fits_draft(head_hidden, draft_config.hidden_size, f"the head in {head_dir}")
 
 
 def check_writable(path: str) -> None:
-    """Create `path` and write a file into it, or raise ValueError saying why it cannot be used."""
+    """Create `path` and write a file into it, or raise ValueError saying why it cannot be used.
+    Folders created only for this check are removed again: the run creates them when it first
+    saves, so a run that fails before that leaves no empty --save_path behind."""
+    created = None  # the outermost folder of `path` that does not exist yet
+    folder = os.path.abspath(path)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        created, folder = folder, os.path.dirname(folder)
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as error:
         raise ValueError(f"cannot write results to --save_path {path}: {error}") from None
+    finally:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
 
 
 # -- prompts ------------------------------------------------------------------------------------
@@ -263,8 +274,10 @@ def load_pair(args: EvaluationArguments, model_args: ModelLoadingArguments, toke
     target = load_model(args.model_name, **load)
     draft = load_model(args.assistant_name, **load)
     models.check_same_vocab(target, draft)
+    for model, role in ((target, "the target"), (draft, "the draft")):
+        check_can_roll_back(model, role)
     # A head from the Hub (not checked beforehand) meets the engine's hidden-size check at warm-up.
-    heads = {head_dir: AcceptancePredictionHead.from_pretrained(head_dir).to(draft.device)
+    heads = {head_dir: load_head(head_dir).to(draft.device)
              for head_dir in (args.assist_acc_head_dir if need_head else [])}
     return Pair(target, draft, heads, tokenizer)
 
@@ -275,9 +288,12 @@ def results_file(save_path: str | Path, prompts: list[Prompt]) -> Path:
     return Path(save_path) / f"results_{prompts[0].id}to{prompts[-1].id + 1}.json"
 
 
-def write_json(path: Path, data, indent: int | None = None) -> None:
-    """Write `data` to `path` as JSON (on one line unless `indent` is given), newline-terminated."""
-    path.write_text(json.dumps(data, indent=indent) + "\n", encoding="utf-8")
+def check_results_replaceable(path: Path, overwrite: bool) -> None:
+    """Refuse (ValueError) to start a run over a results file that holds records, unless
+    `overwrite`: a rerun without --resume would otherwise replace the prompts it finished."""
+    if path.is_file() and path.stat().st_size > 0 and not overwrite:
+        raise ValueError(f"{path} holds the records of an earlier run: pass --resume to keep them and run only the "
+                         "missing prompts, --overwrite to replace them, or choose another --save_path")
 
 
 def load_inputs(args: EvaluationArguments, model_args: ModelLoadingArguments) -> tuple[object, list[Prompt]]:
