@@ -219,9 +219,12 @@ def store_threshold(head: AcceptancePredictionHead, draft, target, records: list
     plot_threshold_curve(selection, threshold, args.threshold_plot_path)
     write_threshold_card(os.path.join(args.head, "README.md"), threshold, selection)
     best_k = min(selection["constant_k_cost_per_token"].items(), key=lambda kv: kv[1])
+    dynamic = selection.get("dynamic_cost_per_token")
+    best_dynamic = min(dynamic.items(), key=lambda kv: kv[1]) if dynamic else None
     print(f"stop threshold {threshold:g}: replayed cost per token {min(selection['cost_per_token']):.3f} target "
-          f"steps ({selection['mode']}; best constant K={best_k[0]}: {best_k[1]:.3f}{oracle_text(selection)}); "
-          f"stored in {args.head}/config.json; plot: {args.threshold_plot_path}")
+          f"steps ({selection['mode']}; best constant K={best_k[0]}: {best_k[1]:.3f}"
+          + (f"; best dynamic ({best_dynamic[0]}): {best_dynamic[1]:.3f}" if best_dynamic else "")
+          + f"{oracle_text(selection)}); stored in {args.head}/config.json; plot: {args.threshold_plot_path}")
     return {"stop_threshold": threshold, **selection}
 
 
@@ -242,6 +245,9 @@ def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
     ax.plot(selection["thresholds"], selection["cost_per_token"], "o-", label="ada (this head)")
     best_k, best_cost = min(selection["constant_k_cost_per_token"].items(), key=lambda kv: kv[1])
     ax.axhline(best_cost, color="C1", linestyle="--", label=f"best constant K={best_k}")
+    if selection.get("dynamic_cost_per_token"):
+        confidence, dynamic_cost = min(selection["dynamic_cost_per_token"].items(), key=lambda kv: kv[1])
+        ax.axhline(dynamic_cost, color="C3", linestyle="-.", label=f"best dynamic (confidence {confidence})")
     if selection["oracle_cost_per_token"] is not None:
         ax.axhline(selection["oracle_cost_per_token"], color="gray", linestyle=":", label="oracle")
     ax.axvline(threshold, color="C2", alpha=0.5, label=f"chosen {threshold:g}")
@@ -270,6 +276,9 @@ def write_threshold_card(readme: str, threshold: float, selection: dict) -> None
     usage = f'stop_threshold="auto", bound={tuple(selection["bound"])}{sampling})'
     rows = "\n".join(f"| {t:g} | {c:.3f} |" for t, c in zip(selection["thresholds"], selection["cost_per_token"]))
     constant = ", ".join(f"K={k} {c:.3f}" for k, c in selection["constant_k_cost_per_token"].items())
+    dynamic = selection.get("dynamic_cost_per_token")
+    if dynamic:
+        constant += "; our dynamic (draft confidence): " + ", ".join(f"{c} {v:.3f}" for c, v in dynamic.items())
     plain, judged = selection["step_times"], selection["judged_step_times"]
     section = f"""{THRESHOLD_SECTION}
 

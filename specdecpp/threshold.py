@@ -31,6 +31,7 @@ from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
+CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed beside the head
 # How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k.
 RoundLength = Callable[[np.ndarray, np.ndarray, int, int], int]
 
@@ -79,6 +80,19 @@ def ada_length(threshold: float, min_draft: int) -> RoundLength:
     return length
 
 
+def dynamic_length(confidence: float) -> RoundLength:
+    """Our `dynamic` rule, replayed with the draft's probability of each proposal in place of the
+    head's predictions: stop after drafting a token whose probability is below `confidence`."""
+    def length(draft_prob: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int:
+        j = 0
+        while j < limit:
+            j += 1
+            if draft_prob[pos + j - 1] < confidence:
+                break
+        return j
+    return length
+
+
 def constant_length(k: int) -> RoundLength:
     """Draft exactly `k` tokens."""
     return lambda pred, ok, pos, limit: min(k, limit)
@@ -98,7 +112,8 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                      predictions: np.ndarray | None = None) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
     as the head will decode) is lowest, and the record of the choice (measured times, the cost
-    curve, constant K = 1..6 and, for greedy records, the oracle replayed alike), ready to store
+    curve, constant K = 1..6 and, for greedy records, our `dynamic` at `CONFIDENCES` (from the
+    draft's probabilities `log_p_draft`) and the oracle replayed alike), ready to store
     with `head.with_threshold`. `predictions`: the head's predictions over the records
     (`head_data.predict`) when the caller already has them."""
     if head.alignment != "proposer":
@@ -112,8 +127,10 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     plain, judged = measure_costs(target, draft, probe_input(records), bound[1], head=head, do_sample=not greedy,
                                   repeats=timing_repeats)
 
-    def cost(round_length: RoundLength, times: StepTimes = plain) -> float:
-        replayed = replay(accept, predictions, round_length, bound[1], times, times is judged, plain.target_alone_ms)
+    draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
+
+    def cost(round_length: RoundLength, times: StepTimes = plain, values: list[np.ndarray] = predictions) -> float:
+        replayed = replay(accept, values, round_length, bound[1], times, times is judged, plain.target_alone_ms)
         return round(replayed["cost_per_token"], 5)
 
     curve = [cost(ada_length(t, bound[0]), judged) for t in thresholds]
@@ -122,6 +139,8 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                  "step_times": plain.as_dict(), "judged_step_times": judged.as_dict(),
                  "thresholds": list(thresholds), "cost_per_token": curve,
                  "constant_k_cost_per_token": {str(k): cost(constant_length(k)) for k in range(1, 7)},
+                 "dynamic_cost_per_token": {f"{c:g}": cost(dynamic_length(c), values=draft_probs) for c in CONFIDENCES}
+                 if greedy else None,
                  "oracle_cost_per_token": cost(oracle_length) if greedy else None,
                  "cost_unit": "one target-alone step through the loop (1 / cost = replayed speedup)"}
     return thresholds[int(np.argmin(curve))], selection

@@ -13,7 +13,7 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.calibration import main as calibration_main
 from specdecpp.costs import StepTimes
 from specdecpp.head_data import predict
-from specdecpp.threshold import ada_length, choose_threshold, constant_length, oracle_length, replay
+from specdecpp.threshold import ada_length, choose_threshold, constant_length, dynamic_length, oracle_length, replay
 
 TIMES = StepTimes(draft_ms=[1.0] * 20, verify_ms=[10.0 + k for k in range(21)], target_alone_ms=10.0)
 CORRECT = [np.array([1, 1, 0, 1, 1, 1, 0, 0], dtype=bool)]
@@ -84,11 +84,13 @@ def greedy_records(target, draft, n: int, new_tokens: int) -> list[dict]:
         prompt = torch.randint(4, 64, (1, 3 + i % 4), generator=generator)
         sequence = speculative_generate(target, None, prompt, schedule="none", max_new_tokens=new_tokens).sequences
         with torch.no_grad():
-            proposals = draft(sequence).logits[0, prompt.shape[1] - 1: -1].argmax(-1)
+            log_q = draft(sequence).logits[0, prompt.shape[1] - 1: -1].log_softmax(-1)
+        proposals = log_q.argmax(-1)
         tokens = sequence[0, prompt.shape[1]:]
         records.append({"prefix": prompt[0].tolist(), "tokens": tokens.tolist(), "draft": proposals.tolist(),
                         "p_acc": (proposals == tokens).double().tolist(),
-                        "log_p_draft": [0.0] * len(tokens), "log_p_target": [0.0] * len(tokens)})
+                        "log_p_draft": log_q.gather(-1, proposals[:, None])[:, 0].tolist(),
+                        "log_p_target": [0.0] * len(tokens)})
     return records
 
 
@@ -111,19 +113,21 @@ def test_replay_reproduces_the_engine_counts(tiny_pair, proposer_head):
     correct = [np.array(r["p_acc"]) == 1.0 for r in records]
     _, flat = predict(proposer_head, draft, records, batch_size=2)
     predictions = np.split(flat, np.cumsum([len(r["p_acc"]) for r in records])[:-1])
+    draft_probs = [np.exp(r["log_p_draft"]) for r in records]
     cases = [("constant", constant_length(3), dict(num_assistant_tokens=3)),
+             ("dynamic", dynamic_length(0.6), dict(num_assistant_tokens=20, assistant_confidence_threshold=0.6)),
              ("ada", ada_length(0.4, 1), dict(head=proposer_head, stop_threshold=0.4, bound=(1, 20))),
              ("ada", ada_length(0.7, 2), dict(head=proposer_head, stop_threshold=0.7, bound=(2, 20))),
              ("oracle", oracle_length, dict(bound=(2, 20)))]
     for schedule, length, settings in cases:
-        replayed = replay(correct, predictions, length, 20, TIMES)
+        replayed = replay(correct, draft_probs if schedule == "dynamic" else predictions, length, 20, TIMES)
         target_calls = draft_calls = 0
         for r in records:
             stats = speculative_generate(target, draft, torch.tensor([r["prefix"]]), schedule=schedule,
                                          max_new_tokens=len(r["tokens"]), **settings).stats
             target_calls, draft_calls = target_calls + stats.target_calls, draft_calls + stats.draft_calls
         assert replayed["target_calls"] == target_calls, schedule
-        if schedule == "ada":
+        if schedule in ("ada", "dynamic"):
             assert abs(replayed["draft_calls"] - draft_calls) <= 0.1 * draft_calls
         else:
             assert replayed["draft_calls"] == draft_calls, schedule
@@ -138,6 +142,7 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
     assert len(selection["step_times"]["verify_ms"]) == 9 and len(selection["judged_step_times"]["draft_ms"]) == 8
     assert selection["judged_step_times"]["judge_ms"] > 0 and selection["step_times"]["judge_ms"] == 0
     assert selection["oracle_cost_per_token"] <= min(selection["cost_per_token"])
+    assert set(selection["dynamic_cost_per_token"]) == {"0.2", "0.3", "0.4", "0.5", "0.6"}
 
     head_dir, data = tmp_path / "head", tmp_path / "dev.jsonl"
     copy.deepcopy(proposer_head).float().save_pretrained(head_dir)
@@ -199,8 +204,10 @@ def test_threshold_card_section_and_usage_examples(tmp_path):
                  "oracle_cost_per_token": None}
     write_threshold_card(str(readme), 0.25, selection)
     readme.write_text(readme.read_text() + "\n## Later section\n\nkept\n")
-    write_threshold_card(str(readme), 0.5, selection | {"mode": "greedy", "oracle_cost_per_token": 0.5})
+    write_threshold_card(str(readme), 0.5, selection | {"mode": "greedy", "oracle_cost_per_token": 0.5,
+                                                        "dynamic_cost_per_token": {"0.4": 0.93}})
     card = readme.read_text()
+    assert "our dynamic (draft confidence): 0.4 0.930" in card
     assert card.count(THRESHOLD_SECTION) == 1 and "uses **0.5**" in card and "oracle 0.500" in card
     assert "## Later section\n\nkept" in card and "## Use from transformers" in card
     assert card.count('stop_threshold="auto", bound=(1, 20))') == 2 and "do_sample" not in card
