@@ -225,6 +225,10 @@ def store_threshold(head: AcceptancePredictionHead, draft, target, records: list
           f"steps ({selection['mode']}; best constant K={best_k[0]}: {best_k[1]:.3f}"
           + (f"; best dynamic ({best_dynamic[0]}): {best_dynamic[1]:.3f}" if best_dynamic else "")
           + f"{oracle_text(selection)}); stored in {args.head}/config.json; plot: {args.threshold_plot_path}")
+    if best_dynamic and best_dynamic[1] < min(selection["cost_per_token"]):
+        print(f"note: on these records and this machine our dynamic schedule (assistant_confidence_threshold="
+              f"{best_dynamic[0]}) replays cheaper than this head at any threshold: its judgement costs more than "
+              "its predictions save here")
     return {"stop_threshold": threshold, **selection}
 
 
