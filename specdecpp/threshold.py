@@ -112,8 +112,8 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                      predictions: np.ndarray | None = None) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
     as the head will decode) is lowest, and the record of the choice (measured times, the cost
-    curve, constant K = 1..6 and, for greedy records, our `dynamic` at `CONFIDENCES` (from the
-    draft's probabilities `log_p_draft`) and the oracle replayed alike), ready to store
+    curve, constant K = 1..6, our `dynamic` at `CONFIDENCES` (from the draft's probability of each
+    proposal, `log_p_draft`) and, for greedy records, the oracle replayed alike), ready to store
     with `head.with_threshold`. `predictions`: the head's predictions over the records
     (`head_data.predict`) when the caller already has them."""
     if head.alignment != "proposer":
@@ -139,8 +139,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                  "step_times": plain.as_dict(), "judged_step_times": judged.as_dict(),
                  "thresholds": list(thresholds), "cost_per_token": curve,
                  "constant_k_cost_per_token": {str(k): cost(constant_length(k)) for k in range(1, 7)},
-                 "dynamic_cost_per_token": {f"{c:g}": cost(dynamic_length(c), values=draft_probs) for c in CONFIDENCES}
-                 if greedy else None,
+                 "dynamic_cost_per_token": {f"{c:g}": cost(dynamic_length(c), values=draft_probs) for c in CONFIDENCES},
                  "oracle_cost_per_token": cost(oracle_length) if greedy else None,
                  "cost_unit": "one target-alone step through the loop (1 / cost = replayed speedup)"}
     return thresholds[int(np.argmin(curve))], selection
