@@ -13,8 +13,8 @@ A speculative round that drafts `k` tokens costs
 - `round_overhead`: the loop's own work per round beyond those steps (cache crops, bookkeeping).
 
 A generation without a draft costs `target_alone` per token: back-to-back target steps, whose
-weights stay in the caches. The first round also reads the prompt: its first draft step and its verification are prefill
-forwards, priced apart by `prefill_extra_ms`. Every figure is timed through the engine's own step
+weights stay in the caches. The first round also reads the prompt: its first draft step and its
+verification are prefill forwards, priced apart by `prefill_extra_ms`. Every figure is timed through the engine's own step
 functions (`decoding.draft_step`, `decoding.verify`, the schedule's `stop_after`) in rounds laid
 out as the loop lays them out, so that the cache state each step meets is the loop's. `StepTimes`
 prices the counts of a generation (`predicted_ms`) and the replayed rounds of the threshold choice
@@ -90,8 +90,8 @@ def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: to
                   head: AcceptancePredictionHead | None = None, do_sample: bool = False,
                   repeats: int = 8) -> tuple[StepTimes, StepTimes | None]:
     """The pair's step times on the context `input_ids` `[1, length]`: those of schedules without a
-    head (the loop's own overhead per round included, see `measure_round_overhead`) and, given a `head`, those of
-    `ada` with it (its draft steps also return hidden states and each is judged, which changes what
+    head (the loop's own overhead per round included, see `measure_round_overhead`) and, given a
+    `head`, those of `ada` with it (its draft steps also return hidden states and each is judged, which changes what
     the next step finds in the CPU caches; same round overhead). The two probes alternate pass by
     pass, so that load on the machine hits both alike. Greedy steps unless `do_sample`."""
     probes = [StepProbe(target, draft, input_ids, max_draft, do_sample=do_sample)]
