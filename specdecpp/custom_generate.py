@@ -3,7 +3,7 @@
 Two forms:
 
 - **A head folder or Hub repo.** Every folder `AcceptancePredictionHead.save_pretrained` writes carries
-  `custom_generate/generate.py` (the `SHIM` below) and `custom_generate/requirements.txt`, so
+  `custom_generate/generate.py` (`head_folder.SHIM`) and `custom_generate/requirements.txt`, so
 
       target.generate(**inputs, assistant_model=draft, custom_generate=HEAD_DIR_OR_HUB_ID,
                       trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
@@ -25,7 +25,6 @@ import functools
 import inspect
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
@@ -38,23 +37,6 @@ from specdecpp.decoding import GenerationStats, decode
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
 
-# `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
-# published head keeps working as specdecpp improves and the file stays a few lines.
-SHIM = '''"""SpecDec++ speculative decoding (https://arxiv.org/abs/2405.19715) with the acceptance prediction
-head stored in this folder / Hub repo. Needs the `specdecpp` package (see requirements.txt):
-
-    target.generate(**inputs, assistant_model=draft, custom_generate="<this folder or repo>",
-                    trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
-"""
-from specdecpp.custom_generate import generate_from_head
-
-
-def generate(model, **kwargs):
-    """Run SpecDec++ with this folder's head; see `specdecpp.custom_generate.generate_from_head`."""
-    return generate_from_head(model, **kwargs)
-'''
-REQUIREMENTS = "specdecpp\n"
-CUSTOM_GENERATE_FILES = {"custom_generate/generate.py": SHIM, "custom_generate/requirements.txt": REQUIREMENTS}
 
 # What `generate` prepares that the SpecDec++ loop honours or may safely ignore (it keeps its own caches).
 SUPPORTED_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
@@ -69,19 +51,6 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
     `GenerateDecoderOnlyOutput` whose `sequences` are set, plus `stats` (a `GenerationStats`)."""
 
     stats: GenerationStats | None = None
-
-
-def write_custom_generate(folder: str | os.PathLike) -> list[Path]:
-    """Write `custom_generate/generate.py` and `custom_generate/requirements.txt` into `folder` (a
-    head folder), making it a `custom_generate` target for `transformers`' `generate`. Returns the
-    paths written."""
-    written = []
-    for name, text in CUSTOM_GENERATE_FILES.items():
-        path = Path(folder) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
 
 
 def hf_generate(

@@ -21,6 +21,8 @@ import torch
 from huggingface_hub import PyTorchModelHubMixin, constants
 from torch import nn
 
+from specdecpp.head_folder import write_custom_generate
+
 
 ALIGNMENTS = ("proposer", "reader")
 
@@ -46,16 +48,18 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str])
     return torch.stack([FEATURES[name](log_probs, tokens) for name in names], dim=-1)
 
 
-def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, names: list[str]) -> list[float]:
+def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, names: list[str],
+                  q_token: float | None = None) -> list[float]:
     """`logit_features` of one drafted `token` from the softmax its draft step already computed,
     as Python floats: `logits` `[vocab]` are the draft's raw logits (float32 or wider) and `probs`
     their softmax at temperature 1 without filtering (None when the step's distribution was warped;
-    it is then computed here). No log-softmax over the vocabulary: log q(y) is the log of one
+    it is then computed here; `q_token`, `probs[token]` when the step already read it). No log-softmax over the vocabulary: log q(y) is the log of one
     probability, and the entropy is `log Z - sum(q * logits)`, with `log Z = logit(a) - log q(a)`
     read at a token `a` of high probability; logits the draft rules out (-inf) take the exact path."""
     if probs is None:
-        probs = logits.softmax(-1)
-    q_token = float(probs[token])
+        probs, q_token = logits.softmax(-1), None
+    if q_token is None:
+        q_token = float(probs[token])
     values = {}
     if "log_q" in names:
         values["log_q"] = max(math.log(q_token), -50.0) if q_token > 0.0 else -50.0  # as `_log_q` clamps
@@ -313,8 +317,6 @@ class AcceptancePredictionHead(
         """Save the weights (the mixin's way), then `custom_generate/generate.py` and
         `custom_generate/requirements.txt`, so `generate(custom_generate=FOLDER)` runs SpecDec++."""
         super()._save_pretrained(save_directory)
-        from specdecpp.custom_generate import write_custom_generate  # that module imports this one
-
         write_custom_generate(save_directory)
 
     def generate_model_card(self, *args, **kwargs):

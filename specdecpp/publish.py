@@ -29,7 +29,7 @@ from huggingface_hub import HfApi
 
 from specdecpp.checks import read_head_config
 from specdecpp.cli import input_errors
-from specdecpp.custom_generate import write_custom_generate
+from specdecpp.head_folder import write_custom_generate
 from specdecpp.models import load_head
 
 # Top-level files of a head folder that are published; everything else stays home.

@@ -127,7 +127,8 @@ class Ada(Schedule):
     def judge(self, step: DraftStep) -> float:
         """A proposer head's P(accept) of the token `step` just drafted, its features taken from
         the softmax the draft step already computed."""
-        features = step_features(step.logits, step.raw_probs, step.token, self.features) if self.features else ()
+        features = step_features(step.logits, step.raw_probs, step.token, self.features,
+                                 None if step.warped else step.token_prob) if self.features else ()
         return self.judge_state(step.hidden, features)
 
 

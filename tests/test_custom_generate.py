@@ -13,7 +13,8 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 import specdecpp
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.custom_generate import CUSTOM_GENERATE_FILES, SpeculativeGenerateOutput
+from specdecpp.custom_generate import SpeculativeGenerateOutput
+from specdecpp.head_folder import CUSTOM_GENERATE_FILES
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 HEAD_DIR = str(ZOO_DIR / "head")

@@ -13,7 +13,7 @@ from huggingface_hub import HfApi
 from test_train import data_files, run  # noqa: F401  (data_files is a fixture)
 
 from specdecpp import cli
-from specdecpp.custom_generate import CUSTOM_GENERATE_FILES
+from specdecpp.head_folder import CUSTOM_GENERATE_FILES
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.publish import push_head, stage_head
 
