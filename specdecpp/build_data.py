@@ -109,7 +109,7 @@ def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attenti
 def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[list[int]], *, max_new_tokens: int,
                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 pad_token_id: int = 0, eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0) -> list[dict]:
-    """Records (`tokens`, `draft`, `log_p_draft`, `log_p_target`, `p_acc`) for a batch of tokenized
+    """Records (`tokens`, `draft`, `log_p_draft`, `log_p_target`, `p_acc`, `target_entropy`) for a batch of tokenized
     prompts: the target's continuation, then one teacher-forced forward of each model over it.
     Sampling mode applies the same temperature/top-k/top-p to both models' logits, draws the
     target's continuation and the draft's proposals from `seed`, and sets `p_acc = min(1, p/q)`;
@@ -141,19 +141,22 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
         proposals = sample(q, generator)
         q_tok, p_tok = q.gather(-1, proposals[:, None])[:, 0], p.gather(-1, proposals[:, None])[:, 0]
         log_q, log_p, p_acc = q_tok.log(), p_tok.log(), (p_tok / q_tok).clamp(max=1.0)
+        target_entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
     else:
         wide = torch.float32 if draft_logits.dtype in (torch.float16, torch.bfloat16) else draft_logits.dtype
         proposals = draft_logits.argmax(-1)
         log_q = draft_logits.to(wide).log_softmax(-1).gather(-1, proposals[:, None])[:, 0]
         log_p = target_logits.to(wide).log_softmax(-1).gather(-1, proposals[:, None])[:, 0]
         p_acc = (proposals == target_logits.argmax(-1)).to(wide)
+        target_log_probs = target_logits.to(wide).log_softmax(-1)
+        target_entropy = -(target_log_probs.exp() * target_log_probs.clamp_min(-1e4)).sum(-1)
 
     records, start = [], 0
     for tokens in continuations:
         end = start + len(tokens)
         records.append({"tokens": tokens, "draft": proposals[start:end].tolist(),
                         "log_p_draft": log_q[start:end].tolist(), "log_p_target": log_p[start:end].tolist(),
-                        "p_acc": p_acc[start:end].tolist()})
+                        "p_acc": p_acc[start:end].tolist(), "target_entropy": target_entropy[start:end].tolist()})
         start = end
     return records
 

@@ -55,7 +55,7 @@ def check_head_fits_draft(head_hidden: int, draft_hidden: int, head: str = "the 
     """Raise ValueError when a head reading hidden states of size `head_hidden` meets a draft of
     hidden size `draft_hidden`: it was trained for another draft. `head` names the head in the
     message (e.g. "the head in FOLDER"), `hint` is appended (what to do about it)."""
-    if head_hidden != draft_hidden:
+    if head_hidden and head_hidden != draft_hidden:  # 0: a head of logit features alone fits any draft
         raise ValueError(f"{head} reads hidden states of size {head_hidden}, but the draft's hidden size is "
                          f"{draft_hidden}: it was trained for another draft{hint}")
 

@@ -36,8 +36,16 @@ def _entropy(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return -(log_probs.exp() * log_probs.clamp_min(-1e4)).sum(-1)
 
 
+def _margin(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    # log q(y) - the best other token's log q: top-1 minus top-2 for a greedy proposal, negative
+    # for a sampled token that is not the draft's top one; clamped like log q
+    top2 = log_probs.topk(2, dim=-1)
+    best_other = torch.where(top2.indices[..., 0] == tokens, top2.values[..., 1], top2.values[..., 0])
+    return (_log_q(log_probs, tokens) - best_other.clamp_min(-50.0)).clamp(-50.0, 50.0)
+
+
 # Features of the judged token under the logits that proposed it: name -> f(log_probs, tokens).
-FEATURES = {"log_q": _log_q, "entropy": _entropy}
+FEATURES = {"log_q": _log_q, "entropy": _entropy, "margin": _margin}
 
 
 def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str]) -> torch.Tensor:
@@ -70,6 +78,10 @@ def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, 
         if not math.isfinite(entropy):  # -inf logits: 0 * -inf in the dot product
             entropy = float(_entropy(logits.log_softmax(-1), None))
         values["entropy"] = entropy
+    if "margin" in names:  # from the raw logits: a difference of log-probabilities is one of logits
+        top2 = logits.topk(2)
+        best_other = top2.values[1] if int(top2.indices[0]) == token else top2.values[0]
+        values["margin"] = min(max(float(logits[token] - best_other), -50.0), 50.0)
     return [values[name] for name in names]
 
 
@@ -86,13 +98,19 @@ class LeanJudge:
         self.out_bias = float(output.bias[1].detach() - output.bias[0].detach())
         self.dtype, self.device = output.weight.dtype, output.weight.device
         self.num_features = len(head.features)
+        self.reads_hidden_states = head.reads_hidden_states
 
-    def __call__(self, hidden: torch.Tensor, features: list[float] = ()) -> float:
-        """P(accept) from one hidden state `[hidden]` and the judged token's feature values."""
+    def __call__(self, hidden: torch.Tensor | None, features: list[float] = ()) -> float:
+        """P(accept) from one hidden state `[hidden]` (None for a head of features alone) and the
+        judged token's feature values."""
         # Detached weights and a state without grad: nothing for autograd to record.
-        x = hidden.to(self.device, self.dtype)
-        if self.num_features:
-            x = torch.cat((x, torch.tensor(features, dtype=self.dtype, device=self.device)))
+        values = torch.tensor(features, dtype=self.dtype, device=self.device) if self.num_features else None
+        if not self.reads_hidden_states:
+            x = values
+        else:
+            x = hidden.to(self.device, self.dtype)
+            if self.num_features:
+                x = torch.cat((x, values))
         for weight, bias in self.blocks:
             x = x + torch.nn.functional.silu(torch.addmv(bias, weight, x), inplace=True)
         logit = float(torch.dot(self.out_weight, x)) + self.out_bias
@@ -201,8 +219,10 @@ class AcceptancePredictionHead(
             stop_threshold = config.pop("stop_threshold", stop_threshold)
             threshold_selection = config.pop("threshold_selection", threshold_selection)
         features = list(features or [])
-        if hidden_size <= 0 or num_layers < 0:
-            raise ValueError(f"hidden_size must be > 0 and num_layers >= 0, got {hidden_size}, {num_layers}")
+        if hidden_size < 0 or num_layers < 0:
+            raise ValueError(f"hidden_size and num_layers must be >= 0, got {hidden_size}, {num_layers}")
+        if hidden_size == 0 and not features:
+            raise ValueError("a head that reads no hidden state (hidden_size=0) needs logit features")
         if alignment not in ALIGNMENTS:
             raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}, got {alignment!r}")
         if unknown := [name for name in features if name not in FEATURES]:
@@ -258,15 +278,24 @@ class AcceptancePredictionHead(
                              "or pass a number")
         return self.stop_threshold
 
-    def forward(self, hidden_states: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits over (reject, accept) from hidden states `[..., hidden]` and, for a head with
-        features, the matching `[..., len(features)]` values (see `logit_features`)."""
+    @property
+    def reads_hidden_states(self) -> bool:
+        """Whether the head reads the draft's hidden state (`hidden_size > 0`); a head of logit
+        features alone (`hidden_size = 0`) fits any draft."""
+        return self.hidden_size > 0
+
+    def forward(self, hidden_states: torch.Tensor | None, features: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over (reject, accept) from hidden states `[..., hidden]` (ignored, and may be None,
+        for a head of features alone) and, for a head with features, the matching
+        `[..., len(features)]` values (see `logit_features`)."""
         dtype = self.model[-1].weight.dtype
-        if self.features:
-            if features is None:
-                raise ValueError(f"this head also reads the features {self.features} of the judged token")
-            hidden_states = torch.cat([hidden_states.to(dtype), features.to(dtype)], dim=-1)
-        return self.model(hidden_states.to(dtype))
+        if not self.features:
+            return self.model(hidden_states.to(dtype))
+        if features is None:
+            raise ValueError(f"this head also reads the features {self.features} of the judged token")
+        if not self.reads_hidden_states:
+            return self.model(features.to(dtype))
+        return self.model(torch.cat([hidden_states.to(dtype), features.to(dtype)], dim=-1))
 
     @torch.no_grad()
     def accept_prob(self, hidden_states: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:

@@ -107,6 +107,7 @@ class Ada(Schedule):
 
     def __init__(self, head: AcceptancePredictionHead, stop_threshold: float, bound: tuple[int, int]):
         self.features = head.features
+        self.needs_hidden_states = head.reads_hidden_states
         self.judge_state = LeanJudge(head)
         self.stop_threshold = stop_threshold
         self.min_draft, self.max_k = bound

@@ -66,18 +66,35 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
             "ms_per_token": total_ms / tokens, "cost_per_token": total_ms / tokens / (unit_ms or times.target_alone_ms)}
 
 
-def ada_length(threshold: float, min_draft: int) -> RoundLength:
+def ada_length(threshold: float, min_draft: int, scale: list[float] | None = None) -> RoundLength:
     """The `ada` rule for a proposer head: after drafting `y_j` (record position `pos + j - 1`),
-    stop once `1 - prod p_hat > threshold` and `j >= min_draft`."""
+    stop once `j >= min_draft` and `prod p_hat < (1 - threshold) * scale[j - 1]` (`scale` None:
+    1, the product threshold `1 - prod p_hat > threshold`; see `marginal_scale`)."""
     def length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int:
         p_all_accepted, j = 1.0, 0
         while j < limit:
             p_all_accepted *= pred[pos + j]
             j += 1
-            if j >= min_draft and 1.0 - p_all_accepted > threshold:
+            if j >= min_draft and p_all_accepted < (1.0 - threshold) * (scale[j - 1] if scale else 1.0):
                 break
         return j
     return length
+
+
+def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
+    """The cost-aware stop rule's factors: `scale[j - 1]` is what one more token costs after `j`
+    drafted ones (the next draft step, its judgement, and the verification's growth per token,
+    fit as a line over lengths so that timing noise cannot make it negative) over what it costs
+    after the first. Drafting one more token gains `prod p_hat * p_next` expected tokens for that
+    cost, so continuing while `prod p_hat >= (1 - threshold) * scale[j - 1]` is the rule "draft
+    on while the expected gain pays for the marginal cost", with `1 - threshold` standing for the
+    cost of the first extra token over a token's value. Flat step times give all ones: the product
+    threshold."""
+    verify = np.asarray(times.verify_ms, dtype=np.float64)
+    slope = max(float(np.polyfit(np.arange(len(verify)), verify, 1)[0]), 0.0) if len(verify) > 1 else 0.0
+    draft = list(times.draft_ms) or [0.0]
+    marginal = [draft[min(j, len(draft) - 1)] + times.judge_ms + slope for j in range(1, max_draft + 1)]
+    return [m / marginal[0] if marginal[0] > 0 else 1.0 for m in marginal]
 
 
 def dynamic_length(confidence: float) -> RoundLength:
@@ -134,10 +151,13 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
         return round(replayed["cost_per_token"], 5)
 
     curve = [cost(ada_length(t, bound[0]), judged) for t in thresholds]
+    scale = [round(f, 4) for f in marginal_scale(judged, bound[1])]
+    marginal_curve = [cost(ada_length(t, bound[0], scale), judged) for t in thresholds]
     selection = {"records": len(records), "tokens": int(bounds[-1]), "bound": list(bound),
                  "mode": "greedy" if greedy else "sampling",
                  "step_times": plain.as_dict(), "judged_step_times": judged.as_dict(),
                  "thresholds": list(thresholds), "cost_per_token": curve,
+                 "marginal_scale": scale, "marginal_cost_per_token": marginal_curve,
                  "constant_k_cost_per_token": {str(k): cost(constant_length(k)) for k in range(1, 7)},
                  "dynamic_cost_per_token": {f"{c:g}": cost(dynamic_length(c), values=draft_probs) for c in CONFIDENCES},
                  "oracle_cost_per_token": cost(oracle_length) if greedy else None,

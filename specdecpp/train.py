@@ -64,6 +64,9 @@ class ModelArguments(ModelLoadingArguments):
     head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={"help": (
         f"features of the judged token under the proposing logits that a proposer head also reads "
         f"(any of {', '.join(FEATURES)}; 'none' for the hidden state alone); reader heads read none")})
+    head_reads_hidden_states: bool = field(default=True, metadata={"help": (
+        "whether the head reads the draft's hidden state; false: a head of the logit features alone "
+        "(hidden_size 0 in its config), which fits any draft")})
     target_model_name: str | None = field(default=None, metadata={"aliases": ["--target_name_or_path"],
         "help": "the target the data was built with; only recorded in the head's model card"})
 
@@ -256,7 +259,7 @@ def check_head_fits(saved: dict, config: dict, where: str) -> None:
     check_head_fits_draft(saved["hidden_size"], config["hidden_size"], f"the head in {where}",
                           " (use a fresh --output_dir)")
     for key, flag in (("num_layers", "--resnet_num_layers"), ("alignment", "--head_alignment"),
-                      ("features", "--head_features")):
+                      ("features", "--head_features"), ("hidden_size", "--head_reads_hidden_states")):
         theirs, ours = AcceptancePredictionHead(saved).config.get(key), config.get(key)
         if theirs != ours:
             raise ValueError(f"the head in {where} has {key} {theirs}, but {flag} asks for {ours}")
@@ -273,6 +276,10 @@ def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
     features = [name for name in model_args.head_features if name != "none"]
     if model_args.head_alignment == "reader":
         features = []
+    if not model_args.head_reads_hidden_states:
+        if not features:
+            raise ValueError("--head_reads_hidden_states false needs --head_features (a proposer head's logit features)")
+        hidden_size = 0
     return {"hidden_size": hidden_size, "num_layers": model_args.resnet_num_layers,
             "alignment": model_args.head_alignment, "features": features}
 

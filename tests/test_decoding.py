@@ -47,14 +47,19 @@ def random_head():
     return head
 
 
-@pytest.fixture(scope="module")
-def random_proposer_head():
-    torch.manual_seed(4)
-    head = AcceptancePredictionHead(HIDDEN, num_layers=2, alignment="proposer", features=["log_q", "entropy"])
+def random_proposer(hidden_size: int = HIDDEN, features: tuple[str, ...] = ("log_q", "entropy"),
+                    seed: int = 4) -> AcceptancePredictionHead:
+    torch.manual_seed(seed)
+    head = AcceptancePredictionHead(hidden_size, num_layers=2, alignment="proposer", features=list(features))
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.5)
     return head
+
+
+@pytest.fixture(scope="module")
+def random_proposer_head():
+    return random_proposer()
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -67,8 +72,12 @@ def test_greedy_equals_target_generate(tiny_pair, random_head, schedule):
         assert torch.equal(out.sequences, expected), (schedule, prompt, max_new_tokens)
 
 
-def test_greedy_equals_target_generate_with_a_proposer_head(tiny_pair, random_proposer_head):
+@pytest.mark.parametrize("head_kind", ["hidden+features", "hidden+margin", "features alone"])
+def test_greedy_equals_target_generate_with_a_proposer_head(tiny_pair, random_proposer_head, head_kind):
     target, draft = tiny_pair
+    random_proposer_head = {"hidden+features": random_proposer_head,
+                            "hidden+margin": random_proposer(features=("log_q", "entropy", "margin")),
+                            "features alone": random_proposer(0, ("log_q", "entropy", "margin"))}[head_kind]
     lengths = set()
     for prompt, max_new_tokens in itertools.product(prompts(6), (1, 9, 40)):
         expected = target_greedy(target, prompt, max_new_tokens)
@@ -319,6 +328,7 @@ def chi_square_pvalue(samples: list[tuple[int, int]], expected_probs: torch.Tens
     ("ada", dict(temperature=1.3)),
     ("ada-proposer", dict(top_k=5)),
     ("ada-proposer", dict()),  # unwarped: the head's features reuse the draft step's softmax
+    ("ada-features-alone", dict(temperature=0.8)),
 ])
 def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, settings):
     target, draft = small_vocab_pair
@@ -326,6 +336,8 @@ def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, se
     head = AcceptancePredictionHead(HIDDEN, num_layers=1)  # fresh head: P(accept) = 0.5, varied round lengths
     if schedule == "ada-proposer":  # a fresh head's output layer reads the features: varied round lengths
         schedule, head = "ada", AcceptancePredictionHead(HIDDEN, 1, alignment="proposer", features=["log_q", "entropy"])
+    if schedule == "ada-features-alone":
+        schedule, head = "ada", random_proposer(0, ("log_q", "entropy", "margin"), seed=0)
     generator = torch.Generator().manual_seed(0)
     samples = []
     for _ in range(2000):

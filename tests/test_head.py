@@ -105,7 +105,7 @@ def test_reference_constructor_call_and_config():
     with pytest.raises(ValueError, match="alignment"):
         AcceptancePredictionHead(16, alignment="writer")
     with pytest.raises(ValueError, match="unknown head features"):
-        AcceptancePredictionHead(16, alignment="proposer", features=["margin"])
+        AcceptancePredictionHead(16, alignment="proposer", features=["target_logit"])
     with pytest.raises(ValueError, match="proposer"):
         AcceptancePredictionHead(16, alignment="reader", features=["log_q"])
 
@@ -158,11 +158,36 @@ def test_step_features_from_the_shared_softmax_equal_logit_features():
                                logit_features(ruled_out, torch.tensor(0), names), rtol=1e-5, atol=1e-5)
 
 
+def test_margin_is_the_token_log_q_minus_the_best_other_token():
+    logits = torch.tensor([[0.0, 1.0, 3.0], [0.0, 1.0, 3.0], [5.0, 5.0, 0.0]])
+    log_probs = logits.log_softmax(-1)
+    margin = logit_features(logits, torch.tensor([2, 1, 0]), ["margin"])[:, 0]
+    # the argmax against the runner-up, a sampled runner-up against the argmax (negative), a tie
+    torch.testing.assert_close(margin, torch.stack([log_probs[0, 2] - log_probs[0, 1],
+                                                    log_probs[1, 1] - log_probs[1, 2], torch.tensor(0.0)]))
+
+
+def test_a_head_of_logit_features_alone_reads_no_hidden_state(tmp_path):
+    head = randomized(AcceptancePredictionHead(0, 2, alignment="proposer", features=["log_q", "margin"]))
+    features = torch.randn(4, 2)
+    assert not head.reads_hidden_states
+    torch.testing.assert_close(head.accept_prob(None, features), head.accept_prob(torch.randn(4, 99), features))
+    head.save_pretrained(tmp_path)
+    loaded = AcceptancePredictionHead.from_pretrained(tmp_path)
+    assert loaded.config["hidden_size"] == 0
+    torch.testing.assert_close(loaded.accept_prob(None, features), head.accept_prob(None, features))
+    with pytest.raises(ValueError, match="needs logit features"):
+        AcceptancePredictionHead(0, 2, alignment="proposer")
+
+
 @pytest.mark.parametrize("config", [dict(alignment="reader"),
                                     dict(alignment="proposer", features=["log_q", "entropy"]),
+                                    dict(alignment="proposer", features=["log_q", "entropy", "margin"]),
+                                    dict(hidden_size=0, alignment="proposer", features=["log_q", "entropy", "margin"]),
                                     dict(alignment="proposer")])
 def test_lean_judge_equals_accept_prob(config):
-    head = randomized(AcceptancePredictionHead(16, num_layers=3, **config), seed=3)
+    config = {"hidden_size": 16, **config}
+    head = randomized(AcceptancePredictionHead(num_layers=3, **config), seed=3)
     judge = LeanJudge(head)
     torch.manual_seed(1)
     for _ in range(5):

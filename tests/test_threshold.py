@@ -13,7 +13,8 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.calibration import main as calibration_main
 from specdecpp.costs import StepTimes
 from specdecpp.head_data import predict
-from specdecpp.threshold import ada_length, choose_threshold, constant_length, dynamic_length, oracle_length, replay
+from specdecpp.threshold import (ada_length, choose_threshold, constant_length, dynamic_length, marginal_scale,
+                                 oracle_length, replay)
 
 TIMES = StepTimes(draft_ms=[1.0] * 20, verify_ms=[10.0 + k for k in range(21)], target_alone_ms=10.0)
 CORRECT = [np.array([1, 1, 0, 1, 1, 1, 0, 0], dtype=bool)]
@@ -30,6 +31,30 @@ def test_replay_by_hand():
     ada = replay(CORRECT, predictions, ada_length(0.5, 1), 20, TIMES)
     # round 0 stops after the 0.2 token (1 - 0.162 > 0.5); round 3 runs to the record's end
     assert (ada["target_calls"], ada["draft_calls"]) == (3, 7)
+
+
+def test_the_cost_aware_rule_is_the_product_threshold_under_flat_step_times():
+    rng = np.random.default_rng(0)
+    accept = [rng.random(200) < 0.8 for _ in range(5)]
+    predictions = [np.clip(a * 0.6 + rng.random(200) * 0.4, 0.01, 0.99) for a in accept]
+    flat = StepTimes(draft_ms=[2.0] * 12, verify_ms=[10.0] * 13, target_alone_ms=10.0, judge_ms=0.3)
+    assert marginal_scale(flat, 12) == [1.0] * 12
+    for threshold in (0.2, 0.5, 0.8):
+        product = replay(accept, predictions, ada_length(threshold, 1), 12, flat, judged=True)
+        cost_aware = replay(accept, predictions, ada_length(threshold, 1, marginal_scale(flat, 12)), 12, flat, judged=True)
+        assert cost_aware == product
+    # A verification that grows with its length makes later tokens dearer: rounds stop sooner.
+    growing = StepTimes(draft_ms=[2.0] * 12, verify_ms=[10.0 + 0.5 * k for k in range(13)], target_alone_ms=10.0)
+    scale = marginal_scale(growing, 12)
+    assert scale == pytest.approx([1.0] * 12)  # a straight line: the same extra cost for every token
+    dearer_first = StepTimes(draft_ms=[4.0] + [2.0] * 11, verify_ms=[10.0 + 0.5 * k for k in range(13)],
+                             target_alone_ms=10.0)
+    assert marginal_scale(dearer_first, 3) == pytest.approx([1.0, 1.0, 1.0])  # the first step is never marginal
+    cheaper_later = StepTimes(draft_ms=[4.0, 3.0, 2.0, 2.0], verify_ms=[10.0, 11.0, 12.0, 13.0, 14.0],
+                              target_alone_ms=10.0)
+    assert marginal_scale(cheaper_later, 3) == pytest.approx([4.0 / 4.0, 3.0 / 4.0, 3.0 / 4.0])
+    longer = replay(accept, predictions, ada_length(0.5, 1, marginal_scale(cheaper_later, 12)), 12, cheaper_later)
+    assert longer["draft_calls"] > replay(accept, predictions, ada_length(0.5, 1), 12, cheaper_later)["draft_calls"]
 
 
 def test_replayed_time_is_the_sum_of_the_priced_steps():

@@ -1,0 +1,46 @@
+"""Tabulate the heads of `benchmarks/learning_curve.sh`: for each input set and number of training
+records, the dev calibration (AUROC, ECE, binary KL) and the replayed cost per token (target-alone
+steps, this machine's measured step times) at the stored threshold, with the cost-aware rule at its
+best threshold, against the best `dynamic` and constant K replayed from the same timings.
+
+    python benchmarks/learning_curve.py [outputs/curve]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def rows(folder: Path) -> list[dict]:
+    """One row per head folder holding a `calibration.json`, ordered by input set then size."""
+    found = []
+    for path in folder.glob("*/calibration.json"):
+        name, _, size = path.parent.name.rpartition("-")
+        report = json.loads(path.read_text())
+        selection = report["threshold"]
+        found.append({"set": name, "records": int(size), "auroc": report["auroc"], "ece": report["ece"],
+                      "binary_kl": report["binary_kl"], "threshold": selection["stop_threshold"],
+                      "product": min(selection["cost_per_token"]),
+                      "marginal": min(selection.get("marginal_cost_per_token") or [float("nan")]),
+                      "dynamic": min(selection["dynamic_cost_per_token"].values()),
+                      "constant": min(selection["constant_k_cost_per_token"].values()),
+                      "oracle": selection["oracle_cost_per_token"]})
+    return sorted(found, key=lambda r: (r["set"], r["records"]))
+
+
+def table(found: list[dict]) -> str:
+    """The rows as a markdown table, with the head's cost relative to the best dynamic and K."""
+    lines = ["| inputs | records | AUROC | ECE | binary KL | auto | cost at auto | cost-aware rule (best) "
+             "| best dynamic | best K | oracle | vs dynamic | vs K |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in found:
+        lines.append(f"| {r['set']} | {r['records']} | {r['auroc']:.4f} | {r['ece']:.4f} | {r['binary_kl']:.4f} "
+                     f"| {r['threshold']:g} | {r['product']:.4f} | {r['marginal']:.4f} | {r['dynamic']:.4f} "
+                     f"| {r['constant']:.4f} | {r['oracle']:.4f} | {100 * (r['product'] / r['dynamic'] - 1):+.1f}% "
+                     f"| {100 * (r['product'] / r['constant'] - 1):+.1f}% |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(rows(Path(sys.argv[1] if len(sys.argv) > 1 else "outputs/curve"))))
