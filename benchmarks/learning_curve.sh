@@ -11,6 +11,8 @@
 #   torchrun --nproc_per_node 2 -m specdecpp.build_data --target checkpoints/zoo/target --draft checkpoints/zoo/draft \
 #     --prompts stdlib-train --max_new_tokens 128 --batch_size 16 --seed 0 --output data/generated/stdlib-train-extra.jsonl --n_begin 950 --n_end 3350
 #   cat data/generated/stdlib-train-train.jsonl data/generated/stdlib-train-extra.jsonl > data/generated/stdlib-train-train3200.jsonl
+# Every head is priced with the same step times (results/learning-curve/step_times.json, measured on a
+# quiet machine), so that load on the machine cannot reorder them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SET=$1
@@ -37,5 +39,5 @@ for N in $SIZES; do
   python -m specdecpp.calibration --head "$OUT" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \
     --torch_dtype float32 --data_path data/generated/stdlib-train-dev.jsonl --choose_threshold --bound 1 20 \
     --batch_size 16 --plot_path "$OUT/reliability.png" --threshold_plot_path "$OUT/threshold.png" \
-    --output_json "$OUT/calibration.json"
+    --output_json "$OUT/calibration.json" --step_times_from results/learning-curve/step_times.json
 done

@@ -37,7 +37,7 @@ from specdecpp.data_io import atomic_write, read_records
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
 from specdecpp.models import ModelLoadingArguments, load_head, load_model
-from specdecpp.threshold import choose_threshold
+from specdecpp.threshold import choose_threshold, stored_step_times
 from specdecpp.train import binary_kl, check_data_fits_draft
 
 
@@ -66,6 +66,11 @@ class CalibrationArguments:
         "help": "ada's MIN MAX drafted tokens per round, as decoding will use them (for --choose_threshold)"})
     threshold_plot_path: str = field(default="threshold.png", metadata={
         "help": "where the replayed cost-against-threshold plot goes (for --choose_threshold)"})
+    step_times_from: str | None = field(default=None, metadata={"help": (
+        "a head folder (or a calibration --output_json file) whose threshold selection holds step times measured "
+        "earlier (say, on a quiet "
+        "machine): --choose_threshold replays with those instead of timing the pair now, so that heads "
+        "compared side by side are priced alike")})
 
     def __post_init__(self):
         if self.num_bins < 1 or self.batch_size < 1:
@@ -212,8 +217,9 @@ def store_threshold(head: AcceptancePredictionHead, draft, target, records: list
     """Choose the head's threshold on `records` (`specdecpp.threshold.choose_threshold`) from its
     raw `predictions` over them (a proposer head's positions do not depend on the mixing ratio),
     store it in the head folder's config and card, plot the cost curve; returns the selection record."""
+    times = stored_step_times(args.step_times_from) if args.step_times_from else None
     threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound), batch_size=args.batch_size,
-                                            predictions=predictions)
+                                            predictions=predictions, times=times)
     selection["data"] = args.data_path
     head.cpu().with_threshold(threshold, selection).save_pretrained(args.head)
     plot_threshold_curve(selection, threshold, args.threshold_plot_path)

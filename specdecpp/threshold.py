@@ -20,12 +20,15 @@ replay predicts. `choose_threshold` replays a grid of thresholds and keeps the c
 """
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.checks import read_head_config
 from specdecpp.costs import StepTimes, measure_costs
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
@@ -126,13 +129,15 @@ def oracle_length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int
 def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, target: PreTrainedModel,
                      records: list[dict], bound: tuple[int, int] = (2, 20), thresholds: tuple[float, ...] = THRESHOLDS,
                      batch_size: int = 8, timing_repeats: int = 8,
-                     predictions: np.ndarray | None = None) -> tuple[float, dict]:
+                     predictions: np.ndarray | None = None,
+                     times: tuple[StepTimes, StepTimes] | None = None) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
     as the head will decode) is lowest, and the record of the choice (measured times, the cost
     curve, constant K = 1..6, our `dynamic` at `CONFIDENCES` (from the draft's probability of each
     proposal, `log_p_draft`) and, for greedy records, the oracle replayed alike), ready to store
     with `head.with_threshold`. `predictions`: the head's predictions over the records
-    (`head_data.predict`) when the caller already has them."""
+    (`head_data.predict`) when the caller already has them; `times`: the step times `(plain,
+    judged)` to price rounds with (`stored_step_times`), instead of timing the pair now."""
     if head.alignment != "proposer":
         raise ValueError("choosing a threshold replays rounds from the head's predictions, which needs a "
                          "proposer head (a reader head judges states the records do not hold)")
@@ -141,8 +146,8 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     predictions = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     accept = [np.asarray(r["p_acc"], dtype=np.float64) for r in records]
     greedy = all(np.isin(a, (0.0, 1.0)).all() for a in accept)
-    plain, judged = measure_costs(target, draft, probe_input(records), bound[1], head=head, do_sample=not greedy,
-                                  repeats=timing_repeats)
+    plain, judged = times or measure_costs(target, draft, probe_input(records), bound[1], head=head,
+                                           do_sample=not greedy, repeats=timing_repeats)
 
     draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
 
@@ -163,6 +168,20 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                  "oracle_cost_per_token": cost(oracle_length) if greedy else None,
                  "cost_unit": "one target-alone step through the loop (1 / cost = replayed speedup)"}
     return thresholds[int(np.argmin(curve))], selection
+
+
+def stored_step_times(path: str) -> tuple[StepTimes, StepTimes]:
+    """The step times `(plain, judged)` stored by a threshold choice: in a head folder's config, or
+    in a JSON file holding a selection or a calibration report (`--output_json`) with one."""
+    if os.path.isdir(path):
+        selection = read_head_config(path).get("threshold_selection") or {}
+    else:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        selection = data.get("threshold", data)
+    if "judged_step_times" not in selection:
+        raise ValueError(f"{path} stores no step times: choose a head's threshold there first (--choose_threshold)")
+    return StepTimes(**selection["step_times"]), StepTimes(**selection["judged_step_times"])
 
 
 def probe_input(records: list[dict]) -> torch.LongTensor:

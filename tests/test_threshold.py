@@ -186,6 +186,17 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
                                head=saved.double(), stop_threshold="auto", max_new_tokens=20)
     assert out.sequences[0, len(records[0]["prefix"]):].tolist() == records[0]["tokens"]
 
+    # Another head priced with the step times stored in the first: the same times, not new ones.
+    other_dir = tmp_path / "other"
+    copy.deepcopy(proposer_head).float().save_pretrained(other_dir)
+    calibration_main(["--head", str(other_dir), "--draft", pair_dirs[1], "--target", pair_dirs[0],
+                      "--data_path", str(data), "--choose_threshold", "--bound", "1", "8",
+                      "--plot_path", str(tmp_path / "rel.png"), "--threshold_plot_path", str(tmp_path / "threshold.png"),
+                      "--step_times_from", str(head_dir)])
+    other = AcceptancePredictionHead.from_pretrained(other_dir).threshold_selection
+    for key in ("step_times", "judged_step_times", "cost_per_token", "constant_k_cost_per_token"):
+        assert other[key] == saved.threshold_selection[key], key
+
 
 def test_choosing_needs_a_proposer_head_and_replays_sampled_records_in_expectation(tiny_pair, proposer_head):
     target, draft = tiny_pair
