@@ -1,13 +1,15 @@
 """Tabulate the heads of `benchmarks/learning_curve.sh`: for each input set and number of training
 records, the dev calibration (AUROC, ECE, binary KL) and the replayed cost per token (target-alone
 steps, this machine's measured step times) at the stored threshold, with the cost-aware rule at its
-best threshold, against the best `dynamic` and constant K replayed from the same timings.
+best threshold, against the best `dynamic` and constant K replayed from the same timings; then the
+same replays counted as the evaluation tables count them (flat verification).
 
     python benchmarks/learning_curve.py [outputs/curve]
 """
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -19,7 +21,15 @@ def rows(folder: Path) -> list[dict]:
         name, _, size = path.parent.name.rpartition("-")
         report = json.loads(path.read_text())
         selection = report["threshold"]
+        calls = selection["calls_per_token"]
+        times = selection["step_times"]
+        c = statistics.median(times["draft_ms"][:5]) / times["verify_ms"][4]  # evaluate's c: draft step / 4-token check
+        flat = {method: target + c * draft for method, (target, draft) in calls.items()}
         found.append({"set": name, "records": int(size), "auroc": report["auroc"], "ece": report["ece"],
+                      "flat_auto": flat[f"ada@{selection['stop_threshold']:g}"],
+                      "flat_best": min(v for m, v in flat.items() if m.startswith("ada@")),
+                      "flat_dynamic": min(v for m, v in flat.items() if m.startswith("dynamic@")),
+                      "flat_constant": min(v for m, v in flat.items() if m.startswith("K=")),
                       "binary_kl": report["binary_kl"], "threshold": selection["stop_threshold"],
                       "product": min(selection["cost_per_token"]),
                       "marginal": min(selection.get("marginal_cost_per_token") or [float("nan")]),
@@ -39,6 +49,15 @@ def table(found: list[dict]) -> str:
                      f"| {r['threshold']:g} | {r['product']:.4f} | {r['marginal']:.4f} | {r['dynamic']:.4f} "
                      f"| {r['constant']:.4f} | {r['oracle']:.4f} | {100 * (r['product'] / r['dynamic'] - 1):+.1f}% "
                      f"| {100 * (r['product'] / r['constant'] - 1):+.1f}% |")
+    lines += ["", "Flat view (target calls + c x draft calls per token, c = draft step / 4-token verification, "
+              "as the evaluation tables count):", "",
+              "| inputs | records | at auto | best threshold | best dynamic | best K | auto vs dynamic | auto vs K |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in found:
+        lines.append(f"| {r['set']} | {r['records']} | {r['flat_auto']:.4f} | {r['flat_best']:.4f} "
+                     f"| {r['flat_dynamic']:.4f} | {r['flat_constant']:.4f} "
+                     f"| {100 * (r['flat_auto'] / r['flat_dynamic'] - 1):+.1f}% "
+                     f"| {100 * (r['flat_auto'] / r['flat_constant'] - 1):+.1f}% |")
     return "\n".join(lines)
 
 

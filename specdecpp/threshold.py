@@ -151,22 +151,28 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
 
     draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
 
-    def cost(round_length: RoundLength, times: StepTimes = plain, values: list[np.ndarray] = predictions) -> float:
+    calls = {}  # method -> [target calls, draft calls] per token: the counts behind every cost
+
+    def cost(method: str, round_length: RoundLength, times: StepTimes = plain,
+             values: list[np.ndarray] = predictions) -> float:
         replayed = replay(accept, values, round_length, bound[1], times, times is judged, plain.target_alone_ms)
+        calls[method] = [round(replayed[f"{kind}_calls"] / replayed["tokens"], 5) for kind in ("target", "draft")]
         return round(replayed["cost_per_token"], 5)
 
-    curve = [cost(ada_length(t, bound[0]), judged) for t in thresholds]
+    curve = [cost(f"ada@{t:g}", ada_length(t, bound[0]), judged) for t in thresholds]
     scale = [round(f, 4) for f in marginal_scale(judged, bound[1])]
-    marginal_curve = [cost(ada_length(t, bound[0], scale), judged) for t in thresholds]
+    marginal_curve = [cost(f"ada-marginal@{t:g}", ada_length(t, bound[0], scale), judged) for t in thresholds]
     selection = {"records": len(records), "tokens": int(bounds[-1]), "bound": list(bound),
                  "mode": "greedy" if greedy else "sampling",
                  "step_times": plain.as_dict(), "judged_step_times": judged.as_dict(),
                  "thresholds": list(thresholds), "cost_per_token": curve,
                  "marginal_scale": scale, "marginal_cost_per_token": marginal_curve,
-                 "constant_k_cost_per_token": {str(k): cost(constant_length(k)) for k in range(1, 7)},
-                 "dynamic_cost_per_token": {f"{c:g}": cost(dynamic_length(c), values=draft_probs) for c in CONFIDENCES},
-                 "oracle_cost_per_token": cost(oracle_length) if greedy else None,
+                 "constant_k_cost_per_token": {str(k): cost(f"K={k}", constant_length(k)) for k in range(1, 7)},
+                 "dynamic_cost_per_token": {f"{c:g}": cost(f"dynamic@{c:g}", dynamic_length(c), values=draft_probs)
+                                            for c in CONFIDENCES},
+                 "oracle_cost_per_token": cost("oracle", oracle_length) if greedy else None,
                  "cost_unit": "one target-alone step through the loop (1 / cost = replayed speedup)"}
+    selection["calls_per_token"] = calls
     return thresholds[int(np.argmin(curve))], selection
 
 
