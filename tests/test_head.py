@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,13 +79,14 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
 
 def test_model_card_records_pair_data_and_metrics(tmp_path):
     AcceptancePredictionHead(8, 1).save_pretrained(tmp_path, model_card_kwargs={
-        "draft_model": "org/draft-135M", "target_model": "org/target-1.7B", "training_data": "data/alpaca.jsonl",
+        "draft": "org/draft-135M", "target": "org/target-1.7B", "training_data": "data/alpaca.jsonl",
         "eval_metrics": {"eval_binary_kl": 0.123}})
     card = (tmp_path / "README.md").read_text()
     for text in ("org/draft-135M", "org/target-1.7B", "data/alpaca.jsonl", "| eval_binary_kl | 0.123 |",
                  "library_name: specdecpp", "2405.19715"):
         assert text in card
     assert "do_sample" not in card
+    assert json.loads((tmp_path / "card.json").read_text())["target"] == "org/target-1.7B"  # re-renders from the folder
 
 
 def test_model_card_examples_follow_the_stored_threshold(tmp_path):
@@ -195,3 +197,26 @@ def test_lean_judge_equals_accept_prob(config):
         features = (torch.randn(len(head.features)) * 2).tolist()
         expected = head.accept_prob(hidden, torch.tensor(features) if head.features else None)
         assert judge(hidden, features) == pytest.approx(float(expected), rel=1e-5, abs=1e-6)
+
+
+ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
+
+
+@pytest.mark.parametrize("name,features", [("head", ["log_q", "entropy", "margin"]),
+                                           ("head-sampling", ["log_q", "entropy"]), ("head-reference", [])])
+def test_committed_heads_of_every_generation_load_and_decode_losslessly(name, features):
+    """Heads with three, two and no logit features (the reference's reader head) load unchanged and
+    decode exactly the target's greedy output."""
+    from transformers import AutoModelForCausalLM
+
+    from specdecpp import speculative_generate
+
+    head = AcceptancePredictionHead.from_pretrained(ZOO / name)
+    assert head.features == features and head.reads_hidden_states
+    target, draft = (AutoModelForCausalLM.from_pretrained(ZOO / part, dtype=torch.float32).eval()
+                     for part in ("target", "draft"))
+    prompt = torch.tensor([[1, 822, 2070, 29898]]) % target.config.vocab_size
+    expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=24)
+    out = speculative_generate(target, draft, prompt, schedule="ada", head=head, stop_threshold=0.5,
+                               max_new_tokens=24, bound=(1, 20))
+    assert torch.equal(out.sequences, expected)
