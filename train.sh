@@ -22,7 +22,7 @@ NPROC=${NPROC:-$(python -c "import torch; print(max(torch.cuda.device_count(), 1
 DS_FLAG=${DEEPSPEED:+--deepspeed $DEEPSPEED}
 
 torchrun --nproc_per_node "$NPROC" specdecpp/train.py \
-  --model_name_or_path "$DRAFT" --data_path "$TRAIN_DATA" --eval_data_path "$DEV_DATA" --output_dir "$OUTPUT_DIR" \
+  --draft "$DRAFT" --records "$TRAIN_DATA" --eval_records "$DEV_DATA" --output "$OUTPUT_DIR" \
   --weight_mismatch 1 --resnet_num_layers 3 \
   --num_train_epochs 3 --lr_scheduler_type cosine --learning_rate 1e-3 --warmup_steps 0.03 --weight_decay 0.0 \
   --per_device_train_batch_size 4 --per_device_eval_batch_size 8 \

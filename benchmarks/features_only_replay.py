@@ -23,7 +23,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import PolynomialFeatures
 from transformers import AutoModelForCausalLM
 
-from specdecpp.costs import StepTimes
+from specdecpp.costs import MEASURED_COST, StepTimes
 from specdecpp.data_io import read_records
 from specdecpp.head import logit_features
 from specdecpp.threshold import ada_length, dynamic_length, replay
@@ -62,6 +62,7 @@ def main() -> None:
     plain = StepTimes(**selection["step_times"])
     unit = plain.target_alone_ms
     cheap = replace(plain, judge_ms=args.judge_ms)
+    print(f"replayed {MEASURED_COST}:")
     for threshold in (0.3, 0.4, 0.5, 0.6, 0.7):
         cost = replay(accept, predictions, ada_length(threshold, 1), 20, cheap, True, unit)["cost_per_token"]
         print(f"features-only ada@{threshold}: {cost:.4f}")

@@ -9,9 +9,10 @@ same replays counted as the evaluation tables count them (flat verification).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
+
+from specdecpp.costs import FLAT_COST, FLAT_UNIT, MEASURED_COST, StepTimes, flat_costs
 
 
 def rows(folder: Path) -> list[dict]:
@@ -23,8 +24,7 @@ def rows(folder: Path) -> list[dict]:
         selection = report["threshold"]
         calls = selection["calls_per_token"]
         times = selection["step_times"]
-        c = statistics.median(times["draft_ms"][:5]) / times["verify_ms"][4]  # evaluate's c: draft step / 4-token check
-        flat = {method: target + c * draft for method, (target, draft) in calls.items()}
+        flat = flat_costs(calls, StepTimes(**times))
         found.append({"set": name, "records": int(size), "auroc": report["auroc"], "ece": report["ece"],
                       "flat_auto": flat[f"ada@{selection['stop_threshold']:g}"],
                       "flat_best": min(v for m, v in flat.items() if m.startswith("ada@")),
@@ -41,7 +41,7 @@ def rows(folder: Path) -> list[dict]:
 
 def table(found: list[dict]) -> str:
     """The rows as a markdown table, with the head's cost relative to the best dynamic and K."""
-    lines = ["| inputs | records | AUROC | ECE | binary KL | auto | cost at auto | cost-aware rule (best) "
+    lines = [f"| inputs | records | AUROC | ECE | binary KL | auto | {MEASURED_COST} at auto | cost-aware rule (best) "
              "| best dynamic | best K | oracle | vs dynamic | vs K |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in found:
@@ -49,9 +49,9 @@ def table(found: list[dict]) -> str:
                      f"| {r['threshold']:g} | {r['product']:.4f} | {r['marginal']:.4f} | {r['dynamic']:.4f} "
                      f"| {r['constant']:.4f} | {r['oracle']:.4f} | {100 * (r['product'] / r['dynamic'] - 1):+.1f}% "
                      f"| {100 * (r['product'] / r['constant'] - 1):+.1f}% |")
-    lines += ["", "Flat view (target calls + c x draft calls per token, c = draft step / 4-token verification, "
-              "as the evaluation tables count):", "",
-              "| inputs | records | at auto | best threshold | best dynamic | best K | auto vs dynamic | auto vs K |",
+    lines += ["", f"Flat view, as the evaluation tables count ({FLAT_UNIT}):", "",
+              f"| inputs | records | {FLAT_COST} at auto | best threshold | best dynamic | best K | auto vs dynamic "
+              "| auto vs K |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in found:
         lines.append(f"| {r['set']} | {r['records']} | {r['flat_auto']:.4f} | {r['flat_best']:.4f} "

@@ -1,7 +1,7 @@
 """Where does decoding time go? Measured time per token beside the time each method's own counts
 predict, for every schedule on one prompt set.
 
-The step times come from `specdecpp.costs.measure_costs` (the loop's own steps, timed in rounds as
+The step times come from `specdecpp.step_timing.measure_costs` (the loop's own steps, timed in rounds as
 the loop takes them, without and with the head's judgement) on the context a generation sees
 halfway: the prompt nearest the mean length and the first half of the target's continuation. Then every method decodes every prompt,
 methods interleaved prompt by prompt, the first prompt a warm-up. For each method it prints:
@@ -25,8 +25,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.costs import StepProbe, judged_tokens, loop_overhead_ms, measure_round_overhead, prefill_extra_ms
+from specdecpp.costs import judged_tokens, loop_overhead_ms
 from specdecpp.prompts import load_prompts
+from specdecpp.step_timing import StepProbe, measure_round_overhead, prefill_extra_ms
 
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 

@@ -3,11 +3,11 @@
 Distils a fresh draft from `checkpoints/zoo/target` exactly as `specdecpp zoo build` does after
 its target phase (same corpus, initialisation, schedule and seed), with the draft options given
 (`--draft_minutes`, `--draft_lr`, `--draft_hard_label_weight`, ...), saves it to
-`<output_dir>/draft` and prints the card's figures and target verdicts for the pair. A 60-minute
+`<output>/draft` and prints the card's figures and target verdicts for the pair. A 60-minute
 build spends ~44 minutes on the target, so this answers "which draft recipe?" in the remaining
 minutes instead of a whole build.
 
-    python benchmarks/zoo_draft_recipe.py --output_dir /tmp/draft --draft_minutes 12 --draft_hard_label_weight 1
+    python benchmarks/zoo_draft_recipe.py --output /tmp/draft --draft_minutes 12 --draft_hard_label_weight 1
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ TARGET = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo" / "targe
 
 def main() -> None:
     (args,) = HfArgumentParser(zoo.ZooArguments).parse_args_into_dataclasses()
-    out = Path(args.output_dir)
+    out = Path(args.output)
     if out.resolve() == TARGET.parent.resolve():
-        raise SystemExit("--output_dir must not be checkpoints/zoo: this script writes a trial draft")
+        raise SystemExit("--output must not be checkpoints/zoo: this script writes a trial draft")
     tokenizer = AutoTokenizer.from_pretrained(TARGET)
     stream = zoo.encode_corpus(tokenizer, zoo.train_texts(args))
     draft, log = zoo.distill_draft(zoo.load_zoo_model(TARGET, args.device), tokenizer, stream, args)

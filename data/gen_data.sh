@@ -11,7 +11,7 @@
 #   DO_SAMPLE [0]                  1: sampling mode (soft labels p_acc = min(1, p/q)); 0: greedy (0/1 labels)
 #   PROMPT_FORMAT [auto]           auto | raw | chat | llama2 (the reference's [INST] ... [/INST])
 #   OUT_DIR [data/generated]       where TRAIN/DEV files go: OUT_DIR/<dataset>-{train,dev}.jsonl
-# Extra build-data flags (e.g. --torch_dtype bfloat16 --device_map auto) go in EXTRA_ARGS.
+# Extra build-data flags (e.g. --torch_dtype bfloat16 --device auto) go in EXTRA_ARGS.
 # An interrupted run resumes where it stopped when rerun with the same settings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ build() {  # build SPLIT N_BEGIN N_END
   local out="$OUT_DIR/$NAME-$1.jsonl"
   if [ -f "$out" ]; then echo "$out exists, skipping (delete it to rebuild)"; return; fi
   torchrun --nproc_per_node "$NPROC" -m specdecpp.build_data \
-    --target_name "$TARGET" --draft_name "$DRAFT" --dataset "$DATASET" --output_file "$out" \
+    --target "$TARGET" --draft "$DRAFT" --prompts "$DATASET" --output "$out" \
     --n_begin "$2" --n_end "$3" --max_new_tokens "$MAX_NEW_TOKENS" --batch_size "$BATCH_SIZE" --seed "$SEED" \
     --prompt_format "$PROMPT_FORMAT" $SAMPLE_FLAG ${EXTRA_ARGS:-}
 }

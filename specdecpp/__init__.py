@@ -1,7 +1,19 @@
 """specdecpp: SpecDec++ speculative decoding with a trained acceptance prediction head."""
-from specdecpp.decoding import GenerationStats, SpeculativeOutput, speculative_generate
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.custom_generate import hf_generate
+from __future__ import annotations
+
+import importlib
+
+# Loaded on first use (PEP 562), so that importing a submodule (the head, training, publishing)
+# does not load the decoding engine.
+_EXPORTS = {"speculative_generate": "specdecpp.decoding", "SpeculativeOutput": "specdecpp.decoding",
+            "GenerationStats": "specdecpp.decoding", "AcceptancePredictionHead": "specdecpp.head",
+            "hf_generate": "specdecpp.custom_generate"}
 
 __all__ = ["speculative_generate", "SpeculativeOutput", "GenerationStats", "AcceptancePredictionHead", "hf_generate"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specdecpp' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

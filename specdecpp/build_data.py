@@ -1,6 +1,6 @@
 """Build the acceptance head's training data from a target/draft pair.
 
-    python -m specdecpp.build_data --target_name T --draft_name D --dataset SRC --output_file OUT.jsonl \
+    python -m specdecpp.build_data --target T --draft D --prompts SRC --output OUT.jsonl \
         --max_new_tokens N [--do_sample] [--batch_size B] [--seed S] [--n_begin I --n_end J]
     torchrun --nproc_per_node 4 -m specdecpp.build_data ...      (each rank takes its share)
 
@@ -33,32 +33,33 @@ from tqdm import tqdm
 from transformers import GenerationConfig, HfArgumentParser, PreTrainedModel
 
 from specdecpp import checks
-from specdecpp.cli import input_errors
+from specdecpp.checks import trim_at_eos
+from specdecpp.cli import common_field, input_errors
 from specdecpp.data_io import atomic_write, read_complete_lines, to_json_line, write_records
-from specdecpp.models import (ModelLoadingArguments, check_same_vocab, check_tokenizer, load_model, load_tokenizer,
-                              model_device)
+from specdecpp.models import (PairArguments, check_tokenizer, load_model, load_tokenizer, model_device,
+                              positions_from_mask)
 from specdecpp.prompts import FORMATS, load_prompts, tokenize_prompt
 from specdecpp.sampling import logits_to_probs, make_warpers, sample
 
 
 @dataclass
 class BuildDataArguments:
-    target_name: str = field(metadata={
-        "aliases": ["--target_name_or_path"], "help": "target model: Hub id, folder, or PEFT adapter folder"})
-    draft_name: str = field(metadata={
-        "aliases": ["--draft_name_or_path"], "help": "draft model: Hub id, folder, or PEFT adapter folder"})
-    dataset: str = field(metadata={"help": "prompts: a registered set (humaneval), a .json/.jsonl file, or a Hub dataset"})
-    output_file: str = field(metadata={"help": "where the records go (JSON Lines)"})
+    """What to build, next to the pair (`PairArguments`: `--target` and `--draft`)."""
+
+    prompts: str = common_field("prompts", help=(
+        "prompts: a registered set (humaneval), a .json/.jsonl file, or a Hub dataset"))
+    output: str = common_field("output", help="where the records go (JSON Lines)")
     max_new_tokens: int = field(default=128, metadata={"help": "length of each target continuation"})
     do_sample: bool = field(default=False, metadata={"help": "sample (else greedy): continuations and draft proposals"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (both models)"})
     top_k: int = field(default=0, metadata={"help": "top-k filtering when sampling (0: off)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus filtering when sampling (1: off)"})
     batch_size: int = field(default=8, metadata={"help": "prompts per batch on each rank"})
-    seed: int = field(default=0, metadata={"help": "seed of the sampling draws (each batch is seeded from it)"})
+    seed: int = common_field("seed", default=0, help="seed of the sampling draws (each batch is seeded from it)")
     n_begin: int = field(default=0, metadata={"help": "first prompt of the source to use"})
     n_end: int | None = field(default=None, metadata={"help": "one past the last prompt to use (default: all)"})
-    dataset_split: str | None = field(default=None, metadata={"help": "split of a Hub dataset (default per dataset)"})
+    prompts_split: str | None = common_field("prompts_split", default=None, help=(
+        "split of a Hub dataset (default per dataset)"))
     prompt_format: str = field(default="auto", metadata={"help": f"one of {', '.join(FORMATS)}"})
     tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer (default: the target's)"})
     overwrite: bool = field(default=False, metadata={"help": "rebuild even if the output (or a partial build) exists"})
@@ -69,8 +70,8 @@ class BuildDataArguments:
         if self.prompt_format not in FORMATS:
             raise ValueError(f"unknown prompt_format {self.prompt_format!r}; choose from {', '.join(FORMATS)}")
         make_warpers(self.temperature, self.top_k, self.top_p)  # raises on bad sampling settings
-        if not self.output_file.endswith(".jsonl"):
-            raise ValueError(f"output_file must end in .jsonl (records are JSON Lines), got {self.output_file}")
+        if not self.output.endswith(".jsonl"):
+            raise ValueError(f"--output must end in .jsonl (records are JSON Lines), got {self.output}")
 
 
 # -- one batch -----------------------------------------------------------------------------------
@@ -85,22 +86,13 @@ def left_pad(prefixes: list[list[int]], pad_token_id: int, device: torch.device)
     return input_ids, attention_mask
 
 
-def trim_at_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
-    """Tokens up to and including the first EOS: what generation pads on after it is not text."""
-    for i, token in enumerate(tokens):
-        if token in eos_token_ids:
-            return tokens[: i + 1]
-    return tokens
-
-
 def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
                         n: int) -> torch.Tensor:
     """Teacher-forced logits `[batch, n, vocab]` of `model` at the last `n` positions of left-padded
     `sequences`, i.e. its prediction of each continuation token from the tokens before it."""
     device = model_device(model)
     sequences, attention_mask = sequences.to(device), attention_mask.to(device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids,
+    out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
                 logits_to_keep=n + 1, use_cache=False)
     return out.logits[:, :-1]
 
@@ -180,12 +172,17 @@ def barrier() -> None:
         dist.barrier()
 
 
-def run_settings(args: BuildDataArguments, loading: ModelLoadingArguments) -> dict:
+# The names a partial build's meta.json records these settings under: those of the flags before
+# they were shared across commands, so that a build started then still resumes.
+SETTING_NAMES = {"prompts": "dataset", "prompts_split": "dataset_split"}
+
+
+def run_settings(args: BuildDataArguments, pair: PairArguments) -> dict:
     """What decides the records' content; a partial build made with other settings is not resumed."""
-    settings = asdict(args) | {"torch_dtype": loading.torch_dtype}
-    for name in ("output_file", "batch_size", "overwrite"):
-        settings.pop(name)
-    return settings
+    settings = {"target_name": pair.target, "draft_name": pair.draft}
+    settings |= {SETTING_NAMES.get(name, name): value for name, value in asdict(args).items()
+                 if name not in ("output", "batch_size", "overwrite")}
+    return settings | {"torch_dtype": pair.torch_dtype}
 
 
 def check_settings(parts_dir: str, settings: dict) -> None:
@@ -231,38 +228,33 @@ def open_shard(parts_dir: str, rank: int):
     return open(path, "a", encoding="utf-8")
 
 
-def eos_ids(tokenizer, model: PreTrainedModel) -> set[int]:
-    """Every id that ends generation: the tokenizer's EOS and the model's generation config's."""
-    return checks.eos_ids(tokenizer.eos_token_id, checks.generation_eos(model))
-
-
-def build_data(args: BuildDataArguments, loading: ModelLoadingArguments | None = None) -> dict:
-    """Build (or resume) `args.output_file`; under torchrun each rank builds its share and rank 0
-    merges. Returns `{"records", "new_tokens", "seconds", "tokens_per_second"}` for this run."""
-    loading = loading or ModelLoadingArguments()
+def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
+    """Build (or resume) `args.output` from `pair`'s target and draft; under torchrun each rank
+    builds its share and rank 0 merges. Returns `{"records", "new_tokens", "seconds",
+    "tokens_per_second"}` for this run."""
+    pair.require("target", "draft")
     rank, world = init_distributed()
-    out, parts_dir = args.output_file, args.output_file + ".parts"
+    out, parts_dir = args.output, args.output + ".parts"
     if os.path.exists(out) and not args.overwrite:
-        raise ValueError(f"{out} exists; pass --overwrite to rebuild it (or choose another --output_file)")
-    tokenizer = load_tokenizer(args.tokenizer_name or args.target_name, loading.trust_remote_code)
-    texts = load_prompts(args.dataset, args.dataset_split, args.n_begin, args.n_end)
+        raise ValueError(f"{out} exists; pass --overwrite to rebuild it (or choose another --output)")
+    tokenizer = load_tokenizer(args.tokenizer_name or pair.target, pair.trust_remote_code)
+    texts = load_prompts(args.prompts, args.prompts_split, args.n_begin, args.n_end)
     prompts = {args.n_begin + i: tokenize_prompt(text, tokenizer, args.prompt_format) for i, text in enumerate(texts)}
 
-    settings = run_settings(args, loading)
+    settings = run_settings(args, pair)
     if not args.overwrite:
         check_settings(parts_dir, settings)
 
-    device = None if loading.device_map else (f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
-    target, draft = (load_model(name, loading.torch_dtype, loading.device_map, loading.trust_remote_code)
-                     for name in (args.target_name, args.draft_name))
+    device = None if pair.device else (f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
+    target, draft = (load_model(name, **pair.loading()) for name in (pair.target, pair.draft))
     if device:
         target, draft = target.to(device), draft.to(device)
     check_tokenizer(tokenizer, target, "the target")
-    check_same_vocab(target, draft)
+    checks.check_same_vocab(checks.vocab_size(target), checks.vocab_size(draft))
     for model, role in ((target, "the target"), (draft, "the draft")):
         checks.check_can_roll_back(model, role)  # the records would describe a decode the engine refuses
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
-    eos = eos_ids(tokenizer, target)
+    eos = checks.eos_ids(tokenizer.eos_token_id, checks.generation_eos(target))
 
     # Only now, with the models loaded and checked, is anything written: a run refused above
     # leaves no settings file that would make the corrected rerun look like another build.
@@ -322,12 +314,15 @@ def merge_shards(parts_dir: str, out: str, indices: list[int]) -> None:
     shutil.rmtree(parts_dir)
 
 
+FLAGS = (PairArguments, BuildDataArguments)  # the command's flags, in --help's order
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line: `python -m specdecpp.build_data --help`."""
-    parser = HfArgumentParser((BuildDataArguments, ModelLoadingArguments))
+    parser = HfArgumentParser(FLAGS)
     with input_errors("build-data"):
-        args, loading = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
-        build_data(args, loading)
+        pair, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        build_data(pair, args)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -1,9 +1,9 @@
 """The checks that several commands share, on explicit values, in one place.
 
 Does a draft fit a target (one vocabulary), is a folder a head at all and does a head fit a draft
-(its hidden size), which model does a PEFT adapter folder stand on, and which token ids end
-generation. Decoding, data building, training, calibration and evaluation all call these; the
-module imports nothing of the toolkit, so the engine may use it.
+(its hidden size), which model does a PEFT adapter folder stand on, which token ids end
+generation and where a token list ends at one. Decoding, data building, training, calibration
+and evaluation all call these; the module imports nothing of the toolkit, so the engine may use it.
 """
 from __future__ import annotations
 
@@ -128,3 +128,12 @@ def eos_ids(*values: int | list[int] | tuple[int, ...] | torch.Tensor | None) ->
 def generation_eos(model: PreTrainedModel) -> int | list[int] | None:
     """The EOS id(s) of the model's generation config (None when it has none)."""
     return getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+
+
+def trim_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """`tokens` up to and including the first EOS (one of the ids `eos`): nothing after it is text,
+    whether a verification emitted it or generation padded it on."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens

@@ -3,6 +3,12 @@
 Each command is the module's own `main(argv)`, so `specdecpp train ...`,
 `python -m specdecpp.train ...` and `python specdecpp/train.py ...` are the same program.
 Every command reports input it rejects the same way (`input_errors`): one line, non-zero exit.
+
+Every command also speaks one vocabulary (`ALIASES`, `common_field`): `--target`, `--draft`,
+`--head` for the models (with `--torch_dtype`, `--device`: `models.PairArguments` and
+`HeadPairArguments`), `--prompts` for a prompt source, `--records` for a records file, `--seed`,
+`--output`. The spellings of the reference and of earlier versions stay accepted as aliases, so
+recorded commands keep working. Each command module lists its flag dataclasses in `FLAGS`.
 """
 from __future__ import annotations
 
@@ -10,8 +16,11 @@ import importlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import Field, field
+from typing import Any
 
 COMMANDS = {
+    "head": ("specdecpp.recipe", "from a pair to a calibrated head folder: every stage below, resumable (a recipe)"),
     "build-data": ("specdecpp.build_data", "build training data (target continuations, draft proposals, p_acc)"),
     "train": ("specdecpp.train", "train the acceptance prediction head"),
     "calibration": ("specdecpp.calibration", "calibration report of a trained head"),
@@ -20,6 +29,30 @@ COMMANDS = {
     "demo": ("specdecpp.demo", "the one-command demo on the embedded pair"),
     "push": ("specdecpp.publish", "publish a head folder on the Hub (head files and custom_generate/ only)"),
 }
+
+# The common flags and the other spellings each command accepts for them (the reference's, and this
+# project's before the names were shared). `--data_path` and `--output_dir` differ by command: a
+# command adds the ones it used in its `common_field` call.
+ALIASES = {
+    "target": ["--target_name_or_path", "--target_name", "--target_model_name", "--model_name"],
+    "draft": ["--draft_name_or_path", "--draft_name", "--assistant_name", "--model_name_or_path"],
+    "head": ["--head_name_or_path", "--assist_acc_head_dir"],
+    "prompts": ["--dataset"],
+    "prompts_split": ["--dataset_split", "--data_split"],
+    "records": [],
+    "eval_records": ["--eval_data_path"],
+    "seed": ["--random_seed"],
+    "output": ["--output_file", "--save_path"],
+    "device": ["--device_map"],
+}
+
+
+def common_field(name: str, *, aliases: tuple[str, ...] = (), **kwargs: Any) -> Field:
+    """A dataclass field for the common flag `--name` (a key of `ALIASES`) that `HfArgumentParser`
+    also accepts under `ALIASES[name]` and this command's own `aliases`; `kwargs` are `field`'s
+    (`default`, `default_factory`) plus the metadata entries (`help`, `choices`)."""
+    options = {key: kwargs.pop(key) for key in ("default", "default_factory") if key in kwargs}
+    return field(**options, metadata={"aliases": [*ALIASES[name], *aliases], **kwargs})
 
 
 @contextmanager

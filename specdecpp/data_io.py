@@ -1,10 +1,10 @@
 """Training records on disk: reading, validating, writing; and the atomic writing of whole files.
 
-Our files are JSON Lines, one record per prompt (fields in DESIGN.md section 2). The reference
-implementation wrote one JSON array whose lists were stored as strings and whose log-prob fields
-were named after model sizes (`log_p_7b` for the draft, `log_p_70b` for the target); `read_records`
-reads both and always returns our form, so nothing downstream needs to know which it got.
-Every command that rewrites a whole file (records, results, summaries, settings) writes it with
+Our files are JSON Lines, one record per prompt (fields in docs/design.md, The record format). The
+reference implementation wrote one JSON array whose lists were stored as strings and whose log-prob
+fields were named after model sizes (`log_p_7b` for the draft, `log_p_70b` for the target);
+`read_records` reads both and always returns our form, so nothing downstream needs to know which it
+got. Every command that rewrites a whole file (records, results, summaries, settings) writes it with
 `atomic_write`, so an interruption never leaves a half-written file behind.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from specdecpp.checks import eos_ids, generation_eos
+from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample, widened
@@ -185,7 +185,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
             stats.draft_lengths.append(len(drafted))
             stats.discarded_tokens += len(drafted) - num_accepted
             policy.end_round(len(drafted), num_accepted)
-            new_tokens = _cut_at_eos(drafted[:num_accepted] + [next_token], eos)
+            new_tokens = trim_at_eos(drafted[:num_accepted] + [next_token], eos)
             seq += new_tokens
             # Both caches keep everything but the last token, which the next round feeds.
             target_model.crop(len(seq) - 1)
@@ -267,14 +267,6 @@ def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: 
         if uniform * q[token] >= p[token]:  # rejected: P(accept) = min(1, p / q)
             return i, int(sample(residual_distribution(p, q)[None], generator))
     return len(drafted), int(sample(target_probs[-1:], generator))
-
-
-def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """`tokens` up to and including the first EOS."""
-    for i, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: i + 1]
-    return tokens
 
 
 def _draft_correct(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,

@@ -5,37 +5,37 @@ alone, Hugging Face's own dynamic schedule (`generate(assistant_model=...)`), sp
 with the best constant K, our `dynamic` schedule (the draft's own confidence, the strongest rival
 that needs no training) at its best confidence threshold, and SpecDec++ (`ada`, our engine with the
 trained head). The best K, confidence (and ada threshold, when several are given) are chosen
-beforehand on separate tuning prompts, by the lowest cost per token: `(target calls + c * draft calls) / token`, with
-the draft/target cost ratio `c` measured in the same run. The evaluated prompts play no part in
+beforehand on separate tuning prompts, by the lowest flat cost per token (`specdecpp.costs`, in target
+verifications: `(target calls + c * draft calls) / token`, with the draft/target cost ratio `c` measured
+in the same run). The evaluated prompts play no part in
 that choice, so no method is tuned on the prompts it is scored on.
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import torch
 from transformers import HfArgumentParser
 from transformers.utils import logging as hf_logging
 
 from specdecpp import metrics
-from specdecpp.evaluation import Evaluation, EvaluationArguments, MethodSpec, ModelLoadingArguments, Prompt
-
-_DEFAULTS = EvaluationArguments()
+from specdecpp.costs import FLAT_COST
+from specdecpp.cli import common_field
+from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.evaluation import (Evaluation, HeadPairArguments, MethodGrid, MethodSpec, Prompt, PromptSource,
+                                  RunOptions)
 
 
 @dataclass
 class DemoArguments:
-    """What the demo runs on; the defaults are the embedded pair and a HumanEval subset sized to
-    finish within five minutes on two CPU cores."""
+    """What the demo runs, next to the pair (`HeadPairArguments`, by default the embedded one, in
+    float32); the defaults are a HumanEval subset sized to finish within five minutes on two CPU
+    cores."""
 
-    model_name: str = field(default=_DEFAULTS.model_name, metadata={
-        "aliases": ["--target_name_or_path"], "help": "target model"})
-    assistant_name: str = field(default=_DEFAULTS.assistant_name, metadata={
-        "aliases": ["--draft_name_or_path"], "help": "draft model"})
-    assist_acc_head_dir: str = field(default=_DEFAULTS.assist_acc_head_dir[0], metadata={
-        "aliases": ["--head_name_or_path"], "help": "the draft's head"})
-    data_path: str = field(default="humaneval", metadata={"help": "prompt set or file (see specdecpp evaluate)"})
-    prompts: int = field(default=20, metadata={"help": "prompts evaluated"})
+    prompts: str = common_field("prompts", aliases=("--data_path",), default="humaneval", help=(
+        "prompt set or file (see specdecpp evaluate)"))
+    num_prompts: int = field(default=20, metadata={"help": "prompts evaluated"})
     tune_prompts: int = field(default=4, metadata={
         "help": "prompts before those, used only to choose K (and the threshold)"})
     max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
@@ -47,33 +47,32 @@ class DemoArguments:
     stop_threshold: list[str] = field(default_factory=lambda: ["auto"], metadata={
         "help": "ada thresholds to choose from; 'auto' (the default) is the one stored in the head, chosen from "
                 "the pair's costs when the head was calibrated"})
-    save_path: str = field(default="outputs/demo", metadata={"help": "folder for records, summary and figures"})
-    torch_dtype: str = field(default="float32", metadata={
-        "help": "dtype the models run in (the embedded pair is stored in float16, which CPUs run slowly)"})
-    random_seed: int = 47
+    output: str = common_field("output", default="outputs/demo", help="folder for records, summary and figures")
+    seed: int = common_field("seed", default=47, help="seeds each prompt's sampling")
     threads: int = field(default=1, metadata={
         "help": "torch CPU threads: the embedded pair runs as fast on one, and one thread is not slowed down "
                 "by other processes the way a team of threads is"})
     progress: bool = field(default=True, metadata={"help": "progress bars (--no_progress to hide)"})
 
 
-def evaluation_arguments(demo: DemoArguments) -> EvaluationArguments:
-    """The evaluation settings the demo runs with: greedy, the target and Hugging Face's dynamic
-    schedule as baselines, our constant, dynamic and ada schedules over the demo's K values,
-    confidences and thresholds."""
-    if demo.prompts < 1 or demo.tune_prompts < 0:
-        raise ValueError(f"need --prompts >= 1 and --tune_prompts >= 0, got {demo.prompts} and {demo.tune_prompts}")
+def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
+    """The evaluation the demo runs on `pair` (one head): greedy, the target and Hugging Face's
+    dynamic schedule as baselines, our constant, dynamic and ada schedules over the demo's K
+    values, confidences and thresholds."""
+    if demo.num_prompts < 1 or demo.tune_prompts < 0:
+        raise ValueError(f"need --num_prompts >= 1 and --tune_prompts >= 0, got {demo.num_prompts} and "
+                         f"{demo.tune_prompts}")
     if demo.tune_prompts == 0 and max(len(demo.constant_ks), len(demo.confidence_thresholds),
                                       len(demo.stop_threshold)) > 1:
         raise ValueError("choosing among several --constant_ks, --confidence_thresholds or --stop_threshold values "
                          "needs --tune_prompts >= 1")
-    return EvaluationArguments(
-        model_name=demo.model_name, assistant_name=demo.assistant_name, assist_acc_head_dir=[demo.assist_acc_head_dir],
-        schedule=["constant", "dynamic", "ada"], num_assistant_tokens=demo.constant_ks,
-        assistant_confidence_threshold=demo.confidence_thresholds, stop_threshold=demo.stop_threshold,
-        baselines=["target", "hf:dynamic"], data_path=demo.data_path, n_end=demo.tune_prompts + demo.prompts,
-        save_path=demo.save_path, max_new_tokens=demo.max_new_tokens, random_seed=demo.random_seed,
-        threads=demo.threads, progress=demo.progress)
+    grid = MethodGrid(schedule=["constant", "dynamic", "ada"], num_assistant_tokens=demo.constant_ks,
+                      assistant_confidence_threshold=demo.confidence_thresholds, stop_threshold=demo.stop_threshold,
+                      baselines=["target", "hf:dynamic"])
+    source = PromptSource(prompts=demo.prompts, n_end=demo.tune_prompts + demo.num_prompts)
+    run = RunOptions(output=demo.output, seed=demo.seed, progress=demo.progress)
+    pair.single_head()  # the demo compares one head with the baselines
+    return Evaluation(pair, grid, DecodingSettings(max_new_tokens=demo.max_new_tokens), source, run)
 
 
 def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec], list[dict], dict | None]:
@@ -95,13 +94,14 @@ def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec
     return best, summary, cost
 
 
-def run_demo(demo: DemoArguments) -> dict:
+def run_demo(demo: DemoArguments, pair: HeadPairArguments | None = None) -> dict:
     """Choose K, the confidence (and the threshold) on the tuning prompts, then evaluate the five
-    methods on the others; print and save the table. Returns the summary document (see `specdecpp.evaluation.report`)."""
-    run = Evaluation(evaluation_arguments(demo), ModelLoadingArguments(torch_dtype=demo.torch_dtype))
+    methods on the others with `pair` (default: the embedded pair); print and save the table.
+    Returns the summary document (see `specdecpp.evaluation.report`)."""
+    run = evaluation(demo, pair or HeadPairArguments())
     prompts = run.prompts
     if len(prompts) <= demo.tune_prompts:
-        raise ValueError(f"{demo.data_path} has only {len(prompts)} prompts; "
+        raise ValueError(f"{demo.prompts} has only {len(prompts)} prompts; "
                          f"need more than --tune_prompts {demo.tune_prompts}")
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
     best, tuning_summary, tuning_cost = choose(run, tuning)
@@ -124,38 +124,47 @@ def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: lis
     if not tuning or tuning_cost is None:
         return f"{picked} (given)."
     return (f"{picked} (of K {demo.constant_ks}, confidences {demo.confidence_thresholds} and thresholds "
-            f"{demo.stop_threshold}) were chosen by the lowest cost per token, "
+            f"{demo.stop_threshold}) were chosen by the lowest {FLAT_COST}, "
             f"(target calls + c * draft calls) / token, on {len(tuning)} tuning prompts "
-            f"({demo.data_path} {tuning[0].id}-{tuning[-1].id}; c = {tuning_cost['cost_ratio']:.3f} measured there) "
+            f"({demo.prompts} {tuning[0].id}-{tuning[-1].id}; c = {tuning_cost['cost_ratio']:.3f} measured there) "
             f"that are not among the {len(evaluated)} evaluated ({evaluated[0].id}-{evaluated[-1].id}).")
 
 
 def headline(summary: list[dict]) -> str:
-    """SpecDec++ against the best constant K, our dynamic schedule and Hugging Face's: cost per
-    token first (it does not drift with the machine), then the measured speedup."""
+    """SpecDec++ against the best constant K, our dynamic schedule and Hugging Face's: flat cost
+    per token first (`costs.FLAT_COST`; it does not drift with the machine), then the measured speedup."""
     rows = {row["schedule"] if row["engine"] == "specdecpp" else row["method"]: row for row in summary}
     ada, constant, dynamic, hf = rows["ada"], rows["constant"], rows["dynamic"], rows["hf:dynamic"]
 
     def change(row: dict) -> str:
         return f"{100 * (ada['cost_per_token'] / row['cost_per_token'] - 1):+.1f}%"
 
-    return (f"SpecDec++ ({ada['method']}): cost per token {ada['cost_per_token']:.3f}, {change(constant)} against the "
+    return (f"SpecDec++ ({ada['method']}): {FLAT_COST} {ada['cost_per_token']:.3f}, {change(constant)} against the "
             f"best constant K ({constant['cost_per_token']:.3f}), {change(dynamic)} against our dynamic at its best "
             f"confidence ({dynamic['cost_per_token']:.3f}), Hugging Face dynamic {hf['cost_per_token']:.3f}; "
             f"speedup over the target alone {ada['speedup']:.2f}x against {constant['speedup']:.2f}x, "
             f"{dynamic['speedup']:.2f}x and {hf['speedup']:.2f}x (medians over prompts of paired times, this run).")
 
 
+FLAGS = (HeadPairArguments, DemoArguments)  # the command's flags, in --help's order
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`specdecpp demo [flags]`: run the demo; bad input exits with a one-line message."""
-    parser = HfArgumentParser(DemoArguments, description=__doc__.splitlines()[0])
-    (demo,) = parser.parse_args_into_dataclasses(args=argv)
+    """`specdecpp demo [flags]`: set the process's threads and seed, run the demo; bad input exits
+    with a one-line message."""
+    parser = HfArgumentParser(FLAGS, description=__doc__.splitlines()[0])
+    pair, demo = parser.parse_args_into_dataclasses(args=argv)
+    # The embedded pair is stored in float16, which CPUs run slowly: the demo runs in float32 unless told.
+    pair = replace(pair, torch_dtype=pair.torch_dtype or "float32")
+    if demo.threads:
+        torch.set_num_threads(demo.threads)
+    torch.manual_seed(demo.seed)
     # Hugging Face's assisted generation warns about its own internal generate call, and model
     # loading draws progress bars: neither says anything about the demo.
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        run_demo(demo)
+        run_demo(demo, pair)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"specdecpp demo: error: {error}")
 

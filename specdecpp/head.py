@@ -1,27 +1,28 @@
 """The acceptance prediction head: draft state -> P(the target accepts the judged token).
 
 `k` residual blocks `x + SiLU(Linear(x))` then `Linear(width, 2)`; class 1 means accept.
-Which draft state judges which drafted token is the head's `alignment` (DESIGN section 2):
+Which draft state judges which drafted token is the head's `alignment` (docs/design.md, The two alignments):
 - `proposer`: the forward pass that proposes `y_j` judges it, from the draft's last-layer hidden
   state there plus `features` of the same logits (`logit_features`: log q(y_j), the entropy of q);
 - `reader` (the reference's, and every config without the key): the state that has read `y_j`
   judges it, one draft step later.
-Saved and loaded through `PyTorchModelHubMixin` (`config.json` + `model.safetensors` + a model
-card naming the draft, the target, the training data and the eval metrics), so a folder or a Hub
+Saved and loaded through `PyTorchModelHubMixin` (`config.json` + `model.safetensors` + the model
+card and `custom_generate/` that `specdecpp.head_folder` writes), so a folder or a Hub
 id loads with `AcceptancePredictionHead.from_pretrained` and `push_to_hub` publishes one.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 from pathlib import Path
 
 import torch
-from huggingface_hub import PyTorchModelHubMixin, constants
+from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants
 from torch import nn
 
-from specdecpp.head_folder import write_custom_generate
+from specdecpp.head_folder import LIBRARY_NAME, PAPER_URL, TAGS, record_card_facts, render_card, write_head_files
 
 
 ALIGNMENTS = ("proposer", "reader")
@@ -130,75 +131,12 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
-# The model card `save_pretrained`/`push_to_hub` write; filled from `model_card_kwargs` (training
-# passes the draft and target names, the data files and the final eval metrics).
-MODEL_CARD = """---
-{{ card_data }}
----
-
-# Acceptance prediction head (SpecDec++)
-
-Predicts, from the draft model's last-layer hidden state at a drafted token, the probability that
-the target model accepts that token. SpecDec++ stops drafting once the predicted probability of
-at least one rejection exceeds a threshold ([paper]({{ paper_url }})).
-
-- Draft model (the head reads its hidden states): {{ draft_model | default("not recorded", true) }}
-- Target model (whose acceptances it predicts): {{ target_model | default("not recorded", true) }}
-- Training data: {{ training_data | default("not recorded", true) }}
-{% if stop_threshold is not none %}
-## Stop threshold
-
-Stored threshold: {{ stop_threshold }}; `stop_threshold="auto"` uses it.
-{% endif %}{% if eval_metrics %}
-## Eval metrics
-
-| metric | value |
-| --- | --- |
-{% for name, value in eval_metrics.items() %}| {{ name }} | {{ value }} |
-{% endfor %}{% endif %}{% if calibration %}
-## Calibration
-
-| predictions | {{ calibration_columns | join(" | ") }} |
-| --- |{% for _ in calibration_columns %} --- |{% endfor %}
-{% for name, figures in calibration.items() %}| {{ name }} |{% for column in calibration_columns %} {{ figures.get(column, "") }} |{% endfor %}
-{% endfor %}{% for plot in calibration_plots %}
-![{{ plot }}]({{ plot }})
-{% endfor %}{% endif %}
-## Use from transformers
-
-This repository carries `custom_generate/generate.py`, so `generate` runs SpecDec++ with this head
-(with the `specdecpp` package installed; `trust_remote_code=True` runs that file):
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-target = AutoModelForCausalLM.from_pretrained("{{ target_model | default("TARGET", true) }}")
-draft = AutoModelForCausalLM.from_pretrained("{{ draft_model | default("DRAFT", true) }}")
-tokenizer = AutoTokenizer.from_pretrained("{{ target_model | default("TARGET", true) }}")
-inputs = tokenizer("def fibonacci(n):", return_tensors="pt")
-out = target.generate(**inputs, assistant_model=draft, custom_generate="{{ repo_id | default("this-repo-or-folder", true) }}",
-                      trust_remote_code=True, max_new_tokens=128, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound={{ bound | default((2, 20), true) }}{{ ", do_sample=True" if do_sample else "" }})
-print(tokenizer.decode(out[0]))
-```
-
-## Use
-
-With specdecpp directly:
-
-```python
-from specdecpp import AcceptancePredictionHead, speculative_generate
-head = AcceptancePredictionHead.from_pretrained("{{ repo_id | default("this-repo-or-folder", true) }}")
-out = speculative_generate(target, draft, **inputs, head=head, stop_threshold={{ '"auto"' if stop_threshold is not none else "0.3" }}, bound={{ bound | default((2, 20), true) }}{{ ", do_sample=True" if do_sample else "" }})
-```
-"""
-
-
 class AcceptancePredictionHead(
     nn.Module,
     PyTorchModelHubMixin,
-    library_name="specdecpp",
-    tags=["speculative-decoding", "specdecpp", "acceptance-prediction-head"],
-    paper_url="https://arxiv.org/abs/2405.19715",
-    model_card_template=MODEL_CARD,
+    library_name=LIBRARY_NAME,
+    tags=TAGS,
+    paper_url=PAPER_URL,
 ):
     """Predicts, from a draft state (and, for a `proposer` head, features of the judged token),
     whether the target accepts the judged token. `forward` returns logits over (reject, accept);
@@ -342,21 +280,22 @@ class AcceptancePredictionHead(
         return model.eval()
 
     # -- custom_generate and the model card: a saved folder runs from transformers' generate ----------
-    def _save_pretrained(self, save_directory: Path) -> None:
-        """Save the weights (the mixin's way), then `custom_generate/generate.py` and
-        `custom_generate/requirements.txt`, so `generate(custom_generate=FOLDER)` runs SpecDec++."""
-        super()._save_pretrained(save_directory)
-        write_custom_generate(save_directory)
+    def save_pretrained(self, save_directory: str | Path, *, model_card_kwargs: dict | None = None, **kwargs):
+        """The mixin's `save_pretrained` (and `push_to_hub`, which calls it); `model_card_kwargs`, the
+        card's facts (`draft`, `target`, `training_data`, `eval_metrics`, see `head_folder`), are
+        kept in the folder's `card.json`, so that the card renders from the folder alone, now and later."""
+        if model_card_kwargs:
+            record_card_facts(save_directory, model_card_kwargs)
+        return super().save_pretrained(save_directory, model_card_kwargs=model_card_kwargs, **kwargs)
 
-    def generate_model_card(self, *args, **kwargs):
-        """The model card, with the stored stop threshold, the bound it was chosen for and its
-        decoding mode (sampling examples for a threshold chosen on sampled records) when the config
-        has them, unless the caller gives them, and empty calibration columns filled in."""
-        kwargs.setdefault("stop_threshold", self.stop_threshold)
-        kwargs.setdefault("do_sample", self.threshold_mode == "sampling")
-        bound = (self.threshold_selection or {}).get("bound")
-        kwargs.setdefault("bound", tuple(bound) if bound else None)
-        calibration = kwargs.get("calibration") or {}
-        columns = kwargs.get("calibration_columns") or list(dict.fromkeys(k for f in calibration.values() for k in f))
-        kwargs.update(calibration_columns=columns, calibration_plots=kwargs.get("calibration_plots") or [])
-        return super().generate_model_card(*args, **kwargs)
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """Save the weights (the mixin's way) and `config.json` (now, so that the card renders from
+        it; the mixin then keeps it), then `custom_generate/` and the model card rendered from the
+        folder (`head_folder.write_head_files`), so `generate(custom_generate=FOLDER)` runs SpecDec++."""
+        super()._save_pretrained(save_directory)
+        (Path(save_directory) / constants.CONFIG_NAME).write_text(json.dumps(self.config, sort_keys=True, indent=2))
+        write_head_files(save_directory)
+
+    def generate_model_card(self, *args, **kwargs) -> ModelCard:
+        """The model card of this head's config with the facts `kwargs` (see `head_folder.render_card`)."""
+        return ModelCard(render_card(self.config, kwargs))

@@ -1,6 +1,6 @@
 """From training records to what the head reads: examples, batches, and the head's inputs.
 
-One record (DESIGN section 2) becomes one example, laid out by the head's alignment:
+One record (docs/design.md, The record format) becomes one example, laid out by the head's alignment:
 - `proposer`: `input_ids = prefix + tokens[:-1]` (the target's continuation); the state at
   `tokens[i-1]` (the last prompt token for `i = 0`) is labelled `p_acc[i]` and its `candidates`
   entry is `draft[i]`, whose features under the draft's logits there the head also reads;
@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.checks import check_head_fits_draft, hidden_size
 from specdecpp.head import AcceptancePredictionHead, logit_features
-from specdecpp.models import last_hidden_states, model_device
+from specdecpp.models import last_hidden_states, model_device, positions_from_mask
 
 IGNORE = -100.0  # label of positions the loss skips (Trainer also pads predictions with -100)
 NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
@@ -82,7 +82,7 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
     there (`[batch, seq, len(feature_names)]`; zeros where there is no candidate)."""
     if not feature_names:
         return last_hidden_states(draft, input_ids, attention_mask), None
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    position_ids = positions_from_mask(attention_mask)
     out = draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 output_hidden_states=True, use_cache=False)
     candidates = candidates.to(out.logits.device)

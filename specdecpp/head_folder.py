@@ -1,13 +1,32 @@
-"""The files a head folder carries besides its weights, so that `transformers`' `generate` runs it.
+"""A head folder's files besides its weights: the model card (`README.md`) and `custom_generate/`.
 
-`custom_generate/generate.py` (`SHIM`) and `custom_generate/requirements.txt`: written by
-`AcceptancePredictionHead.save_pretrained` and by `specdecpp push`. This module imports nothing of
-the package, so the head can write them without importing the engine (which imports the head).
+The card is rendered in one place, `render_card`, from the head's config (`config.json`: shape,
+alignment, features and, once chosen, `stop_threshold` with its `threshold_selection`) and what
+the folder holds (`card_facts`):
+- `card.json`: the pair (`draft`, `target`), `training_data`, training's `eval_metrics`, when
+  recorded a `calibration` report (or named reports), and `notes` (Markdown shown as written, for
+  what a person adds: how the head was made), and for a head made by `specdecpp head` its `recipe`
+  and short `evaluation` (`specdecpp.recipe`); training records its part with `record_card_facts`,
+  and a hand-made record (the embedded zoo heads') may hold more;
+- `calibration*.json`: calibration reports (`specdecpp.calibration --output_json`);
+- `*.png`: reliability diagrams and cost curves.
+Whoever changes any of them (saving, training, calibration) re-renders with `write_card`, and
+publishing renders the staged copy, so the card is never edited as text and can be rendered again
+at any time. `custom_generate/generate.py` (`SHIM`) and `custom_generate/requirements.txt` make the
+folder a `custom_generate` target for `transformers`' `generate`. This module imports none of the
+decoding code (only `specdecpp.custom_generate`, which the shim names, does), so the head and
+training write their folders without loading the engine.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+
+import yaml
+from huggingface_hub import ModelCardData
+
+from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 
 # `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
 # published head keeps working as specdecpp improves and the file stays a few lines.
@@ -27,6 +46,16 @@ def generate(model, **kwargs):
 REQUIREMENTS = "specdecpp\n"
 CUSTOM_GENERATE_FILES = {"custom_generate/generate.py": SHIM, "custom_generate/requirements.txt": REQUIREMENTS}
 
+CARD_FACTS = "card.json"
+LIBRARY_NAME = "specdecpp"
+TAGS = ["speculative-decoding", "specdecpp", "acceptance-prediction-head"]
+PAPER_URL = "https://arxiv.org/abs/2405.19715"
+# The tags `PyTorchModelHubMixin` adds to the cards it writes; ours carry them too.
+MIXIN_TAGS = ["model_hub_mixin", "pytorch_model_hub_mixin"]
+PLACEHOLDER_REPO = "this-repo-or-folder"
+DEFAULT_USAGE = {"stop_threshold": "0.3", "bound": (2, 20)}  # the examples' settings without a stored threshold
+REPLAYED_ROUNDS = {"greedy": "greedy rounds", "sampling": "sampled rounds (in expectation over p_acc)"}
+
 
 def write_custom_generate(folder: str | os.PathLike) -> list[Path]:
     """Write `custom_generate/generate.py` and `custom_generate/requirements.txt` into `folder` (a
@@ -39,3 +68,210 @@ def write_custom_generate(folder: str | os.PathLike) -> list[Path]:
         path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
+
+
+def write_head_files(folder: str | os.PathLike, repo_id: str | None = None) -> Path:
+    """Write `custom_generate/` and the model card rendered from the folder's files (`write_card`)
+    into `folder`, a head folder whose `config.json` is written. Returns the card's path."""
+    write_custom_generate(folder)
+    return write_card(folder, repo_id)
+
+
+def write_card(folder: str | os.PathLike, repo_id: str | None = None) -> Path:
+    """Render `folder`'s model card from its `config.json` and `card_facts` and write it to
+    `README.md` (the usage examples naming `repo_id`, or a placeholder). Returns its path."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    readme = folder / "README.md"
+    readme.write_text(render_card(config, card_facts(folder), repo_id), encoding="utf-8")
+    return readme
+
+
+def record_card_facts(folder: str | os.PathLike, facts: dict) -> Path:
+    """Merge `facts` (see the module docstring: `draft`, `target`, `training_data`,
+    `eval_metrics`, ...) into `folder`'s `card.json`, keeping what it holds besides. Returns its path."""
+    path = Path(folder) / CARD_FACTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recorded = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    path.write_text(json.dumps(recorded | facts, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def card_facts(folder: str | os.PathLike) -> dict:
+    """What the card shows from `folder` besides the head's config: `card.json`'s facts, its
+    calibration reports with those of `calibration*.json` (under `calibration`, by name, as tables
+    of their scalar figures) and the diagrams (`plots`: the `*.png` files)."""
+    folder = Path(folder)
+    path = folder / CARD_FACTS
+    facts = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    calibration = _named_reports(facts.get("calibration") or {})
+    for report in sorted(folder.glob("calibration*.json")):
+        calibration[report.stem] = json.loads(report.read_text(encoding="utf-8"))
+    return facts | {"calibration": calibration, "plots": sorted(p.name for p in folder.glob("*.png"))}
+
+
+def _named_reports(calibration: dict) -> dict[str, dict]:
+    """Calibration reports by name: `calibration` itself when it is one report (it holds figures),
+    else its reports (the entries that are dicts)."""
+    if any(_is_figure(value) for value in calibration.values()):
+        return {"calibration": calibration}
+    return {name: report for name, report in calibration.items() if isinstance(report, dict)}
+
+
+def _is_figure(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def render_card(config: dict, facts: dict, repo_id: str | None = None) -> str:
+    """The model card of a head with `config` (its `config.json`) and `facts` (`card_facts`; the
+    card shows `draft`, `target`, `training_data`, `eval_metrics`, `calibration`, `plots`,
+    `notes` and, for a head made by `specdecpp head`, its `recipe` and short `evaluation`), its
+    usage examples naming `repo_id` (a placeholder when None)."""
+    front = ModelCardData(library_name=LIBRARY_NAME, tags=sorted(TAGS + MIXIN_TAGS)).to_yaml()
+    sections = [f"---\n{front}\n---", _summary(config, facts), _threshold_section(config),
+                _eval_section(facts), _calibration_section(facts), facts.get("notes"), _recipe_section(facts),
+                _usage(config, facts, repo_id or PLACEHOLDER_REPO)]
+    return "\n\n".join(section for section in sections if section) + "\n"
+
+
+def _recipe_section(facts: dict) -> str:
+    """How `specdecpp head` made the head: its recipe (what `--recipe` takes to make it again) and
+    the short evaluation's table."""
+    if not facts.get("recipe"):
+        return ""
+    evaluation, table = facts.get("evaluation") or {}, ""
+    if evaluation.get("table"):  # the table's notes below it, apart, or Markdown reads them as rows
+        lines = evaluation["table"].splitlines()
+        rows = "\n".join(line for line in lines if line.startswith("|"))
+        notes = "\n".join(line for line in lines if not line.startswith("|"))
+        table = f"\n\nShort evaluation ({evaluation.get('title')}):\n\n{rows}" + (f"\n\n{notes}" if notes else "")
+    return f"""## How this head was made
+
+`specdecpp head --recipe recipe.yaml --output DIR` with this recipe (`card.json` holds it too):
+
+```yaml
+{yaml.safe_dump(facts["recipe"], sort_keys=False).strip()}
+```{table}"""
+
+
+def _summary(config: dict, facts: dict) -> str:
+    reads = (f"the draft's last-layer hidden state (size {config['hidden_size']})" if config["hidden_size"]
+             else "no hidden state")
+    features = ", ".join(config.get("features") or []) or "none"
+    return f"""# Acceptance prediction head (SpecDec++)
+
+Predicts, for a drafted token, the probability that the target model accepts it. SpecDec++ stops
+drafting once the predicted probability of at least one rejection exceeds a threshold
+([paper]({PAPER_URL})).
+
+- Draft model (the head reads its states): {facts.get("draft") or "not recorded"}
+- Target model (whose acceptances it predicts): {facts.get("target") or "not recorded"}
+- Training data: {facts.get("training_data") or "not recorded"}
+- Head: `{config.get("alignment", "reader")}` alignment, {config["num_layers"]} residual blocks; reads {reads}; \
+logit features: {features}"""
+
+
+def _threshold_section(config: dict) -> str:
+    """The stored threshold and, when its selection holds the replayed curve, how it was chosen."""
+    threshold = config.get("stop_threshold")
+    if threshold is None:
+        return ""
+    selection = config.get("threshold_selection") or {}
+    text = f'## Stop threshold\n\nStored threshold: {threshold:g}; `stop_threshold="auto"` uses it.'
+    if not {"thresholds", "cost_per_token", "step_times", "judged_step_times"} <= selection.keys():
+        return text
+    plain, judged = selection["step_times"], selection["judged_step_times"]
+    rivals = "; ".join(f"{name}: " + ", ".join(f"{prefix}{key} {value:.3f}" for key, value in costs.items())
+                       for name, prefix, costs in (
+                           ("constant K", "K=", selection.get("constant_k_cost_per_token") or {}),
+                           ("our dynamic (draft confidence)", "", selection.get("dynamic_cost_per_token") or {}))
+                       if costs)
+    if selection.get("oracle_cost_per_token") is not None:
+        rivals += f"; oracle {selection['oracle_cost_per_token']:.3f}"
+    columns = {MEASURED_COST: dict(zip(selection["thresholds"], selection["cost_per_token"]))}
+    calls = selection.get("calls_per_token")
+    if calls:  # the same replays in the flat view, as the evaluation tables count
+        flat = flat_costs(calls, StepTimes(**plain))
+        columns[FLAT_COST] = {t: flat[f"ada@{t:g}"] for t in selection["thresholds"] if f"ada@{t:g}" in flat}
+    data = f"{selection['data']}, " if selection.get("data") else ""
+    return text + f"""
+
+It was chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection.get('records')} dev
+records ({data}{selection.get('tokens')} tokens) with bound {tuple(selection.get('bound', ()))}, each round priced with
+what the loop spends (`specdecpp.costs`), measured through the engine's own steps on {plain['device']} with
+{plain['threads']} torch thread(s), {plain['repeats']} timed passes: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
+{plain['draft_ms'][0]:.2f} ms first in a round, {plain['draft_ms'][-1]:.2f} ms late in a long one ({judged['draft_ms'][0]:.2f} / {judged['draft_ms'][-1]:.2f} ms
+with this head judging); the head's judgement {judged['judge_ms']:.3f} ms per drafted token; a verification of 1 / {len(plain['verify_ms']) - 1}
+drafted tokens {plain['verify_ms'][1]:.2f} / {plain['verify_ms'][-1]:.2f} ms; the loop's own overhead {plain['round_overhead_ms']:.3f} ms per round.
+Replayed {MEASURED_COST} (1 / cost is the replayed speedup){": " + rivals if rivals else ""}.
+Timings depend on the machine and its load: re-run `--choose_threshold` on the machine you decode on.
+
+{_table("threshold", columns, "{:.3f}")}"""
+
+
+def _calibration_section(facts: dict) -> str:
+    """A table of the scalar figures (rounded) of each calibration report, then the diagrams."""
+    tables = {name: {k: round(v, 4) if isinstance(v, float) else v for k, v in report.items() if _is_figure(v)}
+              for name, report in _named_reports(facts.get("calibration") or {}).items()}
+    calibration = {name: figures for name, figures in tables.items() if figures}
+    if not calibration:
+        return ""
+    names = list(dict.fromkeys(name for figures in calibration.values() for name in figures))
+    columns = {name: {report: figures.get(name, "") for report, figures in calibration.items()} for name in names}
+    plots = "".join(f"\n\n![{plot}]({plot})" for plot in facts.get("plots") or [])
+    return f"## Calibration\n\n{_table('predictions', columns)}{plots}"
+
+
+def _eval_section(facts: dict) -> str:
+    metrics = facts.get("eval_metrics") or {}
+    return f"## Eval metrics\n\n{_table('metric', {'value': metrics})}" if metrics else ""
+
+
+def _table(key: str, columns: dict[str, dict], number: str = "{}") -> str:
+    """A Markdown table: a row per key of the columns' dicts (in first-seen order), a column each."""
+    rows = list(dict.fromkeys(row for column in columns.values() for row in column))
+    lines = [f"| {key} | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    for row in rows:
+        cells = [column.get(row, "") for column in columns.values()]
+        cells = [number.format(v) if isinstance(v, float) else str(v) for v in cells]
+        label = f"{row:g}" if isinstance(row, float) else str(row)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _usage(config: dict, facts: dict, repo_id: str) -> str:
+    """The usage examples, with the stored threshold (`"auto"`), the bound it was chosen for and,
+    for a threshold chosen on sampled records, `do_sample=True`."""
+    usage = dict(DEFAULT_USAGE)
+    if config.get("stop_threshold") is not None:
+        selection = config.get("threshold_selection") or {}
+        usage = {"stop_threshold": '"auto"', "bound": tuple(selection.get("bound") or DEFAULT_USAGE["bound"])}
+        if selection.get("mode") == "sampling":
+            usage["do_sample"] = True
+    settings = ", ".join(f"{name}={value}" for name, value in usage.items())
+    target, draft = facts.get("target") or "TARGET", facts.get("draft") or "DRAFT"
+    return f"""## Use from transformers
+
+This repository carries `custom_generate/generate.py`, so `generate` runs SpecDec++ with this head
+(with the `specdecpp` package installed; `trust_remote_code=True` runs that file):
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+target = AutoModelForCausalLM.from_pretrained("{target}")
+draft = AutoModelForCausalLM.from_pretrained("{draft}")
+tokenizer = AutoTokenizer.from_pretrained("{target}")
+inputs = tokenizer("def fibonacci(n):", return_tensors="pt")
+out = target.generate(**inputs, assistant_model=draft, custom_generate="{repo_id}",
+                      trust_remote_code=True, max_new_tokens=128, {settings})
+print(tokenizer.decode(out[0]))
+```
+
+## Use
+
+With specdecpp directly:
+
+```python
+from specdecpp import AcceptancePredictionHead, speculative_generate
+head = AcceptancePredictionHead.from_pretrained("{repo_id}")
+out = speculative_generate(target, draft, **inputs, head=head, {settings})
+```"""

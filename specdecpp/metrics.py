@@ -1,15 +1,16 @@
-"""The figures an evaluation reports, and the cost model behind "cost per token".
+"""The figures an evaluation reports.
 
-Hardware-independent figures come first (DESIGN section 4): target calls, draft calls and
+Hardware-independent figures come first (docs/design.md, Measuring): target calls, draft calls and
 discarded draft tokens per generated token, and the mean number of drafted tokens the target
 accepts per round. They are pooled over prompts (sums over sums), so long generations weigh
 as much as their tokens. Wall-clock figures are medians over prompts of per-prompt values, and
 speedup is paired: each prompt's target-alone time over the method's time on the same prompt in
 the same run, so machine drift between prompts cancels.
 
-Cost model: with `c` = (one draft step) / (one target verification of k = 4 drafted tokens),
-both measured on this machine in this run, a generation costs `target_calls + c * draft_calls`
-target-verification units; divided by the tokens generated it is the cost per token.
+Cost per token is the flat view of `specdecpp.costs` (`costs.FLAT_COST`, in target
+verifications): `target_calls + c * draft_calls` per token, with `c` = (one draft step) / (one
+target verification of k = 4 drafted tokens), both timed here (`CostProbe`) on this machine in
+this run.
 """
 from __future__ import annotations
 
@@ -20,13 +21,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-
-def cost_per_token(target_calls: int, draft_calls: int, generated_tokens: int, cost_ratio: float) -> float:
-    """`(target_calls + cost_ratio * draft_calls) / generated_tokens`, in target verifications per
-    token (so target alone costs 1.0); NaN when nothing was generated."""
-    if generated_tokens <= 0:
-        return float("nan")
-    return (target_calls + cost_ratio * draft_calls) / generated_tokens
+from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, cost_ratio, flat_spent
 
 
 class CostProbe:
@@ -50,17 +45,10 @@ class CostProbe:
         return draft_ms, target_ms
 
 
-def cost_ratio(draft_ms: list[float], target_ms: list[float], k: int = 4) -> dict:
-    """`c` = median draft step time / median target verification time from timings in
-    milliseconds. Returns `{"cost_ratio", "draft_step_ms", "target_verify_ms", "k"}`."""
-    draft, target = statistics.median(draft_ms), statistics.median(target_ms)
-    return {"cost_ratio": draft / target, "draft_step_ms": draft, "target_verify_ms": target, "k": k}
-
-
 def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                        k: int = 4, steps: int = 50, warmup_steps: int = 10) -> dict:
     """Measure `c` on this machine now: `steps` alternating timings of a `CostProbe`, reduced by
-    `cost_ratio`. Returns its figures plus `"steps"`."""
+    `costs.cost_ratio`. Returns its figures plus `"steps"`."""
     draft_ms, target_ms = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
     return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
 
@@ -147,7 +135,7 @@ def _summarize_method(rows: list[dict], cost_ratio: float) -> dict:
         "target_calls_per_token": _per_token(target_calls, tokens),
         "draft_calls_per_token": _per_token(draft_calls, tokens),
         "discarded_per_token": _per_token(discarded, tokens),
-        "cost_per_token": (cost_per_token(target_calls, draft_calls, tokens, cost_ratio)
+        "cost_per_token": (cost_per_token(flat_spent(target_calls, draft_calls, cost_ratio), tokens)
                            if target_calls is not None and draft_calls is not None else None),
         "greedy_identical": sum(checked) if checked else None,
         "greedy_checked": len(checked) if checked else None,
@@ -205,7 +193,7 @@ COLUMNS = (  # (header, summary key, format)
     ("target/tok", "target_calls_per_token", "{:.3f}"),
     ("draft/tok", "draft_calls_per_token", "{:.3f}"),
     ("discard/tok", "discarded_per_token", "{:.3f}"),
-    ("cost/tok", "cost_per_token", "{:.3f}"),
+    (FLAT_COST, "cost_per_token", "{:.3f}"),
     ("= target", "greedy_identical", None),
 )
 
@@ -221,8 +209,7 @@ def format_table(summary: list[dict], cost_ratio: float | None = None) -> str:
              + " |" for line in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|")
     if cost_ratio is not None:
-        lines.append(f"cost/tok = (target calls + c * draft calls) / token, c = {cost_ratio:.3f} "
-                     "(draft step / target verification of 4 tokens, measured in this run)")
+        lines.append(f"{FLAT_COST}: {FLAT_UNIT}; c = {cost_ratio:.3f}, measured in this run")
     return "\n".join(lines)
 
 

@@ -4,7 +4,8 @@ A name or path is whatever `from_pretrained` takes (a Hub id or a local folder);
 holding a PEFT adapter (`adapter_config.json`) loads its base model and merges the adapter in.
 `dtype` and `device_map` pass straight through (`device_map="auto"` spreads a target larger than
 one GPU), and `trust_remote_code` stays off unless the caller turns it on. A weights file that
-cannot be read is reported with its path (`load_model`, `load_head`).
+cannot be read is reported with its path (`load_model`, `load_head`). `PairArguments` (and
+`HeadPairArguments`) hold the models' names and these options under the flags every command shares.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specdecpp import checks
 from specdecpp.checks import is_peft_adapter, peft_base, vocab_size
+from specdecpp.cli import common_field
 from specdecpp.head import AcceptancePredictionHead
 
 DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -27,16 +29,50 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "b
 
 
 @dataclass
-class ModelLoadingArguments:
-    """How every command loads its models (the flags are shared by build-data, train, evaluation)."""
+class PairArguments:
+    """The pair a command works on and how it loads, under the same flags in every command:
+    `--target`, `--draft` (each also under the reference's and earlier spellings, see
+    `cli.ALIASES`), `--torch_dtype`, `--device`, `--trust_remote_code`. A command says which models
+    it needs with `require`; `HeadPairArguments` adds the head(s) for the commands that take one."""
 
+    target: str | None = common_field("target", default=None, help=(
+        "the target model: Hub id, folder, or PEFT adapter folder"))
+    draft: str | None = common_field("draft", default=None, help=(
+        "the draft model: Hub id, folder, or PEFT adapter folder"))
     torch_dtype: str | None = field(default=None, metadata={
         "help": f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: the checkpoint's own, "
                 "except that a float16/bfloat16 checkpoint loaded onto a CPU runs in float32)"})
-    device_map: str | None = field(default=None, metadata={
-        "help": "device_map passed to from_pretrained, e.g. 'auto' for a model larger than one GPU"})
+    device: str | None = common_field("device", default=None, help=(
+        "where the models go, passed to from_pretrained as device_map: a device (cpu, cuda:1) or 'auto' for a "
+        "model larger than one GPU (default: the command's choice, one GPU per rank where there are GPUs)"))
     trust_remote_code: bool = field(default=False, metadata={
         "help": "allow models whose code lives in their Hub repo (off unless you trust it)"})
+
+    def require(self, *roles: str) -> PairArguments:
+        """Raise ValueError naming the flags unless every one of `roles` ("target", "draft",
+        "head") is given. Returns the arguments, for chaining."""
+        missing = [f"--{role}" for role in roles if not getattr(self, role)]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
+        return self
+
+    def loading(self) -> dict:
+        """The loading options as `load_model`'s keyword arguments."""
+        return {"torch_dtype": self.torch_dtype, "device_map": self.device, "trust_remote_code": self.trust_remote_code}
+
+
+@dataclass
+class HeadPairArguments(PairArguments):
+    """The pair and its acceptance prediction head(s), `--head`: for the commands that read a head."""
+
+    head: list[str] = common_field("head", default_factory=list, help=(
+        "the acceptance prediction head: a folder or Hub id (evaluate takes several and compares them)"))
+
+    def single_head(self) -> str | None:
+        """The one head given (None without one); ValueError for several."""
+        if len(self.head) > 1:
+            raise ValueError(f"this command takes one --head, got {len(self.head)}: {' '.join(self.head)}")
+        return self.head[0] if self.head else None
 
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | str | None:
@@ -120,12 +156,6 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, 
                          f"they do not belong together (pass the tokenizer of {name})")
 
 
-def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
-    """Raise ValueError unless target and draft score the same vocabulary: speculative decoding
-    compares their distributions token by token."""
-    checks.check_same_vocab(vocab_size(target), vocab_size(draft))
-
-
 def model_device(model: PreTrainedModel) -> torch.device:
     """Where the model's inputs go (its embedding layer's device, also under a device_map)."""
     return model.get_input_embeddings().weight.device
@@ -135,7 +165,12 @@ def last_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, attentio
     """The model's last-layer (final-norm) hidden states `[batch, seq, hidden]` for right- or
     left-padded input, the state the acceptance head reads. Only the last position's logits are
     computed: the output layer would otherwise cost as much as a small draft's body."""
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
                 output_hidden_states=True, logits_to_keep=1, use_cache=False)
     return out.hidden_states[-1]
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids `[batch, seq]` for right- or left-padded rows: each real token's index among the
+    real tokens of its row (padding gets 0), so that padding shifts no token's position."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)

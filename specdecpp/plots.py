@@ -15,9 +15,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on the machines this runs on
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # not pyplot: files only, and no backend chosen for the whole process
 
 
 def _series(summary: list[dict]) -> dict[str, list[dict]]:
@@ -62,7 +60,8 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 def plot_pareto(summary: list[dict], path: str | Path, title: str = "") -> Path:
     """Save the discarded-tokens vs target-calls figure (PNG) to `path` and return the path."""
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig = Figure(figsize=(7, 5))
+    ax = fig.subplots()
     points = []
     for name, rows in _series(summary).items():
         xs = [r["discarded_per_token"] for r in rows]
@@ -84,7 +83,8 @@ def plot_pareto(summary: list[dict], path: str | Path, title: str = "") -> Path:
 
 def plot_speedup(summary: list[dict], path: str | Path, title: str = "") -> Path:
     """Save the speedup vs `ada` threshold figure (PNG) to `path` and return the path."""
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig = Figure(figsize=(7, 5))
+    ax = fig.subplots()
     ada_curves: dict[str, list[dict]] = {}
     for row in summary:
         if row["schedule"] == "ada":
@@ -92,7 +92,7 @@ def plot_speedup(summary: list[dict], path: str | Path, title: str = "") -> Path
     for name, ada in ada_curves.items():
         ada.sort(key=lambda r: r["stop_threshold"])
         ax.plot([r["stop_threshold"] for r in ada], [r["speedup"] for r in ada], marker="o", label=name)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, row in enumerate(_fastest_per_family(summary)):
         ax.axhline(row["speedup"], linestyle="--", linewidth=1, color=colors[(i + len(ada_curves)) % len(colors)],
                    label=f"{row['method']} ({row['speedup']:.2f}x)")
@@ -115,7 +115,7 @@ def _fastest_per_family(summary: list[dict]) -> list[dict]:
 
 
 def _finish(fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> Path:
-    """Label, save as PNG and close the figure."""
+    """Label the figure and save it as PNG."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -124,7 +124,6 @@ def _finish(fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> 
     path = Path(path)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 

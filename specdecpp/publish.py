@@ -1,6 +1,6 @@
 """Publish a trained head on the Hugging Face Hub, and only the head.
 
-    specdecpp push HEAD_DIR REPO_ID [--private] [--token TOKEN] [--revision BRANCH]
+    specdecpp push HEAD REPO_ID [--private] [--token TOKEN] [--revision BRANCH]
     python specdecpp/train.py ... --push_to_hub --hub_model_id REPO_ID   (the same, at the end of training)
 
 What goes up: the weights, `config.json`, the model card (`README.md`), `custom_generate/` (so
@@ -9,17 +9,16 @@ and the head's evidence when the folder has it: calibration reports (`calibratio
 `card.json`) and reliability diagrams (`*.png`). Nothing else: no draft weights, no optimizer,
 scheduler or RNG state, no `training_args.bin`, no `checkpoint-*` folders, no cached hidden states.
 The files are staged in a temporary folder (with `custom_generate/` rewritten by the installed
-specdecpp and the model card completed with what the folder holds: the stored threshold, the
-calibration figures, a `generate` example) and handed to `HfApi.upload_folder`. Loading a
+specdecpp and the model card rendered afresh from the staged config and files by
+`specdecpp.head_folder`: the pair, the stored threshold, the calibration figures, the `generate`
+examples naming the repo) and handed to `HfApi.upload_folder`. Loading a
 published head is the ordinary `AcceptancePredictionHead.from_pretrained(REPO_ID)`.
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -29,80 +28,35 @@ from huggingface_hub import HfApi
 
 from specdecpp.checks import read_head_config
 from specdecpp.cli import input_errors
-from specdecpp.head_folder import write_custom_generate
+from specdecpp.head_folder import write_head_files
 from specdecpp.models import load_head
 
 # Top-level files of a head folder that are published; everything else stays home.
-PUBLISHED = ("config.json", "model.safetensors", "pytorch_model.bin", "README.md", "card.json", "calibration*.json",
+PUBLISHED = ("config.json", "model.safetensors", "pytorch_model.bin", "card.json", "recipe.yaml", "calibration*.json",
              "*.png")
-SECTION = re.compile(r"^## +(.+?) *$", re.MULTILINE)
 
 
 def published_files(head_dir: str | os.PathLike) -> list[str]:
-    """The files of `head_dir` that `push_head` publishes besides `custom_generate/` (which it
-    writes afresh): weights, config, model card, calibration reports and diagrams. Sorted names."""
+    """The files of `head_dir` that `push_head` publishes besides `custom_generate/` and the model
+    card (which it renders afresh): weights, config, card facts, calibration reports and diagrams.
+    Sorted names."""
     names = [p.name for p in Path(head_dir).iterdir() if p.is_file()]
     return sorted(n for n in names if any(fnmatch.fnmatch(n, pattern) for pattern in PUBLISHED))
 
 
-def card_facts(head_dir: str | os.PathLike) -> dict:
-    """What the model card can show from the folder besides the head's config (whose stored
-    threshold the card shows anyway): calibration figures (`calibration*.json`, as
-    `specdecpp.calibration --output_json` writes them, and `card.json`'s `calibration` section),
-    the diagrams, and the pair when `card.json` names it."""
-    folder = Path(head_dir)
-    calibration, pair = {}, {}
-    for path in sorted(folder.glob("calibration*.json")):
-        calibration[path.stem] = _figures(json.loads(path.read_text(encoding="utf-8")))
-    if (folder / "card.json").is_file():  # the embedded head's record: its pair and calibration sections
-        card = json.loads((folder / "card.json").read_text(encoding="utf-8"))
-        sections = card.get("calibration") or {}
-        calibration |= {name: _figures(value) for name, value in sections.items() if isinstance(value, dict)}
-        pair = {f"{role}_model": card[role] for role in ("draft", "target") if isinstance(card.get(role), str)}
-    return {**pair,
-            "calibration": {name: figures for name, figures in calibration.items() if figures},
-            "calibration_plots": sorted(p.name for p in folder.glob("*.png"))}
-
-
-def _figures(report: dict) -> dict[str, float | int]:
-    """The scalar figures of a calibration report, rounded for a table."""
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in report.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def complete_card(existing: str | None, rendered: str) -> str:
-    """The model card to publish: `rendered` when the folder has none, else the folder's own card
-    with every `## section` of `rendered` whose title it lacks appended (a card written at training
-    time gains the calibration and threshold found later; a hand-written one keeps its text)."""
-    if not existing:
-        return rendered
-    titles = [t.lower() for t in SECTION.findall(existing)]
-    starts = [m.start() for m in SECTION.finditer(rendered)] + [len(rendered)]
-    missing = [rendered[a:b].rstrip() for a, b in zip(starts, starts[1:])
-               if not any(t.startswith(SECTION.match(rendered, a).group(1).lower()) for t in titles)]
-    return "\n\n".join([existing.rstrip(), *missing]) + "\n"
-
-
 def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id: str | None = None) -> list[str]:
     """Copy what is published from `head_dir` into `staging`, write `custom_generate/` and the
-    completed model card there (the repo id in its examples), and return the staged files'
-    relative paths, sorted. ValueError or FileNotFoundError, saying so, if `head_dir` is not a head
-    (`models.load_head` checks it before loading, so a model folder is not mistaken for one)."""
+    model card rendered from the staged files there (`head_folder.write_head_files`, the repo id in
+    its examples), and return the staged files' relative paths, sorted. ValueError or
+    FileNotFoundError, saying so, if `head_dir` is not a head (`models.load_head` checks it before
+    loading, so a model folder is not mistaken for one)."""
     head_dir, staging = Path(head_dir), Path(staging)
     if not head_dir.is_dir():
         raise FileNotFoundError(f"no head folder at {head_dir}")
-    head = load_head(str(head_dir))
+    load_head(str(head_dir))
     for name in published_files(head_dir):
         shutil.copy2(head_dir / name, staging / name)
-    write_custom_generate(staging)
-    facts = card_facts(head_dir)
-    rendered = str(head.generate_model_card(repo_id=repo_id, **facts))
-    readme = staging / "README.md"
-    existing = readme.read_text(encoding="utf-8") if readme.is_file() else None
-    card = complete_card(existing, rendered)
-    if repo_id:
-        card = card.replace("this-repo-or-folder", repo_id)
-    readme.write_text(card, encoding="utf-8")
+    write_head_files(staging, repo_id)
     return sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
 
 
@@ -121,9 +75,9 @@ def push_head(head_dir: str | os.PathLike, repo_id: str, *, private: bool = Fals
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: `specdecpp push HEAD_DIR REPO_ID [--private] [--token T] [--revision R] [--dry_run]`."""
+    """Command line: `specdecpp push HEAD REPO_ID [--private] [--token T] [--revision R] [--dry_run]`."""
     parser = argparse.ArgumentParser(prog="specdecpp push", description=__doc__.split("\n\n")[0])
-    parser.add_argument("head_dir", help="a head folder (train.py's --output_dir or a checkpoint-* folder)")
+    parser.add_argument("head", help="a head folder (train's --output or a checkpoint-* folder)")
     parser.add_argument("repo_id", help="the Hub model repo, e.g. you/acchead-smollm2-135m-1.7b")
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--token", default=None, help="a Hub token (default: the logged-in one)")
@@ -133,10 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     with input_errors("push"):
         if args.dry_run:
             with tempfile.TemporaryDirectory() as staging:
-                print("\n".join(stage_head(args.head_dir, staging, args.repo_id)))
+                print("\n".join(stage_head(args.head, staging, args.repo_id)))
             return
-        commit = push_head(args.head_dir, args.repo_id, private=args.private, token=args.token, revision=args.revision)
-    print(f"published {args.head_dir} to {getattr(commit, 'commit_url', None) or args.repo_id}")
+        commit = push_head(args.head, args.repo_id, private=args.private, token=args.token, revision=args.revision)
+    print(f"published {args.head} to {getattr(commit, 'commit_url', None) or args.repo_id}")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp.checks import read_head_config
-from specdecpp.costs import StepTimes, measure_costs
+from specdecpp.costs import StepTimes, cost_per_token, flat_spent
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
+from specdecpp.step_timing import measure_costs
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed beside the head
@@ -45,8 +46,9 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
     `draft[i]`, 0 or 1 for greedy records), each drafting `round_length(...)` tokens, at most
     `max_draft` and never past the record's end (a round emits up to `k + 1` tokens), every drafted
     token judged by the head when `judged`. Returns the expected counts, time per token
-    (`StepTimes.round_ms` per round) and cost per token in `unit_ms` (by default one target-alone
-    step of `times`), summing over the positions a round can
+    (`StepTimes.round_ms` per round) and both views of `specdecpp.costs`: `cost_per_token` (measured,
+    in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
+    verifications, `c` from `times`), summing over the positions a round can
     start at, weighted by the probability that one does (for greedy records, the one path)."""
     tokens, target_calls, draft_calls, total_ms = 0, 0.0, 0.0, 0.0
     for acc, pred in zip(accept, predictions):
@@ -66,7 +68,9 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
             starts[pos + k + 1] += reached
         tokens += n
     return {"tokens": tokens, "target_calls": float(target_calls), "draft_calls": float(draft_calls),
-            "ms_per_token": total_ms / tokens, "cost_per_token": total_ms / tokens / (unit_ms or times.target_alone_ms)}
+            "ms_per_token": total_ms / tokens,
+            "cost_per_token": cost_per_token(total_ms, tokens, unit_ms or times.target_alone_ms),
+            "flat_cost_per_token": cost_per_token(flat_spent(target_calls, draft_calls, times.cost_ratio()), tokens)}
 
 
 def ada_length(threshold: float, min_draft: int, scale: list[float] | None = None) -> RoundLength:
@@ -178,7 +182,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
 
 def stored_step_times(path: str) -> tuple[StepTimes, StepTimes]:
     """The step times `(plain, judged)` stored by a threshold choice: in a head folder's config, or
-    in a JSON file holding a selection or a calibration report (`--output_json`) with one."""
+    in a JSON file holding a selection or a calibration report (`--output`) with one."""
     if os.path.isdir(path):
         selection = read_head_config(path).get("threshold_selection") or {}
     else:

@@ -1,36 +1,32 @@
 """Train the acceptance prediction head on the frozen draft's hidden states.
 
-    torchrun --nproc_per_node N specdecpp/train.py --data_path train.jsonl --eval_data_path dev.jsonl \
-        --model_name_or_path DRAFT --output_dir heads/mine --weight_mismatch 6 --resnet_num_layers 3 \
+    torchrun --nproc_per_node N specdecpp/train.py --draft DRAFT [--target TARGET] --records train.jsonl \
+        --eval_records dev.jsonl --output heads/mine --weight_mismatch 6 --resnet_num_layers 3 \
         [--head_alignment proposer|reader] [--cache_hidden_states] [any TrainingArguments flag]
 
-Each record becomes one example laid out for the head's alignment (`specdecpp.head_data`): a
-`proposer` head (the default) reads the draft's state at `tokens[i-1]` of the target's
-continuation plus features of `draft[i]` under the logits there; a `reader` head (the reference's)
-reads the state at `z_i` of `prefix + z`, `z_i` the draft's proposal or, with probability
-`mixing_ratio`, the target's token (label ignored). Either is trained with a weighted BCE on the
-soft label `p_acc[i]` (DESIGN.md section 2); the eval metric is the mean binary KL(label || prediction).
+(the reference's `--model_name_or_path`, `--data_path`, `--eval_data_path`, `--output_dir` work too).
 
-Only the head trains and only the head is saved: `output_dir` and every `checkpoint-*` folder load
+Each record becomes one example laid out for the head's alignment (`specdecpp.head_data`): a
+`proposer` head (the default) reads the draft's state at `tokens[i-1]` of the target's continuation
+plus features of `draft[i]` under the logits there; a `reader` head (the reference's) reads the
+state at `z_i` of `prefix + z`, `z_i` the draft's proposal or, with probability `mixing_ratio`, the
+target's token (label ignored). Either is trained with a weighted BCE on the soft label `p_acc[i]`
+(docs/design.md, Training the head); the eval metric is the mean binary KL(label || prediction).
+
+Only the head trains and only the head is saved: `--output` and every `checkpoint-*` folder load
 with `AcceptancePredictionHead.from_pretrained`, and `--resume_from_checkpoint` continues a run
 (`True`: from the newest complete checkpoint, skipping any whose save was interrupted).
 `--cache_hidden_states` runs the frozen draft once over the data and trains on the stored states.
 """
 from __future__ import annotations
 
-import os
-import sys
-
-if __name__ == "__main__" and not __package__:
-    # run as `python specdecpp/train.py` (torchrun's way): import our modules through the package,
-    # or their folder on sys.path would shadow top-level packages of the same name
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 import fnmatch
 import gc
 import json
+import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,18 +40,19 @@ from transformers.trainer import SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_AR
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalPrediction
 
 from specdecpp.checks import check_head_fits_draft, hidden_size, text_config, vocab_size
-from specdecpp.cli import input_errors
+from specdecpp.cli import common_field, input_errors
 from specdecpp.data_io import read_records
 from specdecpp.head import ALIGNMENTS, FEATURES, AcceptancePredictionHead
 from specdecpp.head_data import IGNORE, examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
-from specdecpp.models import ModelLoadingArguments, load_head, load_model
+from specdecpp.models import PairArguments, load_head, load_model
 from specdecpp.publish import push_head
 
 
 @dataclass
-class ModelArguments(ModelLoadingArguments):
-    model_name_or_path: str | None = field(default=None, metadata={"aliases": ["--draft_name_or_path"],
-        "help": "the draft model whose hidden states the head reads (Hub id, folder, PEFT adapter folder)"})
+class ModelArguments:
+    """The head to train, next to the pair (`PairArguments`): `--draft`, whose hidden states it
+    reads, and `--target`, the one the data was built with, only recorded in the model card."""
+
     resnet_num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
     head_alignment: str = field(default="proposer", metadata={"choices": ALIGNMENTS, "help": (
         "which draft state judges a drafted token: 'proposer' (the forward that proposes it; trained on the "
@@ -67,14 +64,14 @@ class ModelArguments(ModelLoadingArguments):
     head_reads_hidden_states: bool = field(default=True, metadata={"help": (
         "whether the head reads the draft's hidden state; false: a head of the logit features alone "
         "(hidden_size 0 in its config), which fits any draft")})
-    target_model_name: str | None = field(default=None, metadata={"aliases": ["--target_name_or_path"],
-        "help": "the target the data was built with; only recorded in the head's model card"})
 
 
 @dataclass
 class DataArguments:
-    data_path: str | None = field(default=None, metadata={"help": "training records (JSON Lines or the reference's JSON)"})
-    eval_data_path: str | None = field(default=None, metadata={"help": "eval records (reports binary KL)"})
+    records: str | None = common_field("records", aliases=("--data_path",), default=None, help=(
+        "training records (JSON Lines or the reference's JSON)"))
+    eval_records: str | None = common_field("eval_records", default=None, help=(
+        "eval records (reports binary KL)"))
     mixing_ratio: float = field(default=0.15, metadata={
         "help": "reader heads only: probability that a position shows the target's token instead of the draft's "
                 "(its label ignored); a proposer head trains on the target's continuation and needs no mixing"})
@@ -82,6 +79,10 @@ class DataArguments:
 
 @dataclass
 class HeadTrainingArguments(TrainingArguments):
+    # TrainingArguments' own fields, under the common flags as well (`--output`, `--random_seed`)
+    output_dir: str | None = field(default=None, metadata={"aliases": ["--output"], "help": (
+        "the head's folder: the trained head and its checkpoint-* folders go there")})
+    seed: int = common_field("seed", default=42, help="seeds the head's initial weights, the data order and mixing")
     weight_mismatch: float = field(default=6.0, metadata={"help": "weight of the reject side of the BCE"})
     cache_hidden_states: bool = field(default=False, metadata={
         "help": "run the frozen draft once and train on the stored hidden states (fast when the draft is the cost)"})
@@ -205,9 +206,6 @@ class HeadTrainer(Trainer):
             head.load_state_dict({k[len("head."):]: v for k, v in state_dict.items() if k.startswith("head.")})
         evals = [log for log in self.state.log_history if "eval_binary_kl" in log]
         metrics = {k: round(v, 5) for k, v in evals[-1].items() if k.startswith("eval_")} if evals else {}
-        readme = os.path.join(output_dir, "README.md")
-        if os.path.exists(readme):
-            os.remove(readme)  # save_pretrained keeps an existing card; ours has newer metrics
         head.save_pretrained(output_dir, model_card_kwargs=self.card | {"eval_metrics": metrics})
         torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
@@ -257,7 +255,7 @@ def check_head_fits(saved: dict, config: dict, where: str) -> None:
     """ValueError unless a saved head's config (`hidden_size`, `num_layers`, `alignment`,
     `features`) is that of the head being trained."""
     check_head_fits_draft(saved["hidden_size"], config["hidden_size"], f"the head in {where}",
-                          " (use a fresh --output_dir)")
+                          " (use a fresh --output)")
     for key, flag in (("num_layers", "--resnet_num_layers"), ("alignment", "--head_alignment"),
                       ("features", "--head_features"), ("hidden_size", "--head_reads_hidden_states")):
         theirs, ours = AcceptancePredictionHead(saved).config.get(key), config.get(key)
@@ -333,19 +331,22 @@ def resolve_checkpoint(args: HeadTrainingArguments) -> str | None:
     return value
 
 
-def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTrainingArguments) -> HeadTrainer:
-    """Train a head as the command line does; returns the Trainer (its model's `.head` is trained,
-    and `args.output_dir` holds the saved head). Bad settings and bad data fail before the draft loads."""
-    if not model_args.model_name_or_path or not data_args.data_path:
-        raise ValueError("--model_name_or_path (the draft) and --data_path are required")
+def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArguments,
+          args: HeadTrainingArguments) -> HeadTrainer:
+    """Train a head for `pair`'s draft as the command line does; returns the Trainer (its model's
+    `.head` is trained, and `args.output_dir` holds the saved head). Bad settings and bad data fail
+    before the draft loads."""
+    pair.require("draft")
+    if not data_args.records:
+        raise ValueError("--records (the training records) is required")
     if not 0 <= data_args.mixing_ratio < 1:
         raise ValueError(f"--mixing_ratio must be in [0, 1), got {data_args.mixing_ratio}")
     if args.weight_mismatch <= 0 or model_args.resnet_num_layers < 0:
         raise ValueError(f"need --weight_mismatch > 0 and --resnet_num_layers >= 0, got {args.weight_mismatch}, "
                          f"{model_args.resnet_num_layers}")
-    train_records = read_records(data_args.data_path)
-    eval_records = read_records(data_args.eval_data_path) if data_args.eval_data_path else None
-    hidden_size = draft_hidden_size(model_args.model_name_or_path, model_args.trust_remote_code)
+    train_records = read_records(data_args.records)
+    eval_records = read_records(data_args.eval_records) if data_args.eval_records else None
+    hidden_size = draft_hidden_size(pair.draft, pair.trust_remote_code)
     head_config = head_config_from(model_args, hidden_size)
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
@@ -356,8 +357,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTraini
                              "was interrupted): resume from an earlier checkpoint, or pass True to take the newest "
                              "complete one")
 
-    draft = load_model(model_args.model_name_or_path, model_args.torch_dtype, model_args.device_map,
-                       model_args.trust_remote_code)
+    draft = load_model(pair.draft, **pair.loading())
     check_data_fits_draft(train_records + (eval_records or []), draft)
     set_seed(args.seed)  # the head's initial weights, like everything else, follow --seed
     head = AcceptancePredictionHead(head_config)
@@ -378,8 +378,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTraini
     else:
         model = HeadOnDraft(head, draft)
 
-    card = {"draft_model": model_args.model_name_or_path, "target_model": model_args.target_model_name,
-            "training_data": ", ".join(p for p in (data_args.data_path, data_args.eval_data_path) if p)}
+    card = {"draft": pair.draft, "target": pair.target,
+            "training_data": ", ".join(p for p in (data_args.records, data_args.eval_records) if p)}
     trainer = HeadTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
                           data_collator=pad_batch, compute_metrics=compute_metrics, card=card)
     trainer.train(resume_from_checkpoint=checkpoint)
@@ -392,12 +392,15 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: HeadTraini
     return trainer
 
 
+FLAGS = (PairArguments, ModelArguments, DataArguments, HeadTrainingArguments)  # the command's flags, in --help's order
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line: `python specdecpp/train.py --help` (all TrainingArguments flags work)."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, HeadTrainingArguments))
+    parser = HfArgumentParser(FLAGS)
     with input_errors("train"):
-        model_args, data_args, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
-        trainer = train(model_args, data_args, args)
+        flags = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        trainer = train(*flags)
     release_process_group(trainer)
 
 
@@ -417,4 +420,9 @@ def release_process_group(trainer: Trainer) -> None:
 
 
 if __name__ == "__main__":
+    if not __package__:
+        # run as `python specdecpp/train.py` (torchrun's way): Python put this folder first on
+        # sys.path, where our modules would shadow top-level packages of the same names for what the
+        # run imports from here on; the package itself comes from its install (`pip install -e .`)
+        del sys.path[0]
     main()

@@ -3,7 +3,7 @@
 `specdecpp zoo build` (or `python -m specdecpp.zoo build`) trains, from the interpreter's own
 standard-library source (`specdecpp.stdlib_corpus`), a byte-level BPE tokenizer, a Llama target
 and a much cheaper Llama draft that shares the tokenizer, then saves both as ordinary Hugging
-Face model folders (`<output_dir>/target`, `<output_dir>/draft`, each with the tokenizer) and
+Face model folders (`<output>/target`, `<output>/draft`, each with the tokenizer) and
 writes a card (`README.md` and `card.json`) with the corpus, sizes, steps, time and the
 figures measured on held-out standard-library functions and on HumanEval prompts.
 
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specdecpp import stdlib_corpus
+from specdecpp.cli import common_field
 from specdecpp.metrics import measure_cost_ratio
 
 EOS = "<|endoftext|>"
@@ -39,10 +40,11 @@ EOS = "<|endoftext|>"
 @dataclass
 class ZooArguments:
     """Options of `specdecpp zoo build`; every one is recorded in the card."""
-    output_dir: str = "checkpoints/zoo"
-    device: str = "cpu"  # "cuda" with a larger budget trains a stronger pair
-    seed: int = 0
-    threads: int = 0  # torch CPU threads for training; 0 keeps torch's default
+    output: str = common_field("output", aliases=("--output_dir",), default="checkpoints/zoo",
+                               help="the folder the pair (target/, draft/) and its card go to")
+    device: str = common_field("device", default="cpu", help="'cuda' with a larger budget trains a stronger pair")
+    seed: int = common_field("seed", default=0, help="seeds the models' initialisation and the training batches")
+    threads: int = 0  # torch CPU threads the command sets for training; 0 keeps torch's default
     max_train_files: int = 0  # 0 uses every train file; tests use a few
     vocab_size: int = 4096
     seq_len: int = 512  # training window; also the longest context the pair is evaluated at
@@ -409,14 +411,11 @@ def build_command(args: ZooArguments) -> str:
 
 
 def build(args: ZooArguments) -> dict:
-    """Run the whole build into `args.output_dir` and return the card."""
+    """Run the whole build into `args.output` and return the card."""
     from transformers import LlamaForCausalLM
 
     build_start = time.perf_counter()
-    torch.manual_seed(args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.output_dir)
+    out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
 
     texts = train_texts(args)
@@ -424,7 +423,9 @@ def build(args: ZooArguments) -> dict:
     stream = encode_corpus(tokenizer, texts)
     print(f"corpus: {len(texts)} train files, {len(stream):,} tokens, vocabulary {len(tokenizer)}", flush=True)
 
-    target = LlamaForCausalLM(llama_config(args, args.target_layers, tokenizer))
+    with torch.random.fork_rng(devices=[]):  # the initialisation follows the seed; the process's generator is kept
+        torch.manual_seed(args.seed)
+        target = LlamaForCausalLM(llama_config(args, args.target_layers, tokenizer))
     target_log = train_lm(target, lm_loss, stream, args, args.target_steps, args.target_minutes, args.target_lr,
                        "target", args.seed)
     draft, draft_log = distill_draft(target, tokenizer, stream, args)
@@ -452,15 +453,20 @@ def build(args: ZooArguments) -> dict:
     return card
 
 
+FLAGS = (ZooArguments,)  # the command's flags
+
+
 def main(argv: list[str] | None = None) -> None:
     """`specdecpp zoo build [--option value ...]`: build the zoo pair (see `ZooArguments`)."""
     from transformers import HfArgumentParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "build":
-        sys.exit("usage: specdecpp zoo build [--output_dir DIR] [--device cpu|cuda] [options]; "
+        sys.exit("usage: specdecpp zoo build [--output DIR] [--device cpu|cuda] [options]; "
                  "see `specdecpp zoo build --help`")
-    (args,) = HfArgumentParser(ZooArguments).parse_args_into_dataclasses(args=argv[1:])
+    (args,) = HfArgumentParser(FLAGS).parse_args_into_dataclasses(args=argv[1:])
+    if args.threads:
+        torch.set_num_threads(args.threads)
     build(args)
 
 

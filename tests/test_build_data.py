@@ -10,9 +10,10 @@ import torch
 from conftest import free_port, tiny_llama, tiny_tokenizer, write_prompts
 
 import specdecpp.build_data as build_module
-from specdecpp.build_data import BuildDataArguments, build_batch, build_data, main, trim_at_eos
+from specdecpp.build_data import BuildDataArguments, build_batch, build_data, main
+from specdecpp.checks import trim_at_eos
 from specdecpp.data_io import read_records
-from specdecpp.models import load_model
+from specdecpp.models import PairArguments, load_model
 from specdecpp.sampling import logits_to_probs, make_warpers
 
 N_PROMPTS, MAX_NEW = 7, 8
@@ -28,9 +29,9 @@ def loaded(pair_dirs):
     return tuple(load_model(d) for d in pair_dirs)
 
 
-def args_for(pair_dirs, prompts_file, out, **kw) -> BuildDataArguments:
-    return BuildDataArguments(target_name=pair_dirs[0], draft_name=pair_dirs[1], dataset=prompts_file,
-                              output_file=str(out), max_new_tokens=kw.pop("max_new_tokens", MAX_NEW), **kw)
+def args_for(pair_dirs, prompts_file, out, **kw) -> tuple[PairArguments, BuildDataArguments]:
+    return PairArguments(target=pair_dirs[0], draft=pair_dirs[1]), BuildDataArguments(
+        prompts=prompts_file, output=str(out), max_new_tokens=kw.pop("max_new_tokens", MAX_NEW), **kw)
 
 
 def assert_same_records(path_a, path_b):
@@ -54,7 +55,7 @@ def teacher_forced(model, prefix, tokens):
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_greedy_records_match_recomputation(pair_dirs, prompts_file, loaded, tmp_path, batch_size):
-    build_data(args_for(pair_dirs, prompts_file, tmp_path / "out.jsonl", batch_size=batch_size))
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "out.jsonl", batch_size=batch_size))
     records = read_records(tmp_path / "out.jsonl")
     target, draft = loaded
     tokenizer = tiny_tokenizer()
@@ -79,7 +80,7 @@ def test_greedy_records_match_recomputation(pair_dirs, prompts_file, loaded, tmp
 
 def test_sampling_records_match_recomputation(pair_dirs, prompts_file, loaded, tmp_path):
     settings = dict(do_sample=True, temperature=0.8, top_k=20, batch_size=3, seed=5)
-    build_data(args_for(pair_dirs, prompts_file, tmp_path / "a.jsonl", **settings))
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "a.jsonl", **settings))
     records = read_records(tmp_path / "a.jsonl")
     target, draft = loaded
     warpers = make_warpers(0.8, 20, 1.0)
@@ -97,9 +98,9 @@ def test_sampling_records_match_recomputation(pair_dirs, prompts_file, loaded, t
               [0, len(r["prefix"]):].tolist() for r in records]
     assert any(trim_at_eos(g, {2}) != r["tokens"] for g, r in zip(greedy, records))
     # seeded: the same settings give the same file, another seed another one
-    build_data(args_for(pair_dirs, prompts_file, tmp_path / "b.jsonl", **settings))
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "b.jsonl", **settings))
     assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
-    build_data(args_for(pair_dirs, prompts_file, tmp_path / "c.jsonl", **(settings | {"seed": 6})))
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "c.jsonl", **(settings | {"seed": 6})))
     assert (tmp_path / "a.jsonl").read_text() != (tmp_path / "c.jsonl").read_text()
 
 
@@ -118,7 +119,7 @@ def test_continuations_stop_at_eos(loaded):
 
 
 def test_interrupted_build_resumes_without_loss_or_duplicates(pair_dirs, prompts_file, tmp_path, monkeypatch):
-    build_data(args_for(pair_dirs, prompts_file, tmp_path / "full.jsonl", batch_size=2))
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "full.jsonl", batch_size=2))
     out = tmp_path / "resumed.jsonl"
     calls = {"n": 0}
     real_build_batch = build_module.build_batch
@@ -131,7 +132,7 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(pair_dirs, prompts
 
     monkeypatch.setattr(build_module, "build_batch", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        build_data(args_for(pair_dirs, prompts_file, out, batch_size=2))
+        build_data(*args_for(pair_dirs, prompts_file, out, batch_size=2))
     assert not out.exists(), "an unfinished build must not leave a file that looks complete"
     shard = tmp_path / "resumed.jsonl.parts" / "rank0.jsonl"
     assert len(shard.read_text().splitlines()) == 4
@@ -139,8 +140,8 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(pair_dirs, prompts
         f.write('{"index": 4, "prompt": "cut sh')
     monkeypatch.setattr(build_module, "build_batch", real_build_batch)
     with pytest.raises(ValueError, match="--overwrite"):  # other settings: refuse to mix them in
-        build_data(args_for(pair_dirs, prompts_file, out, batch_size=2, max_new_tokens=5))
-    stats = build_data(args_for(pair_dirs, prompts_file, out, batch_size=3))  # batch size may change
+        build_data(*args_for(pair_dirs, prompts_file, out, batch_size=2, max_new_tokens=5))
+    stats = build_data(*args_for(pair_dirs, prompts_file, out, batch_size=3))  # batch size may change
     assert stats["new_tokens"] <= (N_PROMPTS - 4) * MAX_NEW
     assert_same_records(out, tmp_path / "full.jsonl")
     assert not (tmp_path / "resumed.jsonl.parts").exists()
@@ -150,17 +151,17 @@ def test_existing_output_is_refused_unless_overwrite(pair_dirs, prompts_file, tm
     out = tmp_path / "out.jsonl"
     out.write_text("precious\n")
     with pytest.raises(ValueError, match="--overwrite"):
-        build_data(args_for(pair_dirs, prompts_file, out, n_end=2))
+        build_data(*args_for(pair_dirs, prompts_file, out, n_end=2))
     assert out.read_text() == "precious\n"
-    build_data(args_for(pair_dirs, prompts_file, out, n_begin=2, n_end=4, overwrite=True))
+    build_data(*args_for(pair_dirs, prompts_file, out, n_begin=2, n_end=4, overwrite=True))
     assert [r["index"] for r in read_records(out)] == [2, 3]
 
 
 @pytest.mark.parametrize("bad", [{"max_new_tokens": 0}, {"temperature": 0.0}, {"top_p": 1.5},
-                                 {"prompt_format": "alpaca"}, {"output_file": "x.json"}])
+                                 {"prompt_format": "alpaca"}, {"output": "x.json"}])
 def test_bad_arguments_fail_before_loading(pair_dirs, prompts_file, tmp_path, bad):
     with pytest.raises(ValueError):
-        args_for(pair_dirs, prompts_file, bad.pop("output_file", tmp_path / "o.jsonl"), **bad)
+        args_for(pair_dirs, prompts_file, bad.pop("output", tmp_path / "o.jsonl"), **bad)
 
 
 def test_a_run_refused_by_a_check_leaves_nothing_and_the_corrected_rerun_is_accepted(pair_dirs, prompts_file,
@@ -169,10 +170,10 @@ def test_a_run_refused_by_a_check_leaves_nothing_and_the_corrected_rerun_is_acce
     tiny_llama(vocab_size=80).save_pretrained(other)
     out = tmp_path / "out.jsonl"
     with pytest.raises(ValueError, match=r"vocabulary \(64\) and draft vocabulary \(80\) differ"):
-        build_data(BuildDataArguments(target_name=pair_dirs[0], draft_name=str(other), dataset=prompts_file,
-                                      output_file=str(out), max_new_tokens=MAX_NEW, n_end=2))
+        build_data(PairArguments(target=pair_dirs[0], draft=str(other)),
+                   BuildDataArguments(prompts=prompts_file, output=str(out), max_new_tokens=MAX_NEW, n_end=2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other_draft"], "a refused run writes nothing"
-    build_data(args_for(pair_dirs, prompts_file, out, n_end=2))  # the corrected rerun, without --overwrite
+    build_data(*args_for(pair_dirs, prompts_file, out, n_end=2))  # the corrected rerun, without --overwrite
     assert [r["index"] for r in read_records(out)] == [0, 1]
 
 
@@ -182,12 +183,13 @@ def test_a_draft_with_recurrent_layers_is_refused(pair_dirs, prompts_file, tmp_p
     recurrent = tmp_path / "jamba_draft"
     tiny_recurrent("jamba").save_pretrained(recurrent)
     with pytest.raises(ValueError, match=r"the draft \(JambaForCausalLM\) has recurrent layers"):
-        build_data(BuildDataArguments(target_name=pair_dirs[0], draft_name=str(recurrent), dataset=prompts_file,
-                                      output_file=str(tmp_path / "out.jsonl"), max_new_tokens=MAX_NEW, n_end=2))
+        build_data(PairArguments(target=pair_dirs[0], draft=str(recurrent)),
+                   BuildDataArguments(prompts=prompts_file, output=str(tmp_path / "out.jsonl"), max_new_tokens=MAX_NEW,
+                                      n_end=2))
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--output_file", "x.json"], "output_file must end in .jsonl"),
+    (["--output_file", "x.json"], "--output must end in .jsonl"),
     (["--output_file", "x.jsonl", "--dataset", "no/such.jsonl"], "no prompt file at no/such.jsonl"),
 ])
 def test_the_command_reports_bad_input_in_one_line(pair_dirs, flags, message):
@@ -198,7 +200,7 @@ def test_the_command_reports_bad_input_in_one_line(pair_dirs, flags, message):
 
 def test_torchrun_two_ranks_build_the_same_file(pair_dirs, prompts_file, tmp_path):
     single = tmp_path / "single.jsonl"
-    build_data(args_for(pair_dirs, prompts_file, single, batch_size=2))
+    build_data(*args_for(pair_dirs, prompts_file, single, batch_size=2))
     out = tmp_path / "ranks.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "specdecpp.build_data", "--target_name", pair_dirs[0], "--draft_name", pair_dirs[1],

@@ -89,7 +89,7 @@ def test_a_reader_head_is_refused_for_choosing_a_threshold_before_any_scoring(pa
                                        f"and {tmp_path / 'head'} is a reader head")
 
 
-@pytest.mark.parametrize("flag", ["--plot_path", "--output_json"])
+@pytest.mark.parametrize("flag", ["--plot_path", "--output"])
 def test_an_output_in_a_missing_folder_is_refused_before_any_scoring(pair_dirs, tmp_path, no_scoring, monkeypatch,
                                                                      flag):
     monkeypatch.setattr(calibration, "read_records", lambda path: pytest.fail("the records were read"))

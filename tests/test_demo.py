@@ -9,6 +9,7 @@ import torch
 from conftest import write_prompts
 
 from specdecpp import demo
+from specdecpp.costs import FLAT_COST
 from specdecpp.evaluation import settings
 from specdecpp.head import AcceptancePredictionHead
 
@@ -31,7 +32,7 @@ def flags(dirs, *extra: str) -> list[str]:
 
 
 def test_demo_tunes_on_other_prompts_then_prints_five_methods(demo_dirs, capsys):
-    demo.main(flags(demo_dirs, "--prompts", "2", "--tune_prompts", "2", "--constant_ks", "1", "3",
+    demo.main(flags(demo_dirs, "--num_prompts", "2", "--tune_prompts", "2", "--constant_ks", "1", "3",
                     "--confidence_thresholds", "0.4", "0.6", "--stop_threshold", "0.2", "0.9"))
     out = capsys.readouterr().out
     summary = json.loads((demo_dirs["out"] / "summary.json").read_text())
@@ -48,15 +49,15 @@ def test_demo_tunes_on_other_prompts_then_prints_five_methods(demo_dirs, capsys)
         assert chosen == min(rows, key=lambda row: row["cost_per_token"])["method"]
     records = json.loads((demo_dirs["out"] / "results_2to4.json").read_text())
     assert sorted({r["id"] for r in records}) == [2, 3]  # the tuning prompts 0 and 1 are not scored
-    assert "chosen by the lowest cost per token" in summary["chosen"] and "0-1" in summary["chosen"]
+    assert f"chosen by the lowest {FLAT_COST}" in summary["chosen"] and "0-1" in summary["chosen"]
     assert summary["greedy_check"].startswith("greedy check passed")
-    for line in (summary["table"], summary["chosen"], summary["greedy_check"], f"SpecDec++ ({methods[4]}): cost per",
+    for line in (summary["table"], summary["chosen"], summary["greedy_check"], f"SpecDec++ ({methods[4]}): {FLAT_COST} ",
                  "against our dynamic at its best confidence"):
         assert line in out
 
 
 def test_the_stored_threshold_needs_no_tuning(demo_dirs):
-    demo.main(flags(demo_dirs, "--prompts", "2", "--tune_prompts", "1", "--constant_ks", "2",
+    demo.main(flags(demo_dirs, "--num_prompts", "2", "--tune_prompts", "1", "--constant_ks", "2",
                     "--confidence_thresholds", "0.4"))
     summary = json.loads((demo_dirs["out"] / "summary.json").read_text())
     ada = summary["summary"][4]
@@ -77,11 +78,11 @@ def test_a_missing_pair_is_named(demo_dirs, tmp_path):
 def test_too_few_prompts_is_refused_before_loading_a_model(demo_dirs, monkeypatch):
     monkeypatch.setattr(settings, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit, match="has only 6 prompts; need more than --tune_prompts 6"):
-        demo.main(flags(demo_dirs, "--tune_prompts", "6", "--prompts", "1"))
+        demo.main(flags(demo_dirs, "--tune_prompts", "6", "--num_prompts", "1"))
 
 
 def test_outside_a_checkout_the_demo_says_where_the_pair_is_expected(demo_dirs, tmp_path, monkeypatch):
     zoo = tmp_path / "checkpoints" / "zoo"
     monkeypatch.setattr(settings, "ZOO_DIR", zoo)
-    with pytest.raises(SystemExit, match=r"expected in .*--model_name TARGET --assistant_name DRAFT"):
+    with pytest.raises(SystemExit, match=r"expected in .*--target TARGET --draft DRAFT"):
         demo.main(flags(demo_dirs) + ["--model_name", str(zoo / "target"), "--assistant_name", str(zoo / "draft")])

@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 import types
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -33,28 +34,40 @@ def eval_dirs(pair_dirs, tmp_path_factory):
             "head_other": str(root / "head_other"), "prompts": write_prompts(root / "prompts.jsonl", 4)}
 
 
-def make_args(dirs, tmp_path, **overrides) -> ev.EvaluationArguments:
-    settings = dict(model_name=dirs["target"], assistant_name=dirs["draft"], assist_acc_head_dir=[dirs["head"]],
-                    data_path=dirs["prompts"], save_path=str(tmp_path / "out"), max_new_tokens=10,
-                    cost_steps_per_prompt=2, warmup_tokens=4, progress=False)
-    return ev.EvaluationArguments(**{**settings, **overrides})
+class Run(types.SimpleNamespace):
+    """An evaluation's values (pair, method grid, decoding, prompt source, run options), by kind."""
+
+    def evaluate(self) -> dict:
+        return ev.evaluate(self.pair, self.grid, self.decoding.settings(), self.source, self.run)
+
+
+def make_args(dirs, tmp_path, **overrides) -> Run:
+    """The values of an evaluation of the tiny pair, each setting overridden by its flag's name."""
+    settings = dict(target=dirs["target"], draft=dirs["draft"], head=[dirs["head"]], prompts=dirs["prompts"],
+                    output=str(tmp_path / "out"), max_new_tokens=10, cost_steps_per_prompt=2, warmup_tokens=4,
+                    progress=False) | overrides
+    kinds = (ev.HeadPairArguments, ev.MethodGrid, ev.DecodingArguments, ev.PromptSource, ev.RunOptions)
+    values = [cls(**{f.name: settings.pop(f.name) for f in fields(cls) if f.name in settings}) for cls in kinds]
+    assert not settings, f"no such setting: {settings}"
+    return Run(**dict(zip(("pair", "grid", "decoding", "source", "run"), values)))
 
 
 # -- flags -> methods ---------------------------------------------------------------------------
 def test_flags_give_one_method_per_schedule_and_knob_value():
-    args, _ = ev.parse_args(["--num_assistant_tokens_schedule", "constant", "ada", "heuristic", "dynamic",
-                             "--num_assistant_tokens", "2", "4", "--stop_threshold", "0.1", "0.5",
-                             "--baselines", "target", "hf:heuristic", "hf:dynamic"])
-    names = [spec.name for spec in ev.method_specs(args)]
+    pair, grid, *_ = ev.parse_args(["--num_assistant_tokens_schedule", "constant", "ada", "heuristic", "dynamic",
+                                    "--num_assistant_tokens", "2", "4", "--stop_threshold", "0.1", "0.5",
+                                    "--baselines", "target", "hf:heuristic", "hf:dynamic", "--head", "heads/v2"])
+    names = [spec.name for spec in ev.method_specs(grid, pair.head)]
     assert names == ["target", "hf:heuristic@K=2", "hf:dynamic", "specdecpp:constant@K=2", "specdecpp:constant@K=4",
                      "specdecpp:ada@0.1", "specdecpp:ada@0.5", "specdecpp:heuristic@K=2", "specdecpp:dynamic"]
 
 
 def test_several_heads_thresholds_and_confidences_are_methods_of_their_own():
-    args, _ = ev.parse_args(["--schedule", "ada", "dynamic", "--assist_acc_head_dir", "heads/v2", "heads/reference",
-                             "--stop_threshold", "0.5", "auto", "--assistant_confidence_threshold", "0.2", "0.6",
-                             "--baselines", "target", "hf:dynamic"])
-    specs = ev.method_specs(args)
+    pair, grid, *_ = ev.parse_args(["--schedule", "ada", "dynamic", "--assist_acc_head_dir", "heads/v2",
+                                    "heads/reference", "--stop_threshold", "0.5", "auto",
+                                    "--assistant_confidence_threshold", "0.2", "0.6", "--baselines", "target",
+                                    "hf:dynamic"])
+    specs = ev.method_specs(grid, pair.head)
     assert [spec.name for spec in specs] == [
         "target", "hf:dynamic", "specdecpp:ada[v2]@0.5", "specdecpp:ada[v2]@auto", "specdecpp:ada[reference]@0.5",
         "specdecpp:ada[reference]@auto", "specdecpp:dynamic@0.2", "specdecpp:dynamic@0.6"]
@@ -63,19 +76,19 @@ def test_several_heads_thresholds_and_confidences_are_methods_of_their_own():
 
 
 def test_target_alone_always_runs_and_none_means_baselines_only():
-    args, _ = ev.parse_args(["--schedule", "none", "--baselines", "draft"])
-    assert [spec.name for spec in ev.method_specs(args)] == ["target", "draft"]
+    pair, grid, *_ = ev.parse_args(["--schedule", "none", "--baselines", "draft"])
+    assert [spec.name for spec in ev.method_specs(grid, pair.head)] == ["target", "draft"]
 
 
 def test_hf_settings_turn_the_confidence_stop_off_except_for_dynamic():
-    args = ev.EvaluationArguments(assistant_confidence_threshold=[0.25, 0.5])
-    constant, dynamic = methods._knob_specs("hf", "constant", args)[0], methods._knob_specs("hf", "dynamic", args)[0]
-    assert ev.hf_assistant_settings(constant, args) == {
+    grid = ev.MethodGrid(assistant_confidence_threshold=[0.25, 0.5])
+    constant, dynamic = (methods._knob_specs("hf", schedule, grid, [])[0] for schedule in ("constant", "dynamic"))
+    assert ev.hf_assistant_settings(constant) == {
         "num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
-    assert ev.hf_assistant_settings(dynamic, args) == {
+    assert ev.hf_assistant_settings(dynamic) == {
         "num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.25}
     with pytest.raises(ValueError, match="no 'ada' schedule"):
-        ev.hf_assistant_settings(ev.MethodSpec("hf:ada", "hf", "ada"), args)
+        ev.hf_assistant_settings(ev.MethodSpec("hf:ada", "hf", "ada"))
 
 
 # -- bad input: a clear error, before any model is loaded ---------------------------------------
@@ -93,20 +106,20 @@ def no_model_loading(monkeypatch):
     (dict(num_assistant_tokens=[3, 0]), ValueError, "--num_assistant_tokens must be >= 1"),
     (dict(dynamic_num_assistant_tokens=0), ValueError, "--dynamic_num_assistant_tokens must be >= 1"),
     (dict(assistant_confidence_threshold=[1.5]), ValueError, r"--assistant_confidence_threshold must be in \[0, 1\]"),
-    (dict(data_path="no-such-set"), ValueError, "unknown prompt set 'no-such-set'"),
-    (dict(data_path="missing/prompts.jsonl"), FileNotFoundError, "no prompt file"),
-    (dict(assist_acc_head_dir=["HEAD_OTHER"]), ValueError, "trained for another draft"),
-    (dict(assist_acc_head_dir=["/no/such/head"]), FileNotFoundError, "no head folder"),
+    (dict(prompts="no-such-set"), ValueError, "unknown prompt set 'no-such-set'"),
+    (dict(prompts="missing/prompts.jsonl"), FileNotFoundError, "no prompt file"),
+    (dict(head=["HEAD_OTHER"]), ValueError, "trained for another draft"),
+    (dict(head=["/no/such/head"]), FileNotFoundError, "no head folder"),
     (dict(stop_threshold=["auto"]), ValueError, "has one"),
     (dict(stop_threshold=["high"]), ValueError, "--stop_threshold"),
-    (dict(assistant_name="/no/such/draft"), FileNotFoundError, "no model folder"),
+    (dict(draft="/no/such/draft"), FileNotFoundError, "no model folder"),
     (dict(schedule=["oracle"], do_sample=True), ValueError, "greedy decoding only"),
 ])
 def test_bad_input_is_refused_before_loading(eval_dirs, tmp_path, no_model_loading, overrides, error, message):
-    if overrides.get("assist_acc_head_dir") == ["HEAD_OTHER"]:
-        overrides["assist_acc_head_dir"] = [eval_dirs["head_other"]]
+    if overrides.get("head") == ["HEAD_OTHER"]:
+        overrides["head"] = [eval_dirs["head_other"]]
     with pytest.raises(error, match=message):
-        ev.evaluate(make_args(eval_dirs, tmp_path, **overrides))
+        make_args(eval_dirs, tmp_path, **overrides).evaluate()
 
 
 def test_models_with_different_vocabularies_are_refused(eval_dirs, tmp_path, no_model_loading):
@@ -115,7 +128,7 @@ def test_models_with_different_vocabularies_are_refused(eval_dirs, tmp_path, no_
     other = tmp_path / "other_draft"
     tiny_llama(vocab_size=80).save_pretrained(other)
     with pytest.raises(ValueError, match=r"vocabulary \(64\) and draft vocabulary \(80\) differ"):
-        ev.evaluate(make_args(eval_dirs, tmp_path, assistant_name=str(other)))
+        make_args(eval_dirs, tmp_path, draft=str(other)).evaluate()
 
 
 def test_a_draft_with_recurrent_layers_is_refused(eval_dirs, tmp_path):
@@ -124,14 +137,14 @@ def test_a_draft_with_recurrent_layers_is_refused(eval_dirs, tmp_path):
     recurrent = tmp_path / "jamba_draft"
     tiny_recurrent("jamba").save_pretrained(recurrent)
     with pytest.raises(ValueError, match=r"the draft \(JambaForCausalLM\) has recurrent layers"):
-        ev.evaluate(make_args(eval_dirs, tmp_path, assistant_name=str(recurrent), schedule=["constant"]))
+        make_args(eval_dirs, tmp_path, draft=str(recurrent), schedule=["constant"]).evaluate()
 
 
-def test_a_save_path_that_cannot_be_written_is_refused(eval_dirs, tmp_path, no_model_loading):
+def test_an_output_that_cannot_be_written_is_refused(eval_dirs, tmp_path, no_model_loading):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    with pytest.raises(ValueError, match="cannot write results to --save_path"):
-        ev.evaluate(make_args(eval_dirs, tmp_path, save_path=str(blocker / "out")))
+    with pytest.raises(ValueError, match="cannot write results to --output"):
+        make_args(eval_dirs, tmp_path, output=str(blocker / "out")).evaluate()
 
 
 def test_the_script_reports_bad_input_in_one_line():
@@ -153,18 +166,17 @@ def test_rounds_are_read_off_the_target_forward_passes():
 
 @pytest.fixture(scope="module")
 def pair(eval_dirs):
-    args = ev.EvaluationArguments(model_name=eval_dirs["target"], assistant_name=eval_dirs["draft"],
-                                  assist_acc_head_dir=[eval_dirs["head"]])
-    return ev.load_pair(args, ev.ModelLoadingArguments(), tokenizer=None, need_head=True)
+    names = ev.HeadPairArguments(target=eval_dirs["target"], draft=eval_dirs["draft"], head=[eval_dirs["head"]])
+    return ev.load_pair(names, tokenizer=None, need_head=True)
 
 
 def test_hf_constant_counts_equal_our_engine_round_by_round(pair):
-    args = ev.EvaluationArguments(max_new_tokens=20)
+    decoding = ev.DecodingSettings(max_new_tokens=20)
     prompt = ev.Prompt(0, "", [1, 5, 9, 14, 30], 20)
     spec = lambda engine: ev.MethodSpec(f"{engine}:constant@K=3", engine, "constant", num_assistant_tokens=3)
-    ours = ev.build_method(spec("specdecpp"), pair, args).generate(prompt, 0)
-    theirs = ev.build_method(spec("hf"), pair, args).generate(prompt, 0)
-    target = ev.build_method(ev.MethodSpec("target", None, "none"), pair, args).generate(prompt, 0)
+    ours = ev.build_method(spec("specdecpp"), pair, decoding).generate(prompt, 0)
+    theirs = ev.build_method(spec("hf"), pair, decoding).generate(prompt, 0)
+    target = ev.build_method(ev.MethodSpec("target", None, "none"), pair, decoding).generate(prompt, 0)
     assert len(theirs.tokens) == 20 and theirs.tokens == target.tokens == ours.tokens
     assert theirs.accepted_lengths == ours.accepted_lengths
     assert (theirs.target_calls, theirs.discarded_tokens) == (ours.target_calls, ours.discarded_tokens)
@@ -177,7 +189,7 @@ def test_hf_constant_counts_equal_our_engine_round_by_round(pair):
 def test_hf_methods_leave_the_draft_generation_config_alone(pair):
     before = pair.draft.generation_config.to_dict()
     spec = ev.MethodSpec("hf:heuristic@K=2", "hf", "heuristic", num_assistant_tokens=2)
-    ev.build_method(spec, pair, ev.EvaluationArguments()).generate(ev.Prompt(0, "", [1, 5, 9], 12), 0)
+    ev.build_method(spec, pair, ev.DecodingSettings()).generate(ev.Prompt(0, "", [1, 5, 9], 12), 0)
     assert pair.draft.generation_config.to_dict() == before
 
 
@@ -185,8 +197,8 @@ def test_hf_methods_leave_the_draft_generation_config_alone(pair):
 def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
     args = make_args(eval_dirs, tmp_path, schedule=["constant", "ada"], stop_threshold=[0.2, 0.6],
                      num_assistant_tokens=[3], baselines=["target", "draft", "hf:dynamic"], n_end=3)
-    document = ev.evaluate(args)
-    out = Path(args.save_path)
+    document = args.evaluate()
+    out = Path(args.run.output)
     records = json.loads((out / "results_0to3.json").read_text())
     methods = ["target", "draft", "hf:dynamic", "specdecpp:constant@K=3", "specdecpp:ada@0.2", "specdecpp:ada@0.6"]
     assert [r["method"] for r in records] == methods * 3
@@ -223,23 +235,23 @@ def test_sampling_runs_are_seeded_per_prompt_and_not_greedy_checked(eval_dirs, t
     args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[2],
                      baselines=["target", "hf:constant"], do_sample=True, temperature=0.8, top_k=20, n_end=2,
                      plots=False)
-    first = ev.evaluate(args)
+    first = args.evaluate()
     records = json.loads(Path(first["records_file"]).read_text())
     assert all(r["matches_target"] is None for r in records) and first["greedy_check"] is None
-    args.overwrite = True
-    again = json.loads(Path(ev.evaluate(args)["records_file"]).read_text())
+    args.run.overwrite = True
+    again = json.loads(Path(args.evaluate()["records_file"]).read_text())
     assert [r["tokens"] for r in again] == [r["tokens"] for r in records]  # same seeds, same samples
 
 
 def test_resume_keeps_finished_prompts_and_runs_only_the_rest(eval_dirs, tmp_path):
     args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[2],
                      baselines=["target"], n_end=3, plots=False)
-    full = json.loads(Path(ev.evaluate(args)["records_file"]).read_text())
+    full = json.loads(Path(args.evaluate()["records_file"]).read_text())
     interrupted = [dict(r, spec_time=-1.0) for r in full if r["id"] == 0]  # marked: must survive as saved
-    path = Path(args.save_path) / "results_0to3.json"
+    path = Path(args.run.output) / "results_0to3.json"
     path.write_text(json.dumps(interrupted))
-    args.resume = True
-    resumed = json.loads(Path(ev.evaluate(args)["records_file"]).read_text())
+    args.run.resume = True
+    resumed = json.loads(Path(args.evaluate()["records_file"]).read_text())
     assert [(r["id"], r["method"]) for r in resumed] == [(r["id"], r["method"]) for r in full]
     assert [r["spec_time"] for r in resumed[:2]] == [-1.0, -1.0] and all(r["spec_time"] > 0 for r in resumed[2:])
     assert [r["tokens"] for r in resumed] == [r["tokens"] for r in full]
@@ -248,39 +260,39 @@ def test_resume_keeps_finished_prompts_and_runs_only_the_rest(eval_dirs, tmp_pat
 def test_resume_refuses_records_of_other_methods_before_loading_a_model(eval_dirs, tmp_path, monkeypatch):
     args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[2],
                      baselines=["target"], n_end=2, plots=False)
-    ev.evaluate(args)
-    args.num_assistant_tokens, args.resume = [3], True
+    args.evaluate()
+    args.grid.num_assistant_tokens, args.run.resume = [3], True
     monkeypatch.setattr(settings, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="other methods than this run"):
-        ev.evaluate(args)
+        args.evaluate()
 
 
 def test_a_rerun_without_resume_or_overwrite_keeps_the_finished_records(eval_dirs, tmp_path, no_model_loading):
     args = make_args(eval_dirs, tmp_path, n_end=2)
-    path = Path(args.save_path) / "results_0to2.json"
+    path = Path(args.run.output) / "results_0to2.json"
     path.parent.mkdir()
     path.write_text('[{"id": 0, "method": "target", "prefix": [1]}]')
     with pytest.raises(ValueError, match=f"{path} holds the records of an earlier run: pass --resume .* --overwrite"):
-        ev.evaluate(args)
+        args.evaluate()
     assert path.read_text() == '[{"id": 0, "method": "target", "prefix": [1]}]'
-    args.resume = args.overwrite = True
+    args.run.resume = args.run.overwrite = True
     with pytest.raises(ValueError, match="pass one of them"):
-        ev.evaluate(args)
-    args.resume = False
+        args.evaluate()
+    args.run.resume = False
     with pytest.raises(AssertionError, match="a model was loaded"):  # --overwrite goes on to run
-        ev.evaluate(args)
+        args.evaluate()
 
 
 def test_a_damaged_results_file_is_named_with_the_way_out(eval_dirs, tmp_path, no_model_loading):
     args = make_args(eval_dirs, tmp_path, n_end=2, resume=True)
-    path = Path(args.save_path) / "results_0to2.json"
+    path = Path(args.run.output) / "results_0to2.json"
     path.parent.mkdir()
     for damaged, why in (('[{"id": 0, "method": "tar', "Unterminated string"), ('{"id": 0}', "not a list of records")):
         path.write_text(damaged)
         with pytest.raises(SystemExit) as exit_:
-            ev.main(["--model_name", args.model_name, "--assistant_name", args.assistant_name, "--assist_acc_head_dir",
-                     args.assist_acc_head_dir[0], "--data_path", args.data_path, "--n_end", "2", "--save_path",
-                     args.save_path, "--resume"])
+            ev.main(["--model_name", args.pair.target, "--assistant_name", args.pair.draft, "--assist_acc_head_dir",
+                     args.pair.head[0], "--data_path", args.source.prompts, "--n_end", "2", "--save_path",
+                     args.run.output, "--resume"])
         assert exit_.value.code.startswith(f"specdecpp evaluate: error: results file {path} is damaged ({why}")
         assert exit_.value.code.endswith("rerun with --overwrite to start again, or restore it")
 
@@ -292,9 +304,9 @@ def test_a_run_that_fails_before_saving_leaves_no_save_path_behind(eval_dirs, tm
     shutil.copytree(eval_dirs["target"], target)
     weights = target / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    args = make_args(eval_dirs, tmp_path, model_name=str(target), save_path=str(tmp_path / "new" / "out"), n_end=2)
+    args = make_args(eval_dirs, tmp_path, target=str(target), output=str(tmp_path / "new" / "out"), n_end=2)
     with pytest.raises(ValueError, match=f"damaged weights file {weights} "):
-        ev.evaluate(args)
+        args.evaluate()
     assert not (tmp_path / "new").exists()
 
 
@@ -353,35 +365,9 @@ def test_outside_a_checkout_a_missing_embedded_pair_says_where_and_what_to_do(ev
                                                                             no_model_loading):
     zoo = tmp_path / "site-packages" / "checkpoints" / "zoo"  # what a non-editable install would look for
     monkeypatch.setattr(settings, "ZOO_DIR", zoo)
-    args = make_args(eval_dirs, tmp_path, model_name=str(zoo / "target"), assistant_name=str(zoo / "draft"))
+    args = make_args(eval_dirs, tmp_path, target=str(zoo / "target"), draft=str(zoo / "draft"))
     with pytest.raises(FileNotFoundError) as error:
-        ev.evaluate(args)
+        args.evaluate()
     message = str(error.value)
     assert f"no model folder at {zoo / 'draft'}" in message and f"expected in {zoo}" in message
-    assert "--model_name TARGET --assistant_name DRAFT --assist_acc_head_dir HEAD" in message
-
-
-# -- one flag name for the draft, the target and the head, in every command ----------------------
-@pytest.mark.parametrize("module, dataclass_name, fields", [
-    ("specdecpp.evaluation.settings", "EvaluationArguments", ("model_name", "assistant_name", "assist_acc_head_dir")),
-    ("specdecpp.demo", "DemoArguments", ("model_name", "assistant_name", "assist_acc_head_dir")),
-    ("specdecpp.build_data", "BuildDataArguments", ("target_name", "draft_name", None)),
-    ("specdecpp.train", "ModelArguments", ("target_model_name", "model_name_or_path", None)),
-    ("specdecpp.calibration", "CalibrationArguments", ("target", "draft", "head")),
-])
-def test_every_command_takes_the_common_flags(module, dataclass_name, fields):
-    import importlib
-
-    from transformers import HfArgumentParser
-
-    cls = getattr(importlib.import_module(module), dataclass_name)
-    parser = HfArgumentParser(cls)
-    values = {"--target_name_or_path": "T", "--draft_name_or_path": "D", "--head_name_or_path": "H"}
-    argv = [arg for flag, field_name in zip(values, fields) if field_name for arg in (flag, values[flag])]
-    argv += {"BuildDataArguments": ["--dataset", "humaneval", "--output_file", "x.jsonl"],
-             "CalibrationArguments": ["--data_path", "x.jsonl"]}.get(dataclass_name, [])
-    (parsed,) = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)[:1]
-    for flag, field_name in zip(values, fields):
-        if field_name:
-            value = getattr(parsed, field_name)
-            assert value == values[flag] or value == [values[flag]], (flag, field_name, value)
+    assert "--target TARGET --draft DRAFT --head HEAD" in message

@@ -5,9 +5,10 @@ import pytest
 import torch
 from conftest import tiny_llama, tiny_tokenizer
 
+from specdecpp.checks import check_same_vocab, vocab_size
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.models import (check_same_vocab, check_tokenizer, last_hidden_states, load_head, load_model,
-                              load_tokenizer, parse_dtype)
+from specdecpp.models import (check_tokenizer, last_hidden_states, load_head, load_model, load_tokenizer, parse_dtype,
+                              positions_from_mask)
 
 
 def test_folder_loads_with_dtype_in_eval_mode(pair_dirs):
@@ -67,9 +68,9 @@ def test_tokenizer_and_model_vocabularies_must_fit():
     check_tokenizer(tokenizer, tiny_llama(vocab_size=128))  # padded embeddings are fine
     with pytest.raises(ValueError, match="tokenizer has 64 tokens"):
         check_tokenizer(tokenizer, tiny_llama(vocab_size=48))
-    check_same_vocab(tiny_llama(seed=0), tiny_llama(seed=1))
+    check_same_vocab(vocab_size(tiny_llama(seed=0)), vocab_size(tiny_llama(seed=1)))
     with pytest.raises(ValueError, match="vocabulary"):
-        check_same_vocab(tiny_llama(vocab_size=64), tiny_llama(vocab_size=80))
+        check_same_vocab(vocab_size(tiny_llama(vocab_size=64)), vocab_size(tiny_llama(vocab_size=80)))
 
 
 def test_last_hidden_states_ignore_padding(tiny_pair):
@@ -83,6 +84,12 @@ def test_last_hidden_states_ignore_padding(tiny_pair):
     torch.testing.assert_close(left[:, 2:], alone)
     torch.testing.assert_close(right[:, :4], alone)
     torch.testing.assert_close(alone, final)
+
+
+def test_positions_count_real_tokens_only():
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])
+    assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2]]
+    assert positions_from_mask(mask.bool()).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2]]
 
 
 def cut_short(path) -> None:

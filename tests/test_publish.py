@@ -13,7 +13,7 @@ from huggingface_hub import HfApi
 from test_train import data_files, run  # noqa: F401  (data_files is a fixture)
 
 from specdecpp import cli
-from specdecpp.head_folder import CUSTOM_GENERATE_FILES
+from specdecpp.head_folder import CUSTOM_GENERATE_FILES, card_facts, render_card
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.publish import push_head, stage_head
 
@@ -54,7 +54,7 @@ def trained_folder(root: Path) -> tuple[Path, AcceptancePredictionHead]:
     for p in head.parameters():
         torch.nn.init.normal_(p)
     folder = root / "head"
-    head.save_pretrained(folder, model_card_kwargs={"draft_model": "tiny-draft", "target_model": "tiny-target",
+    head.save_pretrained(folder, model_card_kwargs={"draft": "tiny-draft", "target": "tiny-target",
                                                     "training_data": "train.jsonl", "eval_metrics": {"eval_binary_kl": 0.4}})
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"stop_threshold": 0.65}))
@@ -74,7 +74,7 @@ def test_push_hands_over_the_head_files_only(tmp_path, hub):
     assert hub["create_repo"] == [{"repo_id": "me/acchead", "private": True, "exist_ok": True, "repo_type": "model"}]
     (upload,) = hub["upload_folder"]
     assert upload["repo_id"] == "me/acchead"
-    assert upload["files"] == sorted(HEAD_FILES | {"calibration.json", "reliability.png"})
+    assert upload["files"] == sorted(HEAD_FILES | {"card.json", "calibration.json", "reliability.png"})
     for key, value in head.state_dict().items():
         torch.testing.assert_close(upload["head"].state_dict()[key], value)
     card = upload["card"]
@@ -88,7 +88,7 @@ def test_the_push_command(tmp_path, hub, capsys):
     folder, _ = trained_folder(tmp_path)
     cli.main(["push", str(folder), "me/acchead", "--dry_run"])
     listed = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("Loading weights")]
-    assert set(listed) == HEAD_FILES | {"calibration.json", "reliability.png"} and not hub["upload_folder"]
+    assert set(listed) == HEAD_FILES | {"card.json", "calibration.json", "reliability.png"} and not hub["upload_folder"]
     cli.main(["push", str(folder), "me/acchead"])
     assert hub["create_repo"][0]["private"] is False and hub["upload_folder"][0]["files"] == sorted(listed)
     with pytest.raises(SystemExit) as exit_:
@@ -105,17 +105,15 @@ def test_pushing_a_folder_that_is_not_a_head_says_so_and_creates_no_repo(pair_di
     assert not hub["create_repo"] and not hub["upload_folder"]
 
 
-def test_a_hand_written_card_keeps_its_text_and_gains_the_generate_example(tmp_path):
+def test_the_published_card_is_rendered_from_the_folder(tmp_path):
     files = stage_head(ZOO_HEAD, tmp_path, "me/zoo-head")
     assert set(files) >= HEAD_FILES | {"card.json", "reliability.png"}
-    original = (ZOO_HEAD / "README.md").read_text().replace("this-repo-or-folder", "me/zoo-head")
     card = (tmp_path / "README.md").read_text()
-    assert card.startswith(original.rstrip()) and card.count("## Use from transformers") == 1
+    assert card == render_card(json.loads((ZOO_HEAD / "config.json").read_text()), card_facts(ZOO_HEAD), "me/zoo-head")
     config = json.loads((ZOO_HEAD / "config.json").read_text())
-    assert f"Stored threshold: {config['stop_threshold']}" in card
+    assert f"Stored threshold: {config['stop_threshold']}" in card and card.count("## Use from transformers") == 1
     assert f"bound={tuple(config['threshold_selection']['bound'])}" in card  # the bound it was chosen for
-    assert card.count("## Calibration") == original.count("## Calibration")  # not repeated under another title
-    assert 'custom_generate="me/zoo-head"' in card
+    assert 'custom_generate="me/zoo-head"' in card and "this-repo-or-folder" not in card
 
 
 def test_train_push_to_hub_publishes_only_the_head(pair_dirs, data_files, tmp_path, hub):  # noqa: F811

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import set_seed
 
 from specdecpp.head import AcceptancePredictionHead, logit_features
-from specdecpp.models import load_model
+from specdecpp.models import PairArguments, load_model
 from specdecpp.train import (IGNORE, DataArguments, HeadTrainingArguments, ModelArguments, acceptance_loss, binary_kl,
                              latest_complete_checkpoint, main, make_example, train)
 
@@ -48,13 +48,13 @@ def data_files(tmp_path_factory):
 
 
 def run(pair_dirs, data_files, output_dir, **kw):
-    model_args = ModelArguments(model_name_or_path=kw.pop("draft", pair_dirs[1]), resnet_num_layers=kw.pop("layers", 2),
-                                target_model_name="tiny-target", head_alignment=kw.pop("alignment", "proposer"))
-    data_args = DataArguments(data_path=data_files[0], eval_data_path=data_files[1], mixing_ratio=0.2)
+    pair = PairArguments(draft=kw.pop("draft", pair_dirs[1]), target="tiny-target")
+    model_args = ModelArguments(resnet_num_layers=kw.pop("layers", 2), head_alignment=kw.pop("alignment", "proposer"))
+    data_args = DataArguments(records=data_files[0], eval_records=data_files[1], mixing_ratio=0.2)
     settings = dict(output_dir=str(output_dir), num_train_epochs=2, per_device_train_batch_size=4, learning_rate=5e-2,
                     report_to="none", save_strategy="steps", save_steps=3, logging_steps=1, seed=0, use_cpu=True,
                     disable_tqdm=True, eval_strategy="no", weight_mismatch=3.0)
-    return train(model_args, data_args, HeadTrainingArguments(**(settings | kw)))
+    return train(pair, model_args, data_args, HeadTrainingArguments(**(settings | kw)))
 
 
 def test_loss_equals_hand_computation():
@@ -129,8 +129,8 @@ def test_head_learns_what_the_judging_state_determines(pair_dirs, tmp_path, alig
         paths.append(tmp_path / f"{name}.jsonl")
         paths[-1].write_text("".join(json.dumps(r | {"p_acc": teacher_p_acc(draft, teacher, r)}) + "\n"
                                      for r in synthetic_records(n, seed)))
-    trainer = train(ModelArguments(model_name_or_path=pair_dirs[1], resnet_num_layers=1, head_alignment=alignment),
-                    DataArguments(data_path=str(paths[0]), eval_data_path=str(paths[1]), mixing_ratio=0.0),
+    trainer = train(PairArguments(draft=pair_dirs[1]), ModelArguments(resnet_num_layers=1, head_alignment=alignment),
+                    DataArguments(records=str(paths[0]), eval_records=str(paths[1]), mixing_ratio=0.0),
                     HeadTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=10, learning_rate=5e-2,
                                           per_device_train_batch_size=4, weight_mismatch=1.0, report_to="none",
                                           save_strategy="no", use_cpu=True, disable_tqdm=True, cache_hidden_states=True))
@@ -204,7 +204,7 @@ def test_resuming_from_a_named_incomplete_checkpoint_is_refused_before_loading(p
 def test_the_command_reports_bad_input_in_one_line(tmp_path):
     with pytest.raises(SystemExit) as exit_:
         main(["--output_dir", str(tmp_path), "--use_cpu", "True", "--report_to", "none"])
-    assert exit_.value.code == "specdecpp train: error: --model_name_or_path (the draft) and --data_path are required"
+    assert exit_.value.code == "specdecpp train: error: --draft is required"
 
 
 def test_resuming_a_head_of_another_draft_or_alignment_is_refused(pair_dirs, data_files, tmp_path):
@@ -237,7 +237,7 @@ def test_bad_data_and_settings_fail_before_training(pair_dirs, data_files, tmp_p
     with pytest.raises(ValueError, match="another tokenizer"):
         run(pair_dirs, (str(big), data_files[1]), tmp_path / "o")
     with pytest.raises(ValueError, match="mixing_ratio"):
-        train(ModelArguments(model_name_or_path=pair_dirs[1]), DataArguments(data_path=data_files[0], mixing_ratio=1.0),
+        train(PairArguments(draft=pair_dirs[1]), ModelArguments(), DataArguments(records=data_files[0], mixing_ratio=1.0),
               HeadTrainingArguments(output_dir=str(tmp_path / "o"), use_cpu=True))
 
 

@@ -20,7 +20,7 @@ MICRO = dict(max_train_files=8, vocab_size=400, seq_len=64, width=64, target_lay
 def micro_build(tmp_path_factory):
     """(output folder, card) of a micro build: a few files, a few steps, a few prompts."""
     out = tmp_path_factory.mktemp("zoo")
-    card = zoo.build(zoo.ZooArguments(output_dir=str(out), **MICRO))
+    card = zoo.build(zoo.ZooArguments(output=str(out), **MICRO))
     return out, card
 
 

@@ -14,13 +14,14 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.evaluation.methods import Counts, MethodSpec, sampling_kwargs
-from specdecpp.evaluation.settings import EvaluationArguments, Pair, Prompt
+from specdecpp.evaluation.settings import Pair, Prompt
 
 HF_SCHEDULES = ("constant", "heuristic", "dynamic")
 
 
-def hf_assistant_settings(spec: MethodSpec, args: EvaluationArguments) -> dict:
+def hf_assistant_settings(spec: MethodSpec) -> dict:
     """Hugging Face's assistant generation settings for one of its schedules. Its `dynamic` is
     the `constant` schedule (at most K) with the confidence stop; a zero threshold turns that
     stop off for the other two, which would otherwise inherit the 0.4 default."""
@@ -32,14 +33,15 @@ def hf_assistant_settings(spec: MethodSpec, args: EvaluationArguments) -> dict:
             "assistant_confidence_threshold": spec.assistant_confidence_threshold if dynamic else 0.0}
 
 
-def hf_assisted_generate(spec: MethodSpec, pair: Pair, args: EvaluationArguments) -> Callable[[Prompt, int], Counts]:
-    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules. It reads the
+def hf_assisted_generate(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Callable[[Prompt, int], Counts]:
+    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules, sampling as
+    `decoding` says (its length is set per prompt). It reads the
     schedule from the draft's generation config, so each method owns a copy of that config and
     swaps it in for its calls (Hugging Face's `heuristic` carries its K from call to call inside
     that copy, as it does for a user; `dynamic` moves its threshold by ROC within a call)."""
     target, draft = pair.target, pair.draft
     config = copy.deepcopy(draft.generation_config)
-    for name, value in hf_assistant_settings(spec, args).items():
+    for name, value in hf_assistant_settings(spec).items():
         setattr(config, name, value)
     eos = target.generation_config.eos_token_id
     pad = target.generation_config.pad_token_id
@@ -54,7 +56,7 @@ def hf_assisted_generate(spec: MethodSpec, pair: Pair, args: EvaluationArguments
         with _generation_config(draft, config), count_forwards(target) as target_calls, \
                 count_forwards(draft) as draft_calls:
             sequences = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
-                                        max_new_tokens=prompt.max_new_tokens, **sampling_kwargs(args), **extra)
+                                        max_new_tokens=prompt.max_new_tokens, **sampling_kwargs(decoding), **extra)
         tokens = sequences[0, len(prompt.ids):].tolist()
         accepted, drafted = rounds_from_target_calls(target_calls, len(prompt.ids), len(tokens))
         return Counts(tokens, len(target_calls), len(draft_calls), sum(drafted) - sum(accepted), accepted)

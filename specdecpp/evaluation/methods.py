@@ -1,7 +1,7 @@
 """The methods an evaluation compares, and our engine's adapter.
 
 A method is named `target`, `draft`, `specdecpp:<schedule>[@...]` or `hf:<schedule>[@...]`;
-`method_specs` turns the flags into one `MethodSpec` per schedule and knob value, and
+`method_specs` turns a `MethodGrid` into one `MethodSpec` per schedule and knob value, and
 `engine_generate` runs a spec through `speculative_generate`, counting what it cost. Hugging
 Face's assisted generation has its own adapter in `hf_baselines`.
 """
@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.decoding import decode
 from specdecpp.decoding_settings import DecodingSettings
-from specdecpp.evaluation.settings import EvaluationArguments, Prompt, may_store_threshold
+from specdecpp.evaluation.settings import MethodGrid, Prompt, may_store_threshold
 from specdecpp.head import AcceptancePredictionHead
 
 
@@ -52,42 +52,43 @@ class Method:
     generate: Callable[[Prompt, int], Counts]  # (prompt, seed) -> counts
 
 
-def method_specs(args: EvaluationArguments) -> list[MethodSpec]:
-    """The methods the flags ask for: baselines first, then one per schedule and knob value."""
+def method_specs(grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
+    """The methods of the grid, ada's with each of `heads`: baselines first, then one per schedule
+    and knob value."""
     specs = [MethodSpec("target", None, "none")]
-    if "draft" in args.baselines:
+    if "draft" in grid.baselines:
         specs.append(MethodSpec("draft", None, "none"))
     for schedule in ("constant", "heuristic", "dynamic"):
-        if f"hf:{schedule}" in args.baselines:
-            specs += _knob_specs("hf", schedule, args)
-    for schedule in dict.fromkeys(args.schedule):
+        if f"hf:{schedule}" in grid.baselines:
+            specs += _knob_specs("hf", schedule, grid, heads)
+    for schedule in dict.fromkeys(grid.schedule):
         if schedule != "none":
-            specs += _knob_specs("specdecpp", schedule, args)
+            specs += _knob_specs("specdecpp", schedule, grid, heads)
     return specs
 
 
-def _knob_specs(engine: str, schedule: str, args: EvaluationArguments) -> list[MethodSpec]:
-    """One spec per K (constant), per threshold (ada), or a single one."""
+def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
+    """One spec per K (constant), per head and threshold (ada), or a single one."""
     if schedule == "constant":
         return [MethodSpec(f"{engine}:constant@K={k}", engine, schedule, num_assistant_tokens=k)
-                for k in dict.fromkeys(args.num_assistant_tokens)]
+                for k in dict.fromkeys(grid.num_assistant_tokens)]
     if schedule == "heuristic":  # it adapts K itself: one starting point is enough
-        k = args.num_assistant_tokens[0]
+        k = grid.num_assistant_tokens[0]
         return [MethodSpec(f"{engine}:heuristic@K={k}", engine, schedule, num_assistant_tokens=k)]
     if schedule == "ada":
-        heads = list(dict.fromkeys(args.assist_acc_head_dir))
+        heads = list(dict.fromkeys(heads))
         # "auto" runs with every head that stores a threshold (see `may_store_threshold`)
         return [MethodSpec(f"{engine}:ada" + (f"[{head_label(head)}]" if len(heads) > 1 else "")
                            + f"@{t if t == 'auto' else format(float(t), 'g')}", engine, schedule,
                            stop_threshold=t if t == "auto" else float(t), head=head)
-                for head in heads for t in dict.fromkeys(args.stop_threshold)
+                for head in heads for t in dict.fromkeys(grid.stop_threshold)
                 if t != "auto" or may_store_threshold(head)]
     if schedule == "dynamic":
-        confidences = list(dict.fromkeys(args.assistant_confidence_threshold))
+        confidences = list(dict.fromkeys(grid.assistant_confidence_threshold))
         if engine == "hf":  # it moves its threshold itself: one starting point is enough
             confidences = confidences[:1]
         return [MethodSpec(f"{engine}:dynamic" + (f"@{c:g}" if len(confidences) > 1 else ""), engine, schedule,
-                           num_assistant_tokens=args.dynamic_num_assistant_tokens, assistant_confidence_threshold=c)
+                           num_assistant_tokens=grid.dynamic_num_assistant_tokens, assistant_confidence_threshold=c)
                 for c in confidences]
     return [MethodSpec(f"{engine}:{schedule}", engine, schedule)]
 
@@ -97,28 +98,28 @@ def head_label(head_dir: str) -> str:
     return Path(head_dir.rstrip("/")).name
 
 
-def sampling_kwargs(args: EvaluationArguments) -> dict:
-    """The sampling keyword arguments of `generate` and `speculative_generate` the flags ask for."""
-    return dict(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) if args.do_sample \
-        else dict(do_sample=False)
+def sampling_kwargs(decoding: DecodingSettings) -> dict:
+    """The sampling keyword arguments of Hugging Face's `generate` for these settings."""
+    return dict(do_sample=True, temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p) \
+        if decoding.do_sample else dict(do_sample=False)
 
 
 def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
-                    args: EvaluationArguments) -> DecodingSettings:
-    """The engine's decoding settings for `spec` (its schedule and knobs, `head` for ada) under the
-    flags' bound and sampling settings; `max_new_tokens` is set per prompt."""
+                    decoding: DecodingSettings) -> DecodingSettings:
+    """The engine's decoding settings for `spec`: `decoding` (bound, sampling) with the spec's
+    schedule and knobs, and `head` for ada; `max_new_tokens` is set per prompt."""
     knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
                                ("stop_threshold", spec.stop_threshold),
                                ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
-    return DecodingSettings(schedule=spec.schedule, head=head, bound=tuple(args.bound), **knobs, **sampling_kwargs(args))
+    return replace(decoding, schedule=spec.schedule, head=head, **knobs)
 
 
 def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,
                     head: AcceptancePredictionHead | None,
-                    args: EvaluationArguments) -> Callable[[Prompt, int], Counts]:
+                    decoding: DecodingSettings) -> Callable[[Prompt, int], Counts]:
     """Our engine with `spec`'s schedule; a model alone (`schedule="none"`) runs through the same
     loop, its forward passes counted as target calls for the target and draft calls for the draft."""
-    settings = method_settings(spec, head, args)
+    settings = method_settings(spec, head, decoding)
     alone_is_draft = spec.engine is None and spec.name == "draft"
 
     def generate(prompt: Prompt, seed: int) -> Counts:

@@ -3,27 +3,29 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from specdecpp import metrics, plots
 from specdecpp.data_io import write_json
-from specdecpp.evaluation.settings import EvaluationArguments, Prompt
+from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.evaluation.settings import Prompt
 
 
-def report(records: list[dict], cost: dict, args: EvaluationArguments, title: str = "", **extra) -> dict:
-    """Summarize `records`, print the table and the greedy verdict, save `summary.json` (with
-    `extra` entries, atomically) and the figures in `--save_path`. Returns the summary document."""
+def report(records: list[dict], cost: dict, output: str | Path, title: str = "", figures: bool = True,
+           settings: dict | None = None, **extra) -> dict:
+    """Summarize `records`, print the table and the greedy verdict, save `summary.json` (with the
+    run's `settings` and `extra` entries, atomically) and, when `figures`, the figures in the folder
+    `output`. Returns the summary document."""
     summary = metrics.summarize(records, cost["cost_ratio"])
     table = metrics.format_table(summary, cost["cost_ratio"])
     verdict = metrics.greedy_verdict(summary, records)
-    save_path = Path(args.save_path)
+    save_path = Path(output)
     save_path.mkdir(parents=True, exist_ok=True)
     document = {"title": title, "prompts": len({r["id"] for r in records}), "summary": summary, "table": table,
-                "greedy_check": verdict, "cost": cost, **extra, "settings": asdict(args), "machine": machine_info()}
-    if args.plots:
+                "greedy_check": verdict, "cost": cost, **extra, "settings": settings or {}, "machine": machine_info()}
+    if figures:
         document["figures"] = [str(plots.plot_pareto(summary, save_path / "pareto.png", title)),
                                str(plots.plot_speedup(summary, save_path / "speedup_vs_threshold.png", title))]
     write_json(save_path / "summary.json", document, indent=1)
@@ -41,9 +43,9 @@ def machine_info() -> dict:
 
 
 
-def run_title(args: EvaluationArguments, prompts: list[Prompt]) -> str:
+def run_title(source: str, prompts: list[Prompt], decoding: DecodingSettings) -> str:
     """What a run measured, in a few words: `humaneval prompts 0-163, greedy, 128 new tokens`."""
-    decoding = f"sampled (temperature {args.temperature:g})" if args.do_sample else "greedy"
-    return f"{args.data_path} prompts {prompts[0].id}-{prompts[-1].id}, {decoding}, {args.max_new_tokens} new tokens"
+    how = f"sampled (temperature {decoding.temperature:g})" if decoding.do_sample else "greedy"
+    return f"{source} prompts {prompts[0].id}-{prompts[-1].id}, {how}, {decoding.max_new_tokens} new tokens"
 
 

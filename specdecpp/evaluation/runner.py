@@ -3,8 +3,9 @@
 `Evaluation` is the public way to run one: it checks the settings and reads the prompts when
 made, loads the pair on first use, and `measure`s and `report`s any methods on any of its
 prompts (the demo tunes on some prompts and evaluates on others this way). `evaluate` is the
-whole evaluation the flags describe, with `--resume` keeping the prompts an interrupted run
-finished and, without it, refusing to replace them unless `--overwrite` says so. The records
+whole evaluation of a pair, a method grid, decoding settings, a prompt source and run options,
+with `resume` keeping the prompts an interrupted run finished and, without it, refusing to
+replace them unless `overwrite` says so. The records
 file is replaced atomically after each prompt, so an interruption leaves the last complete one.
 """
 from __future__ import annotations
@@ -13,34 +14,36 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from specdecpp import metrics
+from specdecpp import costs, metrics
 from specdecpp.data_io import write_json
+from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
 from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, method_specs
 from specdecpp.evaluation.report import report, run_title
-from specdecpp.evaluation.settings import (EvaluationArguments, ModelLoadingArguments, Pair, Prompt,
-                                           check_results_replaceable, load_inputs, load_pair, results_file)
+from specdecpp.evaluation.settings import (MethodGrid, Pair, Prompt, PromptSource, RunOptions,
+                                           check_results_replaceable, load_inputs, load_pair, results_file, zoo_pair)
+from specdecpp.models import HeadPairArguments
 
 
-def build_method(spec: MethodSpec, pair: Pair, args: EvaluationArguments) -> Method:
-    """A runnable method for `spec` on `pair`, with the decoding settings of `args`; an ada
-    threshold of "auto" becomes the number stored in the spec's head."""
+def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Method:
+    """A runnable method for `spec` on `pair`, with the bound and sampling settings of `decoding`;
+    an ada threshold of "auto" becomes the number stored in the spec's head."""
     if spec.engine == "hf":
-        return Method(spec, hf_assisted_generate(spec, pair, args))
+        return Method(spec, hf_assisted_generate(spec, pair, decoding))
     if spec.engine is None:
         model = pair.target if spec.name == "target" else pair.draft
-        return Method(spec, engine_generate(spec, model, None, None, args))
+        return Method(spec, engine_generate(spec, model, None, None, decoding))
     head = pair.heads.get(spec.head)
     if head is not None:
         spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold))
-    return Method(spec, engine_generate(spec, pair.target, pair.draft, head, args))
+    return Method(spec, engine_generate(spec, pair.target, pair.draft, head, decoding))
 
 
 # -- the measurement loop -----------------------------------------------------------------------
@@ -53,29 +56,29 @@ def warm_up(methods: list[Method], prompt: Prompt, tokens: int, seed: int) -> No
             method.generate(short, seed)
 
 
-def run_evaluation(methods: list[Method], prompts: list[Prompt], args: EvaluationArguments,
-                   probe: metrics.CostProbe, tokenizer=None,
-                   on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
-                   target: PreTrainedModel | None = None) -> list[dict]:
+def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions, probe: metrics.CostProbe,
+                   tokenizer=None, on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
+                   target: PreTrainedModel | None = None, greedy: bool = True) -> list[dict]:
     """Every method on every prompt, interleaved per prompt with the starting method rotating,
-    timed one generation at a time, then `--cost_steps_per_prompt` draft steps and target
-    verifications of the `probe`, whose medians go into the prompt's records. Returns one record per
+    timed one generation at a time (prompt i seeded with `run.seed + i`), then
+    `run.cost_steps_per_prompt` draft steps and target verifications of the `probe`, whose
+    medians go into the prompt's records. `greedy` outputs are checked against the target's. Returns one record per
     (prompt, method), with the output decoded when a `tokenizer` is given; `on_prompt(records)` is
     called after each prompt with the records so far (to save partial results); `label` names
     the progress bar. Given the `target`, a greedy output that differs from the target's gets the
     target's top-two logit margin at the first differing token (`first_difference_margin`)."""
     records: list[dict] = []
-    for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not args.progress)):
-        seed = args.random_seed + prompt.id
+    for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not run.progress)):
+        seed = run.seed + prompt.id
         order = methods[n % len(methods):] + methods[:n % len(methods)]
         runs = {}
         for method in order:
             start = time.perf_counter()
             counts = method.generate(prompt, seed)
             runs[method.spec.name] = (counts, time.perf_counter() - start)
-        timing = _time_cost_steps(probe, args.cost_steps_per_prompt)
+        timing = _time_cost_steps(probe, run.cost_steps_per_prompt)
         for method in methods:
-            record = _record(prompt, method.spec, runs, args, tokenizer)
+            record = _record(prompt, method.spec, runs, greedy, tokenizer)
             margin = None
             if record["matches_target"] is False and target is not None:
                 margin = first_difference_margin(target, prompt.ids, runs[method.spec.name][0].tokens,
@@ -106,14 +109,14 @@ def _time_cost_steps(probe: metrics.CostProbe, steps: int) -> dict:
     return {"draft_step_ms": statistics.median(draft_ms), "target_verify_ms": statistics.median(target_ms)}
 
 
-def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArguments, tokenizer) -> dict:
+def _record(prompt: Prompt, spec: MethodSpec, runs: dict, greedy: bool, tokenizer) -> dict:
     """The reference's per-prompt fields for one method (`spec_time`, `target_time`, `draft_time`,
     `num_mismatched_tokens` = discarded draft tokens, `num_LM_call` = target forward passes,
     `generated_length`, ...) plus ours."""
     counts, seconds = runs[spec.name]
     target, target_time = runs["target"]
     draft, draft_time = runs.get("draft", (None, None))
-    checked = spec.engine is not None and not args.do_sample
+    checked = spec.engine is not None and greedy
     return {
         "id": prompt.id, "method": spec.name, "engine": spec.engine, "schedule": spec.schedule,
         "num_assistant_tokens": spec.num_assistant_tokens, "stop_threshold": spec.stop_threshold,
@@ -130,30 +133,31 @@ def _record(prompt: Prompt, spec: MethodSpec, runs: dict, args: EvaluationArgume
     }
 
 
-def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], args: EvaluationArguments,
+def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding: DecodingSettings, run: RunOptions,
             results_path: Path | None = None, label: str = "evaluate",
             done: list[dict] | None = None) -> tuple[list[dict], dict]:
-    """Warm the methods up, then run every method on every prompt not already in `done` (records
+    """Warm the methods up, then run every method (decoding as `decoding` says, measured as `run`
+    says) on every prompt not already in `done` (records
     of an interrupted run), timing the cost ratio's steps after each prompt and saving all
     records so far to `results_path`. Returns the records (`done` first) and the run's cost
     measurement (`run_cost`)."""
     done = done or []
-    methods = [build_method(spec, pair, args) for spec in specs]
-    warm_up(methods, prompts[0], args.warmup_tokens, args.random_seed)
+    methods = [build_method(spec, pair, decoding) for spec in specs]
+    warm_up(methods, prompts[0], run.warmup_tokens, run.seed)
     probe = metrics.CostProbe(pair.target, pair.draft, torch.tensor([prompts[0].ids]))
     finished = {record["id"] for record in done}
     todo = [prompt for prompt in prompts if prompt.id not in finished]
     if results_path is not None:
         results_path.parent.mkdir(parents=True, exist_ok=True)  # made only now: a run that failed earlier leaves none
     save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
-    records = done + run_evaluation(methods, todo, args, probe, pair.tokenizer, on_prompt=save, label=label,
-                                    target=pair.target)
-    return records, run_cost(records, probe, args.cost_steps_per_prompt)
+    records = done + run_evaluation(methods, todo, run, probe, pair.tokenizer, on_prompt=save, label=label,
+                                    target=pair.target, greedy=not decoding.do_sample)
+    return records, run_cost(records, probe, run.cost_steps_per_prompt)
 
 
 def run_cost(records: list[dict], probe: metrics.CostProbe, steps_per_prompt: int) -> dict:
     """The run's cost ratio c: the median over prompts of the draft step and of the target
-    verification timed after each prompt (`metrics.cost_ratio`), with `steps_per_prompt` and the
+    verification timed after each prompt (`costs.cost_ratio`), with `steps_per_prompt` and the
     number of `prompts` timed. Records saved by a version that timed c only once carry no
     timings; if none does, the probe times as many steps now."""
     timed = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records if "draft_step_ms" in r}
@@ -161,7 +165,7 @@ def run_cost(records: list[dict], probe: metrics.CostProbe, steps_per_prompt: in
         draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
     else:
         draft_ms, target_ms = probe.sample(steps_per_prompt * len({r["id"] for r in records}))
-    return {**metrics.cost_ratio(draft_ms, target_ms, probe.k), "steps_per_prompt": steps_per_prompt,
+    return {**costs.cost_ratio(draft_ms, target_ms, probe.k), "steps_per_prompt": steps_per_prompt,
             "prompts": len(timed)}
 
 
@@ -187,10 +191,10 @@ def records_to_resume(path: Path, specs: list[MethodSpec], prompts: list[Prompt]
     for prompt_id, saved in saved_by_id.items():
         if sorted(record["method"] for record in saved) != names:
             raise ValueError(f"{path} holds other methods than this run ({', '.join(names)}); "
-                             "rerun with the same flags, or choose another --save_path to start afresh")
+                             "rerun with the same flags, or choose another --output to start afresh")
         if prompt_id not in by_id or saved[0]["prefix"] != by_id[prompt_id].ids:
             raise ValueError(f"{path} holds other prompts than this run (prompt {prompt_id} differs); "
-                             "rerun with the same flags, or choose another --save_path to start afresh")
+                             "rerun with the same flags, or choose another --output to start afresh")
     return records
 
 
@@ -200,17 +204,23 @@ def damaged(path: Path, why: str) -> str:
 
 
 class Evaluation:
-    """One evaluation's inputs, checked: made from the flags (`EvaluationArguments`) and the model
-    loading settings, it refuses bad input, reads the tokenizer and the prompts and lists the
-    methods the flags ask for, all before any model is loaded; the pair is loaded on first use.
-    `measure` runs any of its methods on any of its prompts and `report` writes the summary, so a
-    caller can also tune on some prompts and evaluate on others (as the demo does)."""
+    """One evaluation's inputs, checked: made from the pair (what it does not name comes from the
+    embedded pair, `zoo_pair`), the methods to compare, the decoding settings, the prompt source
+    and the run options, it refuses bad input, reads the tokenizer and the prompts and lists the
+    methods, all before any model is loaded; the pair is loaded on first use. `measure` runs any
+    of its methods on any of its prompts and `report` writes the summary, so a caller can also
+    tune on some prompts and evaluate on others (as the demo does)."""
 
-    def __init__(self, args: EvaluationArguments, model_args: ModelLoadingArguments | None = None):
-        self.args = args
-        self.model_args = model_args or ModelLoadingArguments()
-        self.tokenizer, self.prompts = load_inputs(args, self.model_args)
-        self.specs = method_specs(args)
+    def __init__(self, pair: HeadPairArguments, grid: MethodGrid | None = None,
+                 decoding: DecodingSettings | None = None, source: PromptSource | None = None,
+                 run: RunOptions | None = None):
+        self.pair_arguments = zoo_pair(pair)
+        self.grid = grid or MethodGrid()
+        self.decoding = decoding or DecodingSettings()
+        self.source = source or PromptSource()
+        self.run = run or RunOptions()
+        self.tokenizer, self.prompts = load_inputs(self.pair_arguments, self.grid, self.decoding, self.source, self.run)
+        self.specs = method_specs(self.grid, self.pair_arguments.head)
         self._pair: Pair | None = None
 
     @property
@@ -218,41 +228,50 @@ class Evaluation:
         """The loaded target, draft, heads (when a method needs one) and tokenizer."""
         if self._pair is None:
             need_head = any(spec.schedule == "ada" for spec in self.specs)
-            self._pair = load_pair(self.args, self.model_args, self.tokenizer, need_head)
+            self._pair = load_pair(self.pair_arguments, self.tokenizer, need_head)
         return self._pair
 
     def measure(self, specs: list[MethodSpec] | None = None, prompts: list[Prompt] | None = None,
                 save: bool = False, label: str = "evaluate",
                 done: list[dict] | None = None) -> tuple[list[dict], dict]:
-        """`measure` the `specs` (default: all the flags ask for) on the `prompts` (default: all),
+        """`measure` the `specs` (default: all of the grid) on the `prompts` (default: all),
         saving the records to `results_file` after each prompt when `save`. Returns the records and
         the run's cost measurement."""
         specs = self.specs if specs is None else specs
         prompts = self.prompts if prompts is None else prompts
-        path = results_file(self.args.save_path, prompts) if save else None
-        return measure(self.pair, specs, prompts, self.args, results_path=path, label=label, done=done)
+        path = results_file(self.run.output, prompts) if save else None
+        return measure(self.pair, specs, prompts, self.decoding, self.run, results_path=path, label=label, done=done)
 
     def report(self, records: list[dict], cost: dict, prompts: list[Prompt] | None = None, title: str = "",
                **extra) -> dict:
         """`report` the records measured on `prompts` (default: all) under `title` (default:
-        `run_title`), with `extra` entries and `records_file` in the summary document."""
+        `run_title`), with `extra` entries, `records_file` and the run's settings in the summary
+        document."""
         prompts = self.prompts if prompts is None else prompts
-        path = results_file(self.args.save_path, prompts)
-        return report(records, cost, self.args, title or run_title(self.args, prompts), **extra,
-                      records_file=str(path))
+        path = results_file(self.run.output, prompts)
+        return report(records, cost, self.run.output, title or run_title(self.source.prompts, prompts, self.decoding),
+                      figures=self.run.plots, settings=self.settings(), **extra, records_file=str(path))
+
+    def settings(self) -> dict:
+        """Every setting of the run by its flag's name, as `summary.json` records them."""
+        decoding = {name: getattr(self.decoding, name)
+                    for name in ("bound", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p")}
+        return {**asdict(self.pair_arguments), **asdict(self.grid), **decoding, **asdict(self.source),
+                **asdict(self.run)}
 
 
-def evaluate(args: EvaluationArguments, model_args: ModelLoadingArguments | None = None, title: str = "") -> dict:
-    """The whole evaluation the flags describe: check the inputs (`Evaluation`), read the saved
-    records when resuming (else refuse to replace them without `--overwrite`), load the pair,
-    `measure`, `report` (under `title`, by default `run_title`). Returns the summary document,
-    with `records_file` the path of the per-prompt records."""
-    run = Evaluation(args, model_args)
-    path = results_file(args.save_path, run.prompts)
-    if args.resume:
-        done = records_to_resume(path, run.specs, run.prompts)
+def evaluate(pair: HeadPairArguments, grid: MethodGrid | None = None, decoding: DecodingSettings | None = None,
+             source: PromptSource | None = None, run: RunOptions | None = None, title: str = "") -> dict:
+    """The whole evaluation: check the inputs (`Evaluation`), read the saved records when
+    `run.resume` (else refuse to replace them without `run.overwrite`), load the pair, `measure`,
+    `report` (under `title`, by default `run_title`). Returns the summary document, with
+    `records_file` the path of the per-prompt records."""
+    evaluation = Evaluation(pair, grid, decoding, source, run)
+    path = results_file(evaluation.run.output, evaluation.prompts)
+    if evaluation.run.resume:
+        done = records_to_resume(path, evaluation.specs, evaluation.prompts)
     else:
-        check_results_replaceable(path, args.overwrite)
+        check_results_replaceable(path, evaluation.run.overwrite)
         done = []
-    records, cost = run.measure(save=True, done=done)
-    return run.report(records, cost, title=title)
+    records, cost = evaluation.measure(save=True, done=done)
+    return evaluation.report(records, cost, title=title)

@@ -1,9 +1,13 @@
-"""Evaluation settings: the flags, the checks that need no model, the prompts and the pair.
+"""Evaluation settings: what is compared, on which prompts, how a run goes, and the pair.
 
-The bottom of the evaluation package: it imports nothing else of it. `EvaluationArguments` holds
-the reference's flags (with lists where a sweep makes sense); `check_arguments` refuses settings
-that cannot work before anything is loaded; `load_inputs` reads the tokenizer and the prompts, and
-`load_pair` the models and heads.
+The bottom of the evaluation package: it imports nothing else of it. An evaluation takes values,
+never a command line: the pair (`models.HeadPairArguments`), the methods to compare
+(`MethodGrid`), how they decode (`DecodingArguments`, whose `settings()` is the engine's `DecodingSettings`), the
+prompts (`PromptSource`) and how the run is carried out (`RunOptions`). The dataclasses are
+also `specdecpp evaluate`'s flags (one `HfArgumentParser` over them), so a flag and the value
+it sets share one name and one default. `check_inputs` refuses settings that cannot work before
+anything is loaded; `load_inputs` reads the tokenizer and the prompts, and `load_pair` the models
+and heads.
 """
 from __future__ import annotations
 
@@ -12,17 +16,17 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedModel
 
-from specdecpp import models
-from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, read_head_config, text_config
+from specdecpp.checks import (check_can_roll_back, check_head_fits_draft, check_same_vocab, read_head_config, text_config,
+                              vocab_size)
+from specdecpp.cli import common_field
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.models import ModelLoadingArguments, load_head, load_model, load_tokenizer
+from specdecpp.models import HeadPairArguments, load_head, load_model, load_tokenizer
 from specdecpp.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.schedules import SCHEDULES
 
@@ -30,15 +34,19 @@ ZOO_DIR = Path(__file__).resolve().parent.parent.parent / "checkpoints" / "zoo"
 BASELINES = ("target", "draft", "hf:constant", "hf:heuristic", "hf:dynamic")
 
 
-@dataclass
-class EvaluationArguments:
-    """The reference's flags (`--model_name`, `--assistant_name`, `--num_assistant_tokens_schedule`,
-    ...) with lists where a sweep makes sense, plus the baselines and measurement settings."""
+def zoo_pair(pair: HeadPairArguments) -> HeadPairArguments:
+    """`pair` with what it does not name taken from the embedded pair (`checkpoints/zoo`): its
+    target, its draft and, without any `--head`, its head."""
+    return replace(pair, target=pair.target or str(ZOO_DIR / "target"), draft=pair.draft or str(ZOO_DIR / "draft"),
+                   head=pair.head or [str(ZOO_DIR / "head")])
 
-    model_name: str = field(default=str(ZOO_DIR / "target"), metadata={
-        "aliases": ["--target_name_or_path"], "help": "target model: Hub id or folder"})
-    assistant_name: str = field(default=str(ZOO_DIR / "draft"), metadata={
-        "aliases": ["--draft_name_or_path"], "help": "draft model: Hub id or folder"})
+
+@dataclass
+class MethodGrid:
+    """The methods an evaluation compares (the reference's flags, with lists where a sweep makes
+    sense): our engine's schedules with one method per K, threshold (per head) and confidence,
+    next to the baselines."""
+
     schedule: list[str] = field(default_factory=lambda: ["constant", "ada"], metadata={
         "aliases": ["--num_assistant_tokens_schedule"], "choices": SCHEDULES,
         "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
@@ -49,76 +57,96 @@ class EvaluationArguments:
                 "per value; Hugging Face's dynamic starts from the first and moves it itself)"})
     dynamic_num_assistant_tokens: int = field(default=20, metadata={
         "help": "dynamic: the most tokens drafted per round (Hugging Face's default, 20)"})
-    assist_acc_head_dir: list[str] = field(default_factory=lambda: [str(ZOO_DIR / "head")], metadata={
-        "aliases": ["--head_name_or_path"],
-        "help": "acceptance prediction heads for ada (folders or Hub ids; ada runs with each)"})
     stop_threshold: list[str] = field(default_factory=lambda: ["0.3"], metadata={
         "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
                 "head that has one"})
-    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
-        "help": "ada: MIN MAX drafted tokens per round"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
         "choices": BASELINES, "help": "baselines run next to the schedules (the target alone always runs)"})
-    data_path: str = field(default="humaneval", metadata={
-        "help": "prompts: a prompt set name (humaneval, ...), a .json/.jsonl file, or a Hub dataset"})
-    data_split: str | None = field(default=None, metadata={
-        "help": "Hub dataset split (default: the dataset's usual one)"})
-    prompt_format: str = field(default="auto", metadata={
-        "choices": FORMATS, "help": "how prompts are shown to the model"})
-    n_begin: int = field(default=0, metadata={"help": "first prompt index"})
-    n_end: int | None = field(default=None, metadata={"help": "one past the last prompt index (default: all)"})
-    save_path: str = field(default="outputs/evaluate", metadata={"help": "folder for records, summary and plots"})
+
+
+@dataclass
+class DecodingArguments:
+    """How every method decodes (`settings()`: the engine's `DecodingSettings`, each method's
+    schedule and knobs set from its spec)."""
+
+    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
+        "help": "ada: MIN MAX drafted tokens per round"})
     max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
-    max_length: int | None = field(default=None, metadata={
-        "help": "the reference's limit on prompt + generated tokens; overrides --max_new_tokens when given"})
     do_sample: bool = field(default=False, metadata={"help": "sample instead of greedy decoding"})
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    random_seed: int = field(default=47, metadata={"help": "seeds torch and each prompt's sampling"})
+
+    def settings(self) -> DecodingSettings:
+        """These settings as the engine takes them."""
+        return DecodingSettings(bound=tuple(self.bound), max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
+                                temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+@dataclass
+class PromptSource:
+    """Which prompts, and how they are shown to the model."""
+
+    prompts: str = common_field("prompts", aliases=("--data_path",), default="humaneval", help=(
+        "prompts: a prompt set name (humaneval, ...), a .json/.jsonl file, or a Hub dataset"))
+    prompts_split: str | None = common_field("prompts_split", default=None, help=(
+        "Hub dataset split (default: the dataset's usual one)"))
+    prompt_format: str = field(default="auto", metadata={
+        "choices": FORMATS, "help": "how prompts are shown to the model"})
+    n_begin: int = field(default=0, metadata={"help": "first prompt index"})
+    n_end: int | None = field(default=None, metadata={"help": "one past the last prompt index (default: all)"})
+    max_length: int | None = field(default=None, metadata={
+        "help": "the reference's limit on prompt + generated tokens; overrides --max_new_tokens when given"})
+
+
+@dataclass
+class RunOptions:
+    """Where a run's results go and how it measures."""
+
+    output: str = common_field("output", default="outputs/evaluate", help="folder for records, summary and plots")
+    seed: int = common_field("seed", default=47, help="seeds each prompt's sampling (the seed plus the prompt index)")
     warmup_tokens: int = field(default=16, metadata={
         "help": "each method first generates this many tokens on the first prompt, untimed (0: no warm-up)"})
     cost_steps_per_prompt: int = field(default=5, metadata={
         "help": "draft steps and target verifications timed after each prompt for the cost ratio c"})
-    threads: int = field(default=0, metadata={
-        "help": "torch CPU threads (0: torch's default); small models run as fast on one, which also keeps "
-                "other processes on a shared machine from slowing the run down"})
     plots: bool = field(default=True, metadata={"help": "draw the PNG figures (--no_plots to skip)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar (--no_progress to hide)"})
     resume: bool = field(default=False, metadata={
-        "help": "keep the prompts already in --save_path's records file (an interrupted run with the same "
-                "flags) and run only the rest"})
+        "help": "keep the prompts already in --output's records file (an interrupted run with the same flags) "
+                "and run only the rest"})
     overwrite: bool = field(default=False, metadata={
-        "help": "replace the records already in --save_path's records file (without --resume or this, a run "
+        "help": "replace the records already in --output's records file (without --resume or this, a run "
                 "refuses to start over finished prompts)"})
 
 
 # -- checks that need no model ------------------------------------------------------------------
-def check_arguments(args: EvaluationArguments) -> None:
+def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSettings, source: PromptSource,
+                 run: RunOptions) -> None:
     """Raise ValueError on settings that cannot work, before anything is loaded: a bound out of
     order, a K or threshold out of range, an unknown prompt source, ada without a head, a head
     trained for a draft of another hidden size, models with different vocabularies, the oracle
-    with sampling, a save path that cannot be written, --resume with --overwrite."""
-    if args.resume and args.overwrite:
+    with sampling, an output folder that cannot be written, --resume with --overwrite. The
+    messages name the flags."""
+    if run.resume and run.overwrite:
         raise ValueError("--resume keeps the finished prompts and --overwrite replaces them: pass one of them")
-    check_decoding_flags(args)
-    if args.max_new_tokens < 1 or (args.max_length is not None and args.max_length < 2):
+    check_decoding_flags(grid, decoding)
+    if decoding.max_new_tokens < 1 or (source.max_length is not None and source.max_length < 2):
         raise ValueError("--max_new_tokens must be >= 1 (and --max_length >= 2)")
-    check_prompt_source(args.data_path)
-    draft_config = _model_config(args.assistant_name)
-    target_config = _model_config(args.model_name)
+    check_prompt_source(source.prompts)
+    draft_config = _model_config(pair.draft)
+    target_config = _model_config(pair.target)
     if draft_config is not None and target_config is not None:
         check_same_vocab(target_config.vocab_size, draft_config.vocab_size)
-    if "ada" in args.schedule:
-        if not args.assist_acc_head_dir:
-            raise ValueError("schedule 'ada' needs --assist_acc_head_dir (a trained acceptance prediction head)")
-        for head_dir in args.assist_acc_head_dir:
+    if "ada" in grid.schedule:
+        if not pair.head:
+            raise ValueError("schedule 'ada' needs --head (a trained acceptance prediction head)")
+        for head_dir in pair.head:
             _check_head(head_dir, draft_config)
-        if "auto" in args.stop_threshold and not any(map(may_store_threshold, args.assist_acc_head_dir)):
+        if "auto" in grid.stop_threshold and not any(map(may_store_threshold, pair.head)):
             raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
-                             f"{', '.join(args.assist_acc_head_dir)} has one: choose one with "
+                             f"{', '.join(pair.head)} has one: choose one with "
                              "`python -m specdecpp.calibration ... --choose_threshold`")
-    check_writable(args.save_path)
+    check_writable(run.output)
 
 
 def may_store_threshold(head_dir: str) -> bool:
@@ -130,18 +158,16 @@ def may_store_threshold(head_dir: str) -> bool:
         return json.load(f).get("stop_threshold") is not None
 
 
-def check_decoding_flags(args: EvaluationArguments) -> None:
-    """Validate every decoding setting the flags describe with `DecodingSettings.validate` (one
-    per schedule, K, threshold and confidence, every K also as constant's), naming the flags in
-    its messages."""
-    thresholds = [_as_threshold(t) for t in args.stop_threshold]
-    common = dict(bound=tuple(args.bound), max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
-                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    for schedule in dict.fromkeys(["constant", *args.schedule]):
-        for k, t, c in itertools.product(args.num_assistant_tokens, thresholds, args.assistant_confidence_threshold):
-            DecodingSettings(schedule=schedule, stop_threshold=t, num_assistant_tokens=k,
-                             assistant_confidence_threshold=c, **common).validate(_flag)
-    DecodingSettings(schedule="dynamic", num_assistant_tokens=args.dynamic_num_assistant_tokens, **common).validate(
+def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
+    """Validate every decoding setting of the grid with `DecodingSettings.validate` (one per
+    schedule, K, threshold and confidence, every K also as constant's), naming the flags in its
+    messages."""
+    thresholds = [_as_threshold(t) for t in grid.stop_threshold]
+    for schedule in dict.fromkeys(["constant", *grid.schedule]):
+        for k, t, c in itertools.product(grid.num_assistant_tokens, thresholds, grid.assistant_confidence_threshold):
+            replace(decoding, schedule=schedule, stop_threshold=t, num_assistant_tokens=k,
+                    assistant_confidence_threshold=c).validate(_flag)
+    replace(decoding, schedule="dynamic", num_assistant_tokens=grid.dynamic_num_assistant_tokens).validate(
         lambda name: _flag("dynamic_" + name if name == "num_assistant_tokens" else name))
 
 
@@ -190,8 +216,7 @@ def _zoo_hint(path: str) -> str:
     if not Path(path).resolve().is_relative_to(ZOO_DIR.resolve()):
         return ""
     return (f" (the embedded pair is expected in {ZOO_DIR}, inside a checkout of the repository, where "
-            "`specdecpp zoo` builds it; elsewhere point at a pair: --model_name TARGET --assistant_name DRAFT "
-            "--assist_acc_head_dir HEAD)")
+            "`specdecpp zoo` builds it; elsewhere point at a pair: --target TARGET --draft DRAFT --head HEAD)")
 
 
 def _check_head(head_dir: str, draft_config) -> None:
@@ -207,7 +232,7 @@ def _check_head(head_dir: str, draft_config) -> None:
 def check_writable(path: str) -> None:
     """Create `path` and write a file into it, or raise ValueError saying why it cannot be used.
     Folders created only for this check are removed again: the run creates them when it first
-    saves, so a run that fails before that leaves no empty --save_path behind."""
+    saves, so a run that fails before that leaves no empty --output behind."""
     created = None  # the outermost folder of `path` that does not exist yet
     folder = os.path.abspath(path)
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:
@@ -217,7 +242,7 @@ def check_writable(path: str) -> None:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as error:
-        raise ValueError(f"cannot write results to --save_path {path}: {error}") from None
+        raise ValueError(f"cannot write results to --output {path}: {error}") from None
     finally:
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
@@ -235,24 +260,25 @@ class Prompt:
     max_new_tokens: int
 
 
-def load_eval_prompts(args: EvaluationArguments, tokenizer) -> list[Prompt]:
-    """The prompts `[n_begin:n_end]` of `--data_path`, formatted and tokenized. With the reference's
-    `--max_length` (prompt + generated), prompts already that long are left out."""
+def load_eval_prompts(source: PromptSource, tokenizer, max_new_tokens: int) -> list[Prompt]:
+    """The prompts `[n_begin:n_end]` of the source, formatted and tokenized, each allowed
+    `max_new_tokens`. With the reference's `max_length` (prompt + generated), prompts already that
+    long are left out."""
     try:
-        texts = load_prompts(args.data_path, args.data_split, args.n_begin, args.n_end)
+        texts = load_prompts(source.prompts, source.prompts_split, source.n_begin, source.n_end)
     except (FileNotFoundError, ValueError):
         raise
     except Exception as error:  # a name that is no prompt set, no file, and no reachable Hub dataset
-        raise ValueError(f"cannot read prompts from {args.data_path!r}: not a prompt set, not a file, and "
+        raise ValueError(f"cannot read prompts from {source.prompts!r}: not a prompt set, not a file, and "
                          f"loading it as a Hub dataset failed ({type(error).__name__}: {error})") from None
     prompts = []
-    for i, text in enumerate(texts, start=args.n_begin):
-        formatted, ids = tokenize_prompt(text, tokenizer, args.prompt_format)
-        budget = args.max_new_tokens if args.max_length is None else args.max_length - len(ids)
+    for i, text in enumerate(texts, start=source.n_begin):
+        formatted, ids = tokenize_prompt(text, tokenizer, source.prompt_format)
+        budget = max_new_tokens if source.max_length is None else source.max_length - len(ids)
         if budget > 0:
             prompts.append(Prompt(i, formatted, ids, budget))
     if not prompts:
-        raise ValueError(f"every prompt is already --max_length {args.max_length} tokens long")
+        raise ValueError(f"every prompt is already --max_length {source.max_length} tokens long")
     return prompts
 
 
@@ -267,25 +293,22 @@ class Pair:
     tokenizer: object
 
 
-def load_pair(args: EvaluationArguments, model_args: ModelLoadingArguments, tokenizer, need_head: bool) -> Pair:
-    """Load target, draft and (when `need_head`) the head, and check that they fit together."""
-    load = dict(torch_dtype=model_args.torch_dtype, device_map=model_args.device_map,
-                trust_remote_code=model_args.trust_remote_code)
-    target = load_model(args.model_name, **load)
-    draft = load_model(args.assistant_name, **load)
-    models.check_same_vocab(target, draft)
+def load_pair(pair: HeadPairArguments, tokenizer, need_head: bool) -> Pair:
+    """Load target, draft and (when `need_head`) the heads, and check that they fit together."""
+    target = load_model(pair.target, **pair.loading())
+    draft = load_model(pair.draft, **pair.loading())
+    check_same_vocab(vocab_size(target), vocab_size(draft))
     for model, role in ((target, "the target"), (draft, "the draft")):
         check_can_roll_back(model, role)
     # A head from the Hub (not checked beforehand) meets the engine's hidden-size check at warm-up.
-    heads = {head_dir: load_head(head_dir).to(draft.device)
-             for head_dir in (args.assist_acc_head_dir if need_head else [])}
+    heads = {head_dir: load_head(head_dir).to(draft.device) for head_dir in (pair.head if need_head else [])}
     return Pair(target, draft, heads, tokenizer)
 
 
 # -- files ------------------------------------------------------------------------------------------
-def results_file(save_path: str | Path, prompts: list[Prompt]) -> Path:
+def results_file(output: str | Path, prompts: list[Prompt]) -> Path:
     """The reference's file name, `results_{n_begin}to{n_end}.json`, for these prompts."""
-    return Path(save_path) / f"results_{prompts[0].id}to{prompts[-1].id + 1}.json"
+    return Path(output) / f"results_{prompts[0].id}to{prompts[-1].id + 1}.json"
 
 
 def check_results_replaceable(path: Path, overwrite: bool) -> None:
@@ -293,17 +316,13 @@ def check_results_replaceable(path: Path, overwrite: bool) -> None:
     `overwrite`: a rerun without --resume would otherwise replace the prompts it finished."""
     if path.is_file() and path.stat().st_size > 0 and not overwrite:
         raise ValueError(f"{path} holds the records of an earlier run: pass --resume to keep them and run only the "
-                         "missing prompts, --overwrite to replace them, or choose another --save_path")
+                         "missing prompts, --overwrite to replace them, or choose another --output")
 
 
-def load_inputs(args: EvaluationArguments, model_args: ModelLoadingArguments) -> tuple[object, list[Prompt]]:
-    """Check the settings, load the tokenizer and read the prompts: everything that can fail on bad
-    input before a model is loaded. Returns the tokenizer and the prompts."""
-    check_arguments(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    tokenizer = load_tokenizer(args.model_name, trust_remote_code=model_args.trust_remote_code)
-    prompts = load_eval_prompts(args, tokenizer)
-    torch.manual_seed(args.random_seed)
-    return tokenizer, prompts
-
+def load_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSettings, source: PromptSource,
+                run: RunOptions) -> tuple[object, list[Prompt]]:
+    """Check the settings (`check_inputs`), load the tokenizer and read the prompts: everything
+    that can fail on bad input before a model is loaded. Returns the tokenizer and the prompts."""
+    check_inputs(pair, grid, decoding, source, run)
+    tokenizer = load_tokenizer(pair.target, trust_remote_code=pair.trust_remote_code)
+    return tokenizer, load_eval_prompts(source, tokenizer, decoding.max_new_tokens)

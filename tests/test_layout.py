@@ -1,0 +1,102 @@
+"""The package's layout: no module imports one that imports it back, directly or through others."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "specdecpp"
+
+
+def module_name(path: Path) -> str:
+    """`specdecpp/evaluation/runner.py` -> `specdecpp.evaluation.runner` (a package's `__init__` is the package)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that `path` imports at module level (not inside functions, where an
+    import runs only when called): `import a.b`, `from a import b` (module `a.b` when there is one,
+    else `a`, which holds the name `b`) and relative imports. The parent packages Python loads on
+    the way are left out: a package's `__init__` importing its modules is no cycle."""
+    return imports_of(module_name(path), path.name == "__init__.py", path.read_text(encoding="utf-8"), modules)
+
+
+def imports_of(name: str, is_package: bool, source: str, modules: set[str]) -> set[str]:
+    """`module_imports` for the module `name` (a package's `__init__` when `is_package`) whose text is `source`."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in _module_level(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        found |= set(targets) & modules
+    return found - {name}
+
+
+def _module_level(tree: ast.Module):
+    """The statements that run on import: the module body, into `if`/`try`/`with` blocks (but not
+    into functions or classes, nor into `if TYPE_CHECKING:` blocks, which never run)."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += [child for part in ("body", "orelse", "finalbody", "handlers") for child in getattr(node, part, [])]
+        elif isinstance(node, ast.ExceptHandler):
+            todo += node.body
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every module of the package -> the package's modules it imports at module level."""
+    files = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: module_imports(path, set(files)) for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as `[a, b, ..., a]`, or None (depth-first search, modules in sorted order)."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once all it reaches is explored
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_the_graph_sees_absolute_relative_and_package_imports():
+    graph = import_graph()
+    assert "specdecpp.checks" in graph["specdecpp.decoding"]  # from specdecpp.checks import ...
+    assert "specdecpp.evaluation.runner" in graph["specdecpp.evaluate"]  # a module of a subpackage
+    assert "specdecpp.checks" in graph["specdecpp.models"]  # from specdecpp import checks
+    source = ("import json\nfrom .. import a\nfrom . import name_in_sub\nfrom ..b import x\n"
+              "if TYPE_CHECKING:\n    from p import e\ndef f():\n    import p.d\n")
+    assert imports_of("p.sub.c", False, source, {"p", "p.a", "p.b", "p.d", "p.e", "p.sub", "p.sub.c"}) \
+        == {"p.a", "p.sub", "p.b"}  # relative imports resolved; TYPE_CHECKING and function bodies left out
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
