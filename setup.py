@@ -13,7 +13,7 @@ setup(
     # a bare range here keeps pip from pulling a CUDA build when 2.13.0 is already installed.
     install_requires=[
         "torch>=2.1",
-        "transformers>=5.0,<6",
+        "transformers>=5.14,<6",  # 5.14: caches that record past states for rollback (activate_past_recording)
         "accelerate>=1.0",
         "datasets>=3.0",
         "huggingface_hub>=0.30",

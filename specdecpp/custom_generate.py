@@ -33,6 +33,7 @@ from transformers.generation import (EosTokenCriteria, GenerateDecoderOnlyOutput
                                      TopKLogitsWarper, TopPLogitsWarper)
 from transformers.generation.streamers import BaseStreamer
 
+from specdecpp.compat import CACHE_NAMES, cache_in
 from specdecpp.decoding import GenerationStats, decode
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
@@ -41,7 +42,7 @@ from specdecpp.head import AcceptancePredictionHead
 # What `generate` prepares that the SpecDec++ loop honours or may safely ignore (it keeps its own caches).
 SUPPORTED_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 SUPPORTED_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
-IGNORED_MODEL_KWARGS = {"position_ids", "cache_position", "logits_to_keep", "use_cache", "past_key_values"}
+IGNORED_MODEL_KWARGS = {"position_ids", "cache_position", "logits_to_keep", "use_cache", *CACHE_NAMES}
 HUB_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
 
 
@@ -130,9 +131,10 @@ def _check_generate_settings(config: GenerationConfig, logits_processor: LogitsP
     unknown = sorted(set(model_kwargs) - IGNORED_MODEL_KWARGS - {"attention_mask"})
     if unknown:
         raise ValueError(f"SpecDec++ cannot pass {', '.join(unknown)} to the models")
-    cache = model_kwargs.get("past_key_values")
+    cache = cache_in(model_kwargs)
     if cache is not None and cache.get_seq_length() > 0:
-        raise ValueError("SpecDec++ starts from the prompt: a filled past_key_values is not supported")
+        raise ValueError("SpecDec++ starts from the prompt: a filled KV cache (cache / past_key_values) is not "
+                         "supported")
 
 
 def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedModel | None = None,

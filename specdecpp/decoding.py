@@ -16,6 +16,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
+from specdecpp.compat import cache_kwargs
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample, widened
@@ -80,7 +81,7 @@ class CachedModel:
         if self.logits_kwarg:
             kwargs[self.logits_kwarg] = num_logits
         if not hidden:
-            out = self.model(input_ids=new_tokens, past_key_values=self.cache, use_cache=True, **kwargs)
+            out = self.model(input_ids=new_tokens, **cache_kwargs(self.model, self.cache), **kwargs)
             return out.logits[0, -num_logits:], None
         check = self.output_input_is_hidden is None and new_tokens.shape[1] == 1
         all_layers = check or self.output_input_is_hidden is False
@@ -88,7 +89,7 @@ class CachedModel:
         handle = self.output_layer.register_forward_pre_hook(lambda module, args: captured.append(args[0])) \
             if self.output_layer is not None else None
         try:
-            out = self.model(input_ids=new_tokens, past_key_values=self.cache, use_cache=True,
+            out = self.model(input_ids=new_tokens, **cache_kwargs(self.model, self.cache),
                              output_hidden_states=all_layers, **kwargs)
         finally:
             if handle is not None:

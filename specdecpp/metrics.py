@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdecpp.compat import cache_kwargs
 from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, cost_ratio, flat_spent
 
 
@@ -62,14 +63,14 @@ def cached_steps(model: PreTrainedModel, input_ids: torch.LongTensor,
     input_ids = input_ids.to(device)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        model(input_ids=input_ids, **cache_kwargs(model, cache))
 
     def step_of(num_tokens: int) -> Callable[[], None]:
         new_tokens = input_ids[:, -1:].repeat(1, num_tokens)
 
         def step() -> None:
             with torch.inference_mode():
-                model(input_ids=new_tokens, past_key_values=cache, use_cache=True, logits_to_keep=num_tokens)
+                model(input_ids=new_tokens, **cache_kwargs(model, cache), logits_to_keep=num_tokens)
             cache.crop(-num_tokens)  # transformers 5: a negative count removes that many positions
 
         return step

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.compat import cache_in
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.evaluation.methods import Counts, MethodSpec, sampling_kwargs
 from specdecpp.evaluation.settings import Pair, Prompt
@@ -58,7 +59,11 @@ def hf_assisted_generate(spec: MethodSpec, pair: Pair, decoding: DecodingSetting
             sequences = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
                                         max_new_tokens=prompt.max_new_tokens, **sampling_kwargs(decoding), **extra)
         tokens = sequences[0, len(prompt.ids):].tolist()
-        accepted, drafted = rounds_from_target_calls(target_calls, len(prompt.ids), len(tokens))
+        try:
+            accepted, drafted = rounds_from_target_calls(target_calls, len(prompt.ids), len(tokens))
+        except ValueError as error:
+            raise ValueError(f"{spec.name}, prompt {prompt.id}: Hugging Face's rounds cannot be recovered from its "
+                             f"target forwards {target_calls}: {error}") from None
         return Counts(tokens, len(target_calls), len(draft_calls), sum(drafted) - sum(accepted), accepted)
 
     return generate
@@ -81,7 +86,7 @@ def count_forwards(model: PreTrainedModel) -> Iterator[list[tuple[int, int]]]:
 
     def hook(module, args, kwargs):
         input_ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
-        cache = kwargs.get("past_key_values")
+        cache = cache_in(kwargs)
         calls.append((input_ids.shape[1], cache.get_seq_length() if cache is not None else 0))
 
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
@@ -96,12 +101,26 @@ def rounds_from_target_calls(calls: list[tuple[int, int]], prompt_length: int,
     """Per round (one target forward each): drafted tokens accepted, and tokens drafted. A round
     feeds the last verified token plus its k drafted tokens on top of the cache (the first round
     feeds the whole prompt plus k), so where each round starts tells how many tokens the previous
-    one emitted: all it accepted plus the target's own token."""
+    one emitted: all it accepted plus the target's own token. The recovered rounds are checked
+    (the first forward reads the prompt into an empty cache, every later one extends it, every
+    round emits 1..k+1 tokens, and they add up to `generated`): a sequence of forwards that is
+    not such rounds is a ValueError saying which round, never counts that could be wrong."""
+    if not calls:
+        raise ValueError("no target forward pass was recorded")
     starts, drafted = [], []
-    for new, cached in calls:
+    for round_index, (new, cached) in enumerate(calls):
+        if (cached == 0) != (round_index == 0):
+            raise ValueError(f"round {round_index}: the target's forward saw {cached} cached tokens; only the first "
+                             "forward may start from an empty cache (was the cache passed under a name we do not "
+                             "read?)")
         starts.append(cached + 1 - prompt_length if cached else 0)  # tokens generated before this round
         drafted.append(new - 1 if cached else new - prompt_length)
     ends = starts[1:] + [generated]
-    accepted = [min(k, max(0, end - start - 1)) for k, start, end in zip(drafted, starts, ends)]
+    for round_index, (k, start, end) in enumerate(zip(drafted, starts, ends)):
+        if k < 0 or not 1 <= end - start <= k + 1:
+            raise ValueError(f"round {round_index}: {end - start} tokens emitted (generated {start} -> {end}) after "
+                             f"{k} drafted; a round emits 1 to k + 1 tokens and the rounds add up to the "
+                             f"{generated} generated")
+    # The last round may stop at EOS inside its accepted tokens: what it emitted counts, nothing more.
+    accepted = [end - start - 1 for start, end in zip(starts, ends)]
     return accepted, drafted
-
