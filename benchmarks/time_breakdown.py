@@ -8,9 +8,12 @@ methods interleaved prompt by prompt, the first prompt a warm-up. For each metho
 measured ms/token (total time over total tokens), predicted ms/token (each round priced at its
 length, each judgement, the round overhead, and each prompt's prefill timed on its own), their
 ratio, and the counts behind the prediction. Greedy, no EOS (every method generates the same
-number of tokens), one torch thread unless `--threads`.
+number of tokens), one torch thread unless `--threads`. `--engine eager compiled` runs every method
+on both engines, interleaved, and adds each compiled method's gain over its eager self; graphs are
+compiled before anything is timed.
 
     python benchmarks/time_breakdown.py                                  # zoo pair, stdlib-heldout 0-12
+    python benchmarks/time_breakdown.py --engine eager compiled          # the compiled engine beside the eager one
     python benchmarks/time_breakdown.py --data_path humaneval --n_end 20 --max_new_tokens 128
 """
 from __future__ import annotations
@@ -58,6 +61,8 @@ def main() -> None:
     parser.add_argument("--bound", type=int, nargs=2, default=None, help="ada's bound (default: the head's stored one)")
     parser.add_argument("--stop_threshold", nargs="+", default=["auto"], help="ada's thresholds ('auto': the head's)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--engine", nargs="+", choices=("eager", "compiled"), default=["eager"],
+                        help="engines to run, side by side in one run (compiled: static caches, compiled steps)")
     parser.add_argument("--output_json", default=None, help="also write the table and step times here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -76,41 +81,59 @@ def main() -> None:
     typical = min(prompts, key=lambda p: abs(p.shape[1] - mean_length))
     context = speculative_generate(target, None, typical, max_new_tokens=args.max_new_tokens // 2,
                                    eos_token_id=[]).sequences
-    probes = {"plain": StepProbe(target, draft, context, bound[1]),
-              "ada": StepProbe(target, draft, context, bound[1], head=head)}
-    runs, overheads = [], []
+    engines = list(dict.fromkeys(args.engine))
+    compiled = {engine: engine == "compiled" for engine in engines}
+    # Compiled graphs (and caches that hold the longest prompt) are built before anything is timed.
+    longest = max(prompts, key=lambda p: p.shape[1])
+    compile_seconds = sum(speculative_generate(target, None if s["schedule"] == "none" else draft, longest,
+                                               max_new_tokens=args.max_new_tokens, eos_token_id=[], compile=True,
+                                               **s).stats.compile_time
+                          for s in table.values()) if "compiled" in engines else 0.0
+    probes = {(engine, kind): StepProbe(target, draft, context, bound[1], head=head if kind == "ada" else None,
+                                        compile=compiled[engine])
+              for engine in engines for kind in ("plain", "ada")}
+    runs, overheads = [], {engine: [] for engine in engines}
     for i, prompt in enumerate(prompts):
         for name, settings in table.items():
-            out = speculative_generate(target, None if settings["schedule"] == "none" else draft, prompt,
-                                       max_new_tokens=args.max_new_tokens, eos_token_id=[], **settings)
-            if i > 0:  # the first prompt is a warm-up
-                runs.append((name, prompt, out.stats))
+            for engine in engines:
+                out = speculative_generate(target, None if settings["schedule"] == "none" else draft, prompt,
+                                           max_new_tokens=args.max_new_tokens, eos_token_id=[],
+                                           compile=compiled[engine], **settings)
+                if i > 0:  # the first prompt is a warm-up
+                    runs.append((engine, name, prompt, out.stats))
         # Step times sampled between prompts, so that machine load hits them as it hits the methods.
         for probe in probes.values():
             probe.sample()
-        overheads.append(measure_round_overhead(target, draft, context, runs=1))
-    plain = replace(probes["plain"].times(), round_overhead_ms=statistics.median(overheads))
-    judged_times = replace(probes["ada"].times(), round_overhead_ms=plain.round_overhead_ms)
-    for label, times in (("without a head", plain), ("ada with the head", judged_times)):
-        print(f"step times {label} (ms, {times.device}, {times.threads} thread(s), context {context.shape[1]} tokens): "
-              f"target alone {times.target_alone_ms:.2f}; judgement {times.judge_ms:.3f}; round overhead "
-              f"{times.round_overhead_ms:.3f}\n  draft step j=1..{len(times.draft_ms)}: "
-              + " ".join(f"{v:.2f}" for v in times.draft_ms)
-              + f"\n  verify k=0..{len(times.verify_ms) - 1}: " + " ".join(f"{v:.2f}" for v in times.verify_ms))
+        for engine in engines:
+            overheads[engine].append(measure_round_overhead(target, draft, context, runs=1, compile=compiled[engine]))
+    times = {}
+    for engine in engines:
+        plain = replace(probes[engine, "plain"].times(), round_overhead_ms=statistics.median(overheads[engine]))
+        times[engine] = plain, replace(probes[engine, "ada"].times(), round_overhead_ms=plain.round_overhead_ms)
+        for label, step_times in (("without a head", times[engine][0]), ("ada with the head", times[engine][1])):
+            print(f"{engine} step times {label} (ms, {step_times.device}, {step_times.threads} thread(s), context "
+                  f"{context.shape[1]} tokens): target alone {step_times.target_alone_ms:.2f}; judgement "
+                  f"{step_times.judge_ms:.3f}; round overhead {step_times.round_overhead_ms:.3f}\n  draft step "
+                  f"j=1..{len(step_times.draft_ms)}: " + " ".join(f"{v:.2f}" for v in step_times.draft_ms)
+                  + f"\n  verify k=0..{len(step_times.verify_ms) - 1}: "
+                  + " ".join(f"{v:.2f}" for v in step_times.verify_ms))
 
-    totals = {name: {"measured_ms": 0.0, "predicted_ms": 0.0, "tokens": 0, "target_calls": 0, "draft_calls": 0,
-                     "judged": 0, "schedule_ms": 0.0, "own_ms": 0.0} for name in table}
+    totals = {(engine, name): {"measured_ms": 0.0, "predicted_ms": 0.0, "tokens": 0, "target_calls": 0,
+                               "draft_calls": 0, "judged": 0, "schedule_ms": 0.0, "own_ms": 0.0}
+              for engine in engines for name in table}
     prefills = {}
-    for name, prompt, stats in runs:
-        settings, total = table[name], totals[name]
+    for engine, name, prompt, stats in runs:
+        settings, total = table[name], totals[engine, name]
         alone, is_ada = settings["schedule"] == "none", settings["schedule"] == "ada"
-        key = (id(prompt), alone)
+        plain, judged_times = times[engine]
+        key = (engine, id(prompt), alone)
         if key not in prefills:
-            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain)
-        times = judged_times if is_ada else plain
+            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain, compile=compiled[engine])
+        step_times = judged_times if is_ada else plain
         judged = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
         total["measured_ms"] += 1000 * stats.wall_time
-        total["predicted_ms"] += times.predicted_ms(stats.draft_lengths, judged, with_draft=not alone) + prefills[key]
+        total["predicted_ms"] += step_times.predicted_ms(stats.draft_lengths, judged, with_draft=not alone) \
+            + prefills[key]
         total["tokens"] += stats.generated_length
         total["target_calls"] += stats.target_calls
         total["draft_calls"] += stats.draft_calls
@@ -118,16 +141,16 @@ def main() -> None:
         total["schedule_ms"] += 1000 * stats.schedule_time
         total["own_ms"] += loop_overhead_ms(stats) * stats.target_calls
 
-    alone_ms = totals["target alone"]["measured_ms"] / totals["target alone"]["tokens"]
     print(f"\n{len(prompts) - 1} prompts of {args.data_path} (after one warm-up), {args.max_new_tokens} new tokens, "
-          f"greedy; ada bound {bound}")
-    print("| method | measured ms/tok | predicted ms/tok | measured / predicted | speedup | target calls/tok "
-          "| draft calls/tok | stop decision ms/draft step | loop's own ms/round |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"greedy; ada bound {bound}; compiling took {compile_seconds:.1f} s (not timed)")
+    print("| engine | method | measured ms/tok | predicted ms/tok | measured / predicted | speedup | eager / this "
+          "| target calls/tok | draft calls/tok | stop decision ms/draft step | loop's own ms/round |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = []
-    for name, total in totals.items():
+    for (engine, name), total in totals.items():
         tokens = total["tokens"]
-        row = {"method": name, "measured_ms_per_token": total["measured_ms"] / tokens,
+        alone = totals[engine, "target alone"]
+        row = {"engine": engine, "method": name, "measured_ms_per_token": total["measured_ms"] / tokens,
                "predicted_ms_per_token": total["predicted_ms"] / tokens,
                "target_calls_per_token": total["target_calls"] / tokens,
                "draft_calls_per_token": total["draft_calls"] / tokens, "judged_per_token": total["judged"] / tokens,
@@ -135,15 +158,20 @@ def main() -> None:
                else None,
                "loop_ms_per_round": total["own_ms"] / total["target_calls"]}
         row["ratio"] = row["measured_ms_per_token"] / row["predicted_ms_per_token"]
-        row["speedup"] = alone_ms / row["measured_ms_per_token"]
+        row["speedup"] = alone["measured_ms"] / alone["tokens"] / row["measured_ms_per_token"]
+        eager = totals.get(("eager", name))
+        row["eager_over_this"] = eager["measured_ms"] / eager["tokens"] / row["measured_ms_per_token"] if eager else None
         rows.append(row)
         decision = "-" if row["stop_decision_ms_per_draft_step"] is None else f"{row['stop_decision_ms_per_draft_step']:.3f}"
-        print(f"| {name} | {row['measured_ms_per_token']:.3f} | {row['predicted_ms_per_token']:.3f} | "
-              f"{row['ratio']:.3f} | {row['speedup']:.2f}x | {row['target_calls_per_token']:.3f} | "
+        gain = "-" if row["eager_over_this"] is None else f"{row['eager_over_this']:.2f}x"
+        print(f"| {engine} | {name} | {row['measured_ms_per_token']:.3f} | {row['predicted_ms_per_token']:.3f} | "
+              f"{row['ratio']:.3f} | {row['speedup']:.2f}x | {gain} | {row['target_calls_per_token']:.3f} | "
               f"{row['draft_calls_per_token']:.3f} | {decision} | {row['loop_ms_per_round']:.3f} |")
     if args.output_json:
-        Path(args.output_json).write_text(json.dumps({"step_times": plain.as_dict(), "judged_step_times": judged_times.as_dict(),
-                                                     "context_tokens": context.shape[1], "rows": rows}, indent=2) + "\n")
+        Path(args.output_json).write_text(json.dumps({
+            "step_times": {engine: plain.as_dict() for engine, (plain, _) in times.items()},
+            "judged_step_times": {engine: judged.as_dict() for engine, (_, judged) in times.items()},
+            "compile_seconds": compile_seconds, "context_tokens": context.shape[1], "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

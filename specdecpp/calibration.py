@@ -73,6 +73,9 @@ class CalibrationArguments:
         "earlier (say, on a quiet "
         "machine): --choose_threshold replays with those instead of timing the pair now, so that heads "
         "compared side by side are priced alike")})
+    compile: bool = field(default=False, metadata={"help": (
+        "--choose_threshold times the compiled engine's steps (decoding will run with compile=True); the "
+        "selection records which engine its times came from")})
 
     def __post_init__(self):
         if self.num_bins < 1 or self.batch_size < 1:
@@ -220,7 +223,7 @@ def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target
     plot the cost curve; returns the selection record."""
     times = stored_step_times(args.step_times_from) if args.step_times_from else None
     threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound), batch_size=args.batch_size,
-                                            predictions=predictions, times=times)
+                                            predictions=predictions, times=times, compile=args.compile)
     selection["data"] = args.records
     head.cpu().with_threshold(threshold, selection).save_pretrained(head_dir)
     plot_threshold_curve(selection, threshold, args.threshold_plot_path)

@@ -13,6 +13,7 @@ import inspect
 from typing import Any
 
 from transformers import GenerationMixin
+from transformers.cache_utils import StaticLayer
 
 # The cache's names, newest first: transformers >= 5.24 and before.
 CACHE_NAMES = ("cache", "past_key_values")
@@ -55,3 +56,18 @@ def cache_in(kwargs: dict) -> Any:
     neither is set)."""
     return next((kwargs[name] for name in CACHE_NAMES if kwargs.get(name) is not None), None)
 
+
+# transformers >= 5.24: a StaticCache layer crops by moving its length counter, which is how the
+# compiled engine rolls back (earlier StaticLayers cannot crop at all).
+STATIC_CACHE_CROPS = getattr(StaticLayer, "is_croppable", False)
+
+
+def compile_guarded_state() -> Any:
+    """Process-wide state that transformers' forwards read, so that `torch.compile` guards on it: the
+    registry of model classes whose outputs can be recorded, which grows whenever a model of a new
+    class is built. A compiled graph holds while this value is unchanged (None where it is absent)."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:
+        return None
+    return frozenset(_CAN_RECORD_REGISTRY)

@@ -89,6 +89,7 @@ class StepTimes:
     device: str = "cpu"
     threads: int = 1
     repeats: int = 0
+    engine: str = "eager"  # the engine whose steps were timed: "eager" or "compiled"
 
     def __post_init__(self):
         self._drafting_ms = [0.0] + list(itertools.accumulate(self.draft_ms))

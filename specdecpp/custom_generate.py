@@ -68,6 +68,7 @@ def hf_generate(
     schedule: str | None = None,
     stop_threshold: float | str | None = None,
     bound: tuple[int, int] | None = None,
+    compile: bool = False,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """The SpecDec++ decoding loop in the shape `generate` calls a `custom_generate` callable:
@@ -75,7 +76,7 @@ def hf_generate(
     `head` is a head or a folder / Hub id to load one from; `stop_threshold` and `bound` go to
     `speculative_generate` untouched; left out, they are the head's stored threshold (`"auto"`) and
     the bound it was chosen for, or `speculative_generate`'s defaults for a head that stores none.
-    `schedule` defaults to `ada`.
+    `schedule` defaults to `ada`; `compile=True` runs the compiled engine (`specdecpp.compiled`).
     Length, EOS, sampling (temperature, top-k, top-p), `num_assistant_tokens` and
     `assistant_confidence_threshold` come from the generation config transformers prepared; a
     logits processor or stopping criterion the loop cannot honour (a repetition penalty, stop
@@ -102,7 +103,7 @@ def hf_generate(
         do_sample=bool(config.do_sample), temperature=1.0 if config.temperature is None else config.temperature,
         top_k=config.top_k or 0, top_p=1.0 if config.top_p is None else config.top_p,
         eos_token_id=[] if eos is None else eos, num_assistant_tokens=config.num_assistant_tokens,
-        assistant_confidence_threshold=config.assistant_confidence_threshold,
+        assistant_confidence_threshold=config.assistant_confidence_threshold, compile=compile,
         **{name: value for name, value in knobs.items() if value is not None})
     out = decode(model, draft, input_ids, settings, attention_mask=model_kwargs.get("attention_mask"),
                  streamer=streamer)

@@ -17,6 +17,7 @@ from transformers.utils import ModelOutput
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
 from specdecpp.compat import cache_kwargs
+from specdecpp.compiled import CompiledDraft, StaticModel, compiled_models, recompiles_forbidden
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample, widened
@@ -32,7 +33,8 @@ class GenerationStats:
     inside the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`.
     Where the time went (seconds): `draft_time` in draft steps, `verify_time` in the target's
     verifications, `schedule_time` in the schedule's stop decisions (`ada`'s judgements); the rest
-    of `wall_time` is the loop's own work."""
+    of `wall_time` is the loop's own work. `compile_time` is what this call spent compiling the
+    compiled engine's graphs (`compile=True`, first use per model pair and process), outside `wall_time`."""
 
     target_calls: int = 0
     draft_calls: int = 0
@@ -44,6 +46,7 @@ class GenerationStats:
     draft_time: float = 0.0
     verify_time: float = 0.0
     schedule_time: float = 0.0
+    compile_time: float = 0.0
 
 
 @dataclass
@@ -100,9 +103,33 @@ class CachedModel:
         return out.logits[0, -num_logits:], state
 
     def crop(self, length: int) -> None:
+        """Forget everything past the first `length` tokens."""
         extra = self.cache.get_seq_length() - length
         if extra > 0:
             self.cache.crop(-extra)  # transformers 5: a negative count removes that many positions
+
+
+class EagerDraft(CachedModel):
+    """The draft as the eager loop runs it: a `CachedModel` whose `draft_step` proposes one token,
+    with `warpers` (None: greedy) and the hidden state when `hidden` (a schedule that reads it)."""
+
+    def __init__(self, model: PreTrainedModel, warpers=None, hidden: bool = False):
+        super().__init__(model)
+        self.warpers, self.hidden = warpers, hidden
+
+    def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
+        """One draft forward after `tokens` and the token it proposes: the draft's argmax (greedy)
+        or a sample from its warped distribution. Its softmax is computed once and serves the
+        choice, the acceptance test and (unwarped) the head's features."""
+        logits, state = self.forward(tokens, num_logits=1, hidden=self.hidden)
+        logits = widened(logits[0])
+        if self.warpers is None:
+            probs = logits.softmax(-1)
+            token = int(probs.argmax())
+        else:
+            probs = logits_to_probs(logits[None], self.warpers)[0]
+            token = int(sample(probs[None], generator))
+        return DraftStep(num_drafted, float(probs[token]), state, token, logits, probs, warped=bool(self.warpers))
 
 
 def speculative_generate(
@@ -125,6 +152,7 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
     streamer=None,
+    compile: bool = False,
 ) -> SpeculativeOutput:
     """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
     `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `oracle`; see
@@ -137,12 +165,14 @@ def speculative_generate(
     Batch size 1, so `**tokenizer(text, return_tensors="pt")` works: `attention_mask` is accepted and
     must be all ones (padding is refused). `schedule=None` means `ada` when a `head` is given, else
     `dynamic` (what `target.generate(assistant_model=draft)` does) with a draft, else `none`.
-    Returns a `SpeculativeOutput`: the sequences (prompt included) and a `GenerationStats`."""
+    `compile=True` runs the compiled engine (`specdecpp.compiled`: static KV caches, each step one
+    `torch.compile`d graph, compiled on first use per model pair and process): the same tokens,
+    faster steps. Returns a `SpeculativeOutput`: the sequences (prompt included) and a `GenerationStats`."""
     settings = DecodingSettings(
         schedule=schedule, head=head, stop_threshold=stop_threshold, bound=bound,
         num_assistant_tokens=num_assistant_tokens, assistant_confidence_threshold=assistant_confidence_threshold,
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-        eos_token_id=eos_token_id)
+        eos_token_id=eos_token_id, compile=compile)
     return decode(target, draft, input_ids, settings, attention_mask=attention_mask, generator=generator,
                   streamer=streamer)
 
@@ -166,14 +196,15 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     policy = make_schedule(settings, draft_correct=draft_correct)
 
     stats = GenerationStats()
-    start = time.perf_counter()
     seq = input_ids[0].tolist()
     prompt_length = len(seq)
-    target_model = CachedModel(target)
-    draft_model = CachedModel(draft) if schedule != "none" else None
+    target_model, draft_model, stats.compile_time = step_models(
+        target, draft if schedule != "none" else None, settings, warpers, policy.needs_hidden_states,
+        prompt_length + max_new_tokens)
+    start = time.perf_counter()
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    with torch.inference_mode():
+    with torch.inference_mode(), recompiles_forbidden(settings.compile):
         while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
             # A round emits up to k + 1 tokens, so never draft past the length limit.
             drafted, draft_probs = _draft(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
@@ -203,7 +234,20 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     return SpeculativeOutput(torch.tensor([seq], dtype=torch.long, device=input_ids.device), stats)
 
 
-def _draft(draft_model: CachedModel | None, seq: list[int], policy: Schedule, max_tokens: int,
+def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings, warpers,
+                hidden_states: bool, max_length: int) -> tuple[CachedModel | StaticModel, EagerDraft | CompiledDraft | None,
+                                                               float]:
+    """The target and (unless None) the draft as the loop steps them, with empty caches for a
+    generation of up to `max_length` tokens: eager (`CachedModel`, and an `EagerDraft` whose steps
+    return `hidden_states` for a head), or with `settings.compile` the compiled engine's
+    (`specdecpp.compiled`), whose draft step also judges with `ada`'s head. Returns them and the
+    seconds spent compiling for this call."""
+    if not settings.compile:
+        return CachedModel(target), EagerDraft(draft, warpers, hidden_states) if draft else None, 0.0
+    return compiled_models(target, draft, settings, max_length)
+
+
+def _draft(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], policy: Schedule, max_tokens: int,
            warpers, generator: torch.Generator | None, stats: GenerationStats) -> tuple[list[int], list[torch.Tensor]]:
     """Draft up to `max_tokens` tokens after `seq`, one draft forward each, until the policy
     stops. Returns the tokens and, when sampling, the draft's distribution for each."""
@@ -211,7 +255,7 @@ def _draft(draft_model: CachedModel | None, seq: list[int], policy: Schedule, ma
     draft_probs: list[torch.Tensor] = []
     for num_drafted in range(1, max_tokens + 1):
         start = time.perf_counter()
-        step = draft_step(draft_model, seq + drafted, num_drafted, warpers, generator, policy.needs_hidden_states)
+        step = draft_model.draft_step(seq + drafted, num_drafted, generator)
         drafted_at = time.perf_counter()
         stop = policy.stop_after(step)
         stats.schedule_time += time.perf_counter() - drafted_at
@@ -225,23 +269,7 @@ def _draft(draft_model: CachedModel | None, seq: list[int], policy: Schedule, ma
     return drafted, draft_probs
 
 
-def draft_step(draft_model: CachedModel, tokens: list[int], num_drafted: int, warpers,
-               generator: torch.Generator | None, hidden: bool) -> DraftStep:
-    """One draft forward after `tokens` and the token it proposes: the draft's argmax (greedy,
-    `warpers` None) or a sample from its warped distribution. Its softmax is computed once and
-    serves the choice, the acceptance test and (unwarped) the head's features."""
-    logits, state = draft_model.forward(tokens, num_logits=1, hidden=hidden)
-    logits = widened(logits[0])
-    if warpers is None:
-        probs = logits.softmax(-1)
-        token = int(probs.argmax())
-    else:
-        probs = logits_to_probs(logits[None], warpers)[0]
-        token = int(sample(probs[None], generator))
-    return DraftStep(num_drafted, float(probs[token]), state, token, logits, probs, warped=bool(warpers))
-
-
-def verify(target_model: CachedModel, seq: list[int], drafted: list[int], draft_probs: list[torch.Tensor], warpers,
+def verify(target_model: CachedModel | StaticModel, seq: list[int], drafted: list[int], draft_probs: list[torch.Tensor], warpers,
            generator: torch.Generator | None) -> tuple[int, int]:
     """One target forward over `[last verified token, drafted...]` after `seq`, then `_verify`:
     how many drafted tokens are accepted and the token the target adds after them."""

@@ -26,7 +26,7 @@ class DecodingSettings:
     one from the models, see `default_schedule`) and its knobs (`head`, `stop_threshold`, `bound`
     for `ada`; `num_assistant_tokens`, `assistant_confidence_threshold` for the others), the
     length limit, greedy or sampling (`temperature`, `top_k`, `top_p`) and the EOS ids (None: the
-    target's generation config's). The defaults are `speculative_generate`'s."""
+    target's generation config's), and whether to run the compiled engine (`compile`). The defaults are `speculative_generate`'s."""
 
     schedule: str | None = None
     head: AcceptancePredictionHead | None = None
@@ -40,6 +40,7 @@ class DecodingSettings:
     top_k: int = 0
     top_p: float = 1.0
     eos_token_id: int | list[int] | None = None
+    compile: bool = False
 
     def validate(self, name: Callable[[str], str] = str) -> None:
         """Raise ValueError, naming the setting, on a value the loop cannot honour: an unknown

@@ -53,6 +53,8 @@ class DemoArguments:
         "help": "torch CPU threads: the embedded pair runs as fast on one, and one thread is not slowed down "
                 "by other processes the way a team of threads is"})
     progress: bool = field(default=True, metadata={"help": "progress bars (--no_progress to hide)"})
+    compile: bool = field(default=False, metadata={
+        "help": "run our methods on the compiled engine (see specdecpp evaluate --compile)"})
 
 
 def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
@@ -72,7 +74,8 @@ def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
     source = PromptSource(prompts=demo.prompts, n_end=demo.tune_prompts + demo.num_prompts)
     run = RunOptions(output=demo.output, seed=demo.seed, progress=demo.progress)
     pair.single_head()  # the demo compares one head with the baselines
-    return Evaluation(pair, grid, DecodingSettings(max_new_tokens=demo.max_new_tokens), source, run)
+    return Evaluation(pair, grid, DecodingSettings(max_new_tokens=demo.max_new_tokens, compile=demo.compile), source,
+                      run)
 
 
 def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec], list[dict], dict | None]:

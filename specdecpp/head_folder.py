@@ -198,7 +198,7 @@ def _threshold_section(config: dict) -> str:
 
 It was chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection.get('records')} dev
 records ({data}{selection.get('tokens')} tokens) with bound {tuple(selection.get('bound', ()))}, each round priced with
-what the loop spends (`specdecpp.costs`), measured through the engine's own steps on {plain['device']} with
+what the loop spends (`specdecpp.costs`), measured through the {plain.get('engine', 'eager')} engine's own steps on {plain['device']} with
 {plain['threads']} torch thread(s), {plain['repeats']} timed passes: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
 {plain['draft_ms'][0]:.2f} ms first in a round, {plain['draft_ms'][-1]:.2f} ms late in a long one ({judged['draft_ms'][0]:.2f} / {judged['draft_ms'][-1]:.2f} ms
 with this head judging); the head's judgement {judged['judge_ms']:.3f} ms per drafted token; a verification of 1 / {len(plain['verify_ms']) - 1}

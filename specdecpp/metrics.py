@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdecpp.compat import cache_kwargs
+from specdecpp.compiled import TimedSteps
 from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, cost_ratio, flat_spent
 
 
@@ -30,18 +31,25 @@ class CostProbe:
     cost ratio between prompts all through a run (machine load then hits it as it hits the
     methods) instead of once at the start. A draft step feeds one token, a target verification
     the last verified token plus `k` drafted ones, both after the prompt `input_ids`
-    `[1, length]` is in the KV cache (as mid-generation); `warmup_steps` of each run untimed."""
+    `[1, length]` is in the KV cache (as mid-generation); `warmup_steps` of each run untimed. With
+    `compile`, the compiled engine's steps (`compiled.TimedSteps`), as the methods then run them."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
-                 k: int = 4, warmup_steps: int = 10) -> None:
+                 k: int = 4, warmup_steps: int = 10, compile: bool = False) -> None:
         self.k = k
-        self.draft_step = cached_step(draft, input_ids, 1)
-        self.target_verify = cached_step(target, input_ids, k + 1)
+        if compile:
+            steps = TimedSteps(target, draft, input_ids, k)
+            self.load, self.draft_step, self.target_verify = steps.load, steps.draft_step, steps.verify
+        else:
+            self.load = lambda: None  # eager steps keep caches of their own
+            self.draft_step = cached_step(draft, input_ids, 1)
+            self.target_verify = cached_step(target, input_ids, k + 1)
         self.sample(warmup_steps)
 
     def sample(self, steps: int) -> tuple[list[float], list[float]]:
         """`steps` timings (ms) of each kind of step, alternating so that load on the machine
         hits both alike. Returns the draft step times and the target verification times."""
+        self.load()
         draft_ms, (target_ms,) = time_alternately(self.draft_step, [self.target_verify], steps)
         return draft_ms, target_ms
 

@@ -27,7 +27,8 @@ class DraftStep:
     sampling warpers; `warped` says whether they changed it), the draft's raw logits `[vocab]` that
     proposed it (float32 or wider), and the draft's last-layer hidden state at the input position
     of that forward — the state of `y_{j-1}`, or of the last verified token when `j == 1` (only
-    computed when the schedule asks for hidden states)."""
+    computed when the schedule asks for hidden states). `accept_prob` is the head's judgement when
+    the step already made it (the compiled engine judges inside its draft graph), else None."""
 
     num_drafted: int
     token_prob: float
@@ -36,6 +37,7 @@ class DraftStep:
     logits: torch.Tensor | None = None
     probs: torch.Tensor | None = None
     warped: bool = False
+    accept_prob: float | None = None
 
     @property
     def raw_probs(self) -> torch.Tensor | None:
@@ -122,12 +124,14 @@ class Ada(Schedule):
         if self.judges_proposed_token:
             self.p_all_accepted *= self.judge(step)
         elif step.num_drafted >= 2:
-            self.p_all_accepted *= self.judge_state(step.hidden)
+            self.p_all_accepted *= self.judge_state(step.hidden) if step.accept_prob is None else step.accept_prob
         return step.num_drafted >= self.min_draft and 1.0 - self.p_all_accepted > self.stop_threshold
 
     def judge(self, step: DraftStep) -> float:
         """A proposer head's P(accept) of the token `step` just drafted, its features taken from
-        the softmax the draft step already computed."""
+        the softmax the draft step already computed (or the judgement the step made itself)."""
+        if step.accept_prob is not None:
+            return step.accept_prob
         features = step_features(step.logits, step.raw_probs, step.token, self.features,
                                  None if step.warped else step.token_prob) if self.features else ()
         return self.judge_state(step.hidden, features)

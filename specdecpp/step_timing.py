@@ -1,6 +1,6 @@
 """Timing the loop's steps on this machine: the measured `StepTimes` that price the cost model.
 
-Every figure is timed through the engine's own step functions (`decoding.draft_step`,
+Every figure is timed through the engine's own step functions (`EagerDraft.draft_step`,
 `decoding.verify`, the schedule's `stop_after`) in rounds laid out as the loop lays them out, so
 that the cache state each step meets is the loop's (see `specdecpp.costs` for what each figure
 prices). The first round of a generation also reads the prompt: its first draft step and its
@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp.costs import StepTimes, loop_overhead_ms
-from specdecpp.decoding import CachedModel, decode, draft_step, verify
+from specdecpp.decoding import decode, step_models, verify
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.sampling import make_warpers
@@ -25,20 +25,21 @@ from specdecpp.schedules import Ada
 
 def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                   head: AcceptancePredictionHead | None = None, do_sample: bool = False,
-                  repeats: int = 8) -> tuple[StepTimes, StepTimes | None]:
+                  repeats: int = 8, compile: bool = False) -> tuple[StepTimes, StepTimes | None]:
     """The pair's step times on the context `input_ids` `[1, length]`: those of schedules without a
     head (the loop's own overhead per round included, see `measure_round_overhead`) and, given a
     `head`, those of `ada` with it (its draft steps also return hidden states and each is judged, which changes what
     the next step finds in the CPU caches; same round overhead). The two probes alternate pass by
-    pass, so that load on the machine hits both alike. Greedy steps unless `do_sample`."""
-    probes = [StepProbe(target, draft, input_ids, max_draft, do_sample=do_sample)]
+    pass, so that load on the machine hits both alike. Greedy steps unless `do_sample`; the
+    compiled engine's steps when `compile` (the engine the decoding will run)."""
+    probes = [StepProbe(target, draft, input_ids, max_draft, do_sample=do_sample, compile=compile)]
     if head is not None:
-        probes.append(StepProbe(target, draft, input_ids, max_draft, head=head, do_sample=do_sample))
+        probes.append(StepProbe(target, draft, input_ids, max_draft, head=head, do_sample=do_sample, compile=compile))
     for _ in range(repeats):
         for probe in probes:
             probe.sample()
     plain = probes[0].times()
-    plain.round_overhead_ms = measure_round_overhead(target, draft, input_ids)
+    plain.round_overhead_ms = measure_round_overhead(target, draft, input_ids, compile=compile)
     judged = replace(probes[1].times(), round_overhead_ms=plain.round_overhead_ms) if head is not None else None
     return plain, judged
 
@@ -50,16 +51,21 @@ class StepProbe:
     back, then rounds of every length `k = 0..max_draft` as the loop takes them (each drafted token
     judged by `head` when given), timing each draft step, judgement and verification apart, and
     crops both caches back so that every round sees the same context. Greedy steps unless
-    `do_sample` (warpers of temperature 1, no filtering); `warmup` passes run untimed."""
+    `do_sample` (warpers of temperature 1, no filtering); the compiled engine's steps when
+    `compile` (its draft step then includes the judgement); `warmup` passes run untimed."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
-                 head: AcceptancePredictionHead | None = None, do_sample: bool = False, warmup: int = 2):
+                 head: AcceptancePredictionHead | None = None, do_sample: bool = False, warmup: int = 2,
+                 compile: bool = False):
         self.seq, self.max_draft, self.has_head = input_ids[0].tolist(), max_draft, head is not None
-        self.device = str(target.device)
+        self.device, self.engine = str(target.device), "compiled" if compile else "eager"
         self.warpers = make_warpers() if do_sample else None
         self.generator = torch.Generator(target.device).manual_seed(0) if do_sample else None
         self.judge = Ada(head, stop_threshold=1.0, bound=(1, max(max_draft, 1))) if head is not None else None
-        self.target_model, self.draft_model = CachedModel(target), CachedModel(draft)
+        settings = DecodingSettings(schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample,
+                                    compile=compile)
+        self.target_model, self.draft_model, _ = step_models(target, draft, settings, self.warpers, head is not None,
+                                                             len(self.seq) + max_draft + 1)
         self.drafts = [[] for _ in range(max_draft)]
         self.verified = [[] for _ in range(max_draft + 1)]
         self.alone, self.judged, self.passes = [], [], 0
@@ -86,7 +92,7 @@ class StepProbe:
         median = statistics.median
         return StepTimes(draft_ms=[median(t) for t in self.drafts], verify_ms=[median(v) for v in self.verified],
                          target_alone_ms=median(self.alone), judge_ms=median(self.judged) if self.has_head else 0.0,
-                         device=self.device, threads=torch.get_num_threads(), repeats=self.passes)
+                         device=self.device, threads=torch.get_num_threads(), repeats=self.passes, engine=self.engine)
 
     def _pass(self) -> tuple[list[float], list[list[float]], list[list[float]], list[float]]:
         seq, warpers, generator, judge = self.seq, self.warpers, self.generator, self.judge
@@ -102,7 +108,7 @@ class StepProbe:
                 judge.max_draft()
             for j in range(1, k + 1):
                 start = time.perf_counter()
-                step = draft_step(self.draft_model, seq + drafted, j, warpers, generator, judge is not None)
+                step = self.draft_model.draft_step(seq + drafted, j, generator)
                 middle = time.perf_counter()
                 if judge is not None:
                     judge.stop_after(step)
@@ -120,29 +126,32 @@ class StepProbe:
 
 
 def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
-                     times: StepTimes) -> float:
+                     times: StepTimes, compile: bool = False) -> float:
     """What a generation's first round costs beyond its priced steps because it reads the prompt:
-    a forward over the prompt on each model (fresh caches, timed now) less the draft step and
-    target-alone verification it stands in for. `draft=None`: the target alone."""
+    a forward over the prompt on each model (empty caches of the engine `compile` names, timed
+    now) less the draft step and target-alone verification it stands in for. `draft=None`: the
+    target alone."""
     if draft is None:
-        return _prefill_ms(target, input_ids) - times.target_alone_ms
-    extra = _prefill_ms(target, input_ids) - times.verify_ms[0]
+        return _prefill_ms(target, input_ids, compile) - times.target_alone_ms
+    extra = _prefill_ms(target, input_ids, compile) - times.verify_ms[0]
     if times.draft_ms:
-        extra += _prefill_ms(draft, input_ids) - times.draft_ms[0]
+        extra += _prefill_ms(draft, input_ids, compile) - times.draft_ms[0]
     return extra
 
 
-def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor) -> float:
-    cached = CachedModel(model)
+def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool) -> float:
+    seq = input_ids[0].tolist()
+    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), None, False, len(seq))
     with torch.inference_mode():
         start = time.perf_counter()
-        cached.forward(input_ids[0].tolist(), num_logits=1)
+        cached.forward(seq, num_logits=1)
         return 1000 * (time.perf_counter() - start)
 
 
 def measure_round_overhead(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
-                           tokens: int = 32, runs: int = 3) -> float:
+                           tokens: int = 32, runs: int = 3, compile: bool = False) -> float:
     """The loop's own time per round (ms, `loop_overhead_ms`) in a `constant` K=3 decode of
-    `tokens` tokens after `input_ids`; the median of `runs`."""
-    settings = DecodingSettings(schedule="constant", num_assistant_tokens=3, max_new_tokens=tokens, eos_token_id=[])
+    `tokens` tokens after `input_ids` (on the compiled engine when `compile`); the median of `runs`."""
+    settings = DecodingSettings(schedule="constant", num_assistant_tokens=3, max_new_tokens=tokens, eos_token_id=[],
+                                compile=compile)
     return statistics.median(loop_overhead_ms(decode(target, draft, input_ids, settings).stats) for _ in range(runs))

@@ -134,14 +134,15 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                      records: list[dict], bound: tuple[int, int] = (2, 20), thresholds: tuple[float, ...] = THRESHOLDS,
                      batch_size: int = 8, timing_repeats: int = 8,
                      predictions: np.ndarray | None = None,
-                     times: tuple[StepTimes, StepTimes] | None = None) -> tuple[float, dict]:
+                     times: tuple[StepTimes, StepTimes] | None = None, compile: bool = False) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
     as the head will decode) is lowest, and the record of the choice (measured times, the cost
     curve, constant K = 1..6, our `dynamic` at `CONFIDENCES` (from the draft's probability of each
     proposal, `log_p_draft`) and, for greedy records, the oracle replayed alike), ready to store
     with `head.with_threshold`. `predictions`: the head's predictions over the records
     (`head_data.predict`) when the caller already has them; `times`: the step times `(plain,
-    judged)` to price rounds with (`stored_step_times`), instead of timing the pair now."""
+    judged)` to price rounds with (`stored_step_times`), instead of timing the pair now on the
+    engine decoding will run (compiled when `compile`; the times record which)."""
     if head.alignment != "proposer":
         raise ValueError("choosing a threshold replays rounds from the head's predictions, which needs a "
                          "proposer head (a reader head judges states the records do not hold)")
@@ -151,7 +152,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     accept = [np.asarray(r["p_acc"], dtype=np.float64) for r in records]
     greedy = all(np.isin(a, (0.0, 1.0)).all() for a in accept)
     plain, judged = times or measure_costs(target, draft, probe_input(records), bound[1], head=head,
-                                           do_sample=not greedy, repeats=timing_repeats)
+                                           do_sample=not greedy, repeats=timing_repeats, compile=compile)
 
     draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
 

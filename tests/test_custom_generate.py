@@ -42,6 +42,19 @@ def test_folder_form_greedy_equals_target_generate(zoo, prompt):
     assert isinstance(out, torch.Tensor) and torch.equal(out, expected)
 
 
+@pytest.mark.skipif(not specdecpp.compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
+def test_folder_form_runs_the_compiled_engine_when_asked(zoo):
+    target, draft, tokenizer = zoo
+    inputs = tokenizer(PROMPTS[0], return_tensors="pt")
+    expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    out = folder_generate(target, draft, inputs, max_new_tokens=30, do_sample=False, return_dict_in_generate=True,
+                          compile=True)
+    assert torch.equal(out.sequences, expected)
+    again = folder_generate(target, draft, inputs, max_new_tokens=30, do_sample=False, return_dict_in_generate=True,
+                            compile=True)
+    assert out.stats.compile_time > 0 and again.stats.compile_time == 0  # it compiled, once
+
+
 def test_folder_form_returns_a_generate_output_and_passes_the_specdec_knobs(zoo):
     target, draft, tokenizer = zoo
     inputs = tokenizer(PROMPTS[1], return_tensors="pt")

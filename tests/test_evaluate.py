@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import write_prompts
 
+from specdecpp import compiled
 from specdecpp import evaluate as ev
 from specdecpp.evaluation import methods, runner, settings
 from specdecpp.head import AcceptancePredictionHead
@@ -225,6 +226,20 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
     assert summary["title"] == f"{eval_dirs['prompts']} prompts 0-2, greedy, 10 new tokens"
     for figure in ("pareto.png", "speedup_vs_threshold.png"):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
+def test_compile_runs_our_methods_compiled_and_reports_the_compile_time(eval_dirs, tmp_path):
+    """--compile: our methods (the models alone included) compile in the warm-up, never in a timed
+    run, outputs still equal the target's, Hugging Face's rows run as before."""
+    args = make_args(eval_dirs, tmp_path, schedule=["constant", "ada"], stop_threshold=[0.5], num_assistant_tokens=[3],
+                     baselines=["target", "draft", "hf:constant"], n_end=3, compile=True)
+    document = args.evaluate()
+    records = json.loads(Path(document["records_file"]).read_text())
+    assert document["cost"]["compile_seconds"] > 0 and document["settings"]["compile"] is True
+    assert all(r["compile_time"] == 0 for r in records)
+    assert all(r["matches_target"] is True for r in records if r["engine"] == "specdecpp")
+    assert document["greedy_check"].startswith("greedy check passed")
 
 
 def test_the_embedded_pairs_heldout_prompts_are_a_prompt_set():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from specdecpp.decoding import CachedModel, draft_step
+from specdecpp.decoding import EagerDraft
 from specdecpp.head import FEATURES, step_features
 from specdecpp.head_data import head_inputs
 from specdecpp.sampling import make_warpers
@@ -20,9 +20,9 @@ def test_every_feature_is_the_same_in_training_and_in_the_engine(do_sample):
     sequence = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     warpers = make_warpers(temperature=1.0) if do_sample else None
     generator = torch.Generator().manual_seed(1)
-    cached, candidates, engine_hidden, engine_features = CachedModel(draft), [], [], []
+    cached, candidates, engine_hidden, engine_features = EagerDraft(draft, warpers, hidden=True), [], [], []
     for length in range(1, len(sequence)):  # the step that proposes the token after sequence[:length]
-        step = draft_step(cached, sequence[:length], 1, warpers, generator, hidden=True)
+        step = cached.draft_step(sequence[:length], 1, generator)
         candidates.append(step.token)
         engine_hidden.append(step.hidden.float())
         engine_features.append(step_features(step.logits, step.raw_probs, step.token, names,

@@ -42,6 +42,7 @@ class Counts:
     draft_calls: int | None
     discarded_tokens: int | None
     accepted_lengths: list[int] | None
+    compile_time: float = 0.0  # seconds the call spent compiling (our compiled engine), inside its time
 
 
 @dataclass
@@ -131,9 +132,9 @@ def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrained
         tokens = out.sequences[0, len(prompt.ids):].tolist()
         if spec.engine is None:
             calls = (0, stats.target_calls) if alone_is_draft else (stats.target_calls, 0)
-            return Counts(tokens, *calls, discarded_tokens=0, accepted_lengths=None)
+            return Counts(tokens, *calls, discarded_tokens=0, accepted_lengths=None, compile_time=stats.compile_time)
         return Counts(tokens, stats.target_calls, stats.draft_calls, stats.discarded_tokens,
-                      list(stats.accepted_lengths))
+                      list(stats.accepted_lengths), stats.compile_time)
 
     return generate
 

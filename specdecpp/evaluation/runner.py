@@ -47,13 +47,19 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
 
 
 # -- the measurement loop -----------------------------------------------------------------------
-def warm_up(methods: list[Method], prompt: Prompt, tokens: int, seed: int) -> None:
+def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int, compile: bool = False) -> float:
     """Run each method once, untimed, so that first-call costs (allocation, lazy initialisation)
-    stay out of the measurement."""
+    stay out of the measurement: `tokens` tokens after the first prompt, or, when `compile`, all
+    the tokens of the longest prompt (the compiled engine then compiles graphs for caches that
+    hold every prompt, here rather than in a timed run). Returns the seconds spent compiling."""
+    if compile:
+        longest = max(prompts, key=lambda prompt: len(prompt.ids) + prompt.max_new_tokens)
+        return sum(method.generate(longest, seed).compile_time for method in methods)
     if tokens > 0:
-        short = Prompt(prompt.id, prompt.text, prompt.ids, min(tokens, prompt.max_new_tokens))
+        short = Prompt(prompts[0].id, prompts[0].text, prompts[0].ids, min(tokens, prompts[0].max_new_tokens))
         for method in methods:
             method.generate(short, seed)
+    return 0.0
 
 
 def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions, probe: metrics.CostProbe,
@@ -130,6 +136,7 @@ def _record(prompt: Prompt, spec: MethodSpec, runs: dict, greedy: bool, tokenize
         "speedup": target_time / seconds, "tokens": counts.tokens,
         "output": tokenizer.decode(counts.tokens) if tokenizer is not None else None,
         "matches_target": counts.tokens == target.tokens if checked else None,
+        "compile_time": counts.compile_time,
     }
 
 
@@ -140,11 +147,11 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding
     says) on every prompt not already in `done` (records
     of an interrupted run), timing the cost ratio's steps after each prompt and saving all
     records so far to `results_path`. Returns the records (`done` first) and the run's cost
-    measurement (`run_cost`)."""
+    measurement (`run_cost`, plus the warm-up's `compile_seconds`: nonzero with `decoding.compile`)."""
     done = done or []
     methods = [build_method(spec, pair, decoding) for spec in specs]
-    warm_up(methods, prompts[0], run.warmup_tokens, run.seed)
-    probe = metrics.CostProbe(pair.target, pair.draft, torch.tensor([prompts[0].ids]))
+    compile_seconds = warm_up(methods, prompts, run.warmup_tokens, run.seed, decoding.compile)
+    probe = metrics.CostProbe(pair.target, pair.draft, torch.tensor([prompts[0].ids]), compile=decoding.compile)
     finished = {record["id"] for record in done}
     todo = [prompt for prompt in prompts if prompt.id not in finished]
     if results_path is not None:
@@ -152,7 +159,7 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding
     save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
     records = done + run_evaluation(methods, todo, run, probe, pair.tokenizer, on_prompt=save, label=label,
                                     target=pair.target, greedy=not decoding.do_sample)
-    return records, run_cost(records, probe, run.cost_steps_per_prompt)
+    return records, {**run_cost(records, probe, run.cost_steps_per_prompt), "compile_seconds": compile_seconds}
 
 
 def run_cost(records: list[dict], probe: metrics.CostProbe, steps_per_prompt: int) -> dict:
@@ -255,7 +262,7 @@ class Evaluation:
     def settings(self) -> dict:
         """Every setting of the run by its flag's name, as `summary.json` records them."""
         decoding = {name: getattr(self.decoding, name)
-                    for name in ("bound", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p")}
+                    for name in ("bound", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "compile")}
         return {**asdict(self.pair_arguments), **asdict(self.grid), **decoding, **asdict(self.source),
                 **asdict(self.run)}
 

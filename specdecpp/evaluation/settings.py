@@ -76,11 +76,15 @@ class DecodingArguments:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    compile: bool = field(default=False, metadata={
+        "help": "run our methods (the target and draft alone included) on the compiled engine: static caches, "
+                "each step one torch.compile'd graph, compiled in the warm-up (its time is reported, not timed)"})
 
     def settings(self) -> DecodingSettings:
         """These settings as the engine takes them."""
         return DecodingSettings(bound=tuple(self.bound), max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
-                                temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+                                temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                                compile=self.compile)
 
 
 @dataclass

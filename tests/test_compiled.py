@@ -1,0 +1,205 @@
+"""The compiled engine: the same tokens as the target (greedy) and its distribution (sampling),
+graphs compiled once and never again mid-generation, clear refusals."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import perturbed_copy, tiny_llama
+from test_decoding import (
+    HIDDEN, chi_square_pvalue, constant_head, exact_first_two_token_distribution, prompts, random_proposer,
+    target_greedy, tiny_family_model,
+)
+from torch._dynamo.utils import counters
+from transformers import AutoModelForCausalLM, MistralConfig
+
+from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp import compiled
+from specdecpp.sampling import make_warpers
+from specdecpp.schedules import SCHEDULES
+
+
+# Before transformers 5.24 a StaticCache cannot crop, and compile=True is refused (tested below).
+needs_static_crop = pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True "
+                                       "is refused (test_a_transformers_without_static_crop_is_refused)")
+
+
+def compiled_generate(target, draft, prompt, **kwargs):
+    return speculative_generate(target, draft, prompt, compile=True, **kwargs)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@needs_static_crop
+def test_compiled_greedy_equals_target_generate(tiny_pair, schedule):
+    target, draft = tiny_pair
+    head = random_proposer() if schedule == "ada" else None
+    for prompt, max_new_tokens in itertools.product(prompts(5), (1, 9, 40)):
+        out = compiled_generate(target, draft, prompt, schedule=schedule, head=head, stop_threshold=0.5,
+                                max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(1, 6))
+        assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens)), (schedule, prompt)
+
+
+@pytest.mark.parametrize("head_kind", ["reader", "proposer+margin", "features alone"])
+@needs_static_crop
+def test_compiled_greedy_equals_target_generate_with_every_kind_of_head(tiny_pair, head_kind):
+    target, draft = tiny_pair
+    torch.manual_seed(3)
+    head = {"reader": AcceptancePredictionHead(HIDDEN, num_layers=2),
+            "proposer+margin": random_proposer(features=("log_q", "entropy", "margin")),
+            "features alone": random_proposer(0, ("log_q", "entropy", "margin"))}[head_kind]
+    if head_kind == "reader":
+        with torch.no_grad():
+            for p in head.parameters():
+                p.normal_(0, 0.5)
+    lengths = set()
+    for prompt in prompts(5, seed=3):
+        out = compiled_generate(target, draft, prompt, schedule="ada", head=head, stop_threshold=0.5,
+                                max_new_tokens=30, bound=(1, 6))
+        assert torch.equal(out.sequences, target_greedy(target, prompt, 30)), prompt
+        lengths.update(out.stats.draft_lengths)
+    assert len(lengths) > 2  # the in-graph judgements really varied the rounds
+
+
+@needs_static_crop
+def test_compiled_judgement_is_the_eager_one(tiny_pair):
+    """The head's P(accept) computed inside the draft graph equals the eager loop's, round by round,
+    for each of two heads of one shape (they share an engine, the second's weights copied in)."""
+    target, draft = tiny_pair
+    prompt = prompts(1, seed=5)[0]
+    lengths = []
+    for seed in (0, 1):
+        head = random_proposer(features=("log_q", "entropy", "margin"), seed=seed)
+        runs = [speculative_generate(target, draft, prompt, schedule="ada", head=head, stop_threshold=0.5,
+                                     max_new_tokens=40, bound=(1, 6), compile=flag).stats for flag in (False, True)]
+        assert runs[0].draft_lengths == runs[1].draft_lengths
+        assert seed == 0 or runs[1].compile_time == 0
+        lengths.append(runs[0].draft_lengths)
+    assert lengths[0] != lengths[1]  # the heads judged differently, and the engine followed each
+
+
+@needs_static_crop
+def test_compiled_eos_inside_a_round_and_the_length_limit_mid_round(tiny_pair):
+    target, _ = tiny_pair
+    prompt = prompts(1, seed=4)[0]
+    continuation = target_greedy(target, prompt, 30)[0, prompt.shape[1]:].tolist()
+    eos = continuation[12]
+    expected = target_greedy(target, prompt, 30, eos_token_id=eos)
+    for draft in (target, perturbed_copy(target, 0.01)):  # an identical draft proposes EOS inside a run
+        out = compiled_generate(target, draft, prompt, schedule="constant", num_assistant_tokens=6, max_new_tokens=30,
+                                eos_token_id=[999, eos])
+        assert torch.equal(out.sequences, expected)
+        for max_new_tokens in (7, 11):  # rounds of 7 tokens: the limit falls inside a round
+            out = compiled_generate(target, draft, prompt, schedule="constant", num_assistant_tokens=6,
+                                    max_new_tokens=max_new_tokens, eos_token_id=[])
+            assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens, eos_token_id=None))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "opt"])
+@needs_static_crop
+def test_compiled_greedy_equal_across_model_families(family):
+    target, draft = tiny_family_model(family, seed=0), tiny_family_model(family, seed=1)
+    head = random_proposer()
+    for schedule, prompt in itertools.product(("constant", "ada"), prompts(3, seed=2)):
+        out = compiled_generate(target, draft, prompt, schedule=schedule, head=head, stop_threshold=0.5,
+                                num_assistant_tokens=3, max_new_tokens=20, bound=(1, 6))
+        assert torch.equal(out.sequences, target_greedy(target, prompt, 20)), (family, schedule)
+
+
+VOCAB = 6
+
+
+@pytest.mark.parametrize("schedule,settings", [
+    ("dynamic", dict(temperature=0.8)),
+    ("ada", dict(top_k=5)),
+    ("ada-proposer", dict(top_p=0.9)),
+])
+@needs_static_crop
+def test_compiled_sampling_follows_the_target_distribution(schedule, settings):
+    target = tiny_llama(vocab_size=VOCAB, seed=0, initializer_range=0.5)
+    draft = tiny_llama(vocab_size=VOCAB, seed=5, initializer_range=0.5)
+    prompt = torch.tensor([[1, 4, 2]])
+    head, threshold = AcceptancePredictionHead(HIDDEN, num_layers=1), 0.5
+    if schedule == "ada-proposer":  # this fresh proposer head judges about 0.2: a higher threshold varies its rounds
+        schedule, threshold = "ada", 0.9
+        torch.manual_seed(0)
+        head = AcceptancePredictionHead(HIDDEN, 1, alignment="proposer", features=["log_q", "entropy"])
+    generator = torch.Generator().manual_seed(0)
+    samples, lengths = [], set()
+    for _ in range(2000):
+        out = compiled_generate(target, draft, prompt, schedule=schedule, head=head, stop_threshold=threshold,
+                                bound=(1, 4), num_assistant_tokens=3, assistant_confidence_threshold=0.3, max_new_tokens=5, do_sample=True,
+                                generator=generator, **settings)
+        samples.append(tuple(out.sequences[0, 3:5].tolist()))
+        lengths.add(out.stats.draft_lengths[0])
+    warpers = make_warpers(**settings)
+    assert chi_square_pvalue(samples, exact_first_two_token_distribution(target, prompt, warpers)) > 1e-3
+    assert chi_square_pvalue(samples, exact_first_two_token_distribution(draft, prompt, warpers)) < 1e-6
+    assert len(lengths) > 1
+
+
+@needs_static_crop
+def test_compiled_sampling_is_reproducible_with_a_generator(tiny_pair):
+    target, draft = tiny_pair
+    runs = [compiled_generate(target, draft, prompts(1)[0], schedule="dynamic", max_new_tokens=30, do_sample=True,
+                              generator=torch.Generator().manual_seed(11)).sequences for _ in range(2)]
+    assert torch.equal(*runs)
+
+
+@needs_static_crop
+def test_graphs_compile_once_and_never_again_mid_generation(tiny_pair):
+    """After the first call, prompts of other lengths and rounds of every length up to the bound
+    compile nothing (decoding runs with recompilation forbidden, so a recompile would also raise)."""
+    target, draft = tiny_pair
+    always = constant_head(20.0, alignment="proposer", features=[])
+    settings = dict(schedule="ada", head=always, stop_threshold=0.5, bound=(1, 12))
+    first = compiled_generate(target, target, prompts(1)[0], max_new_tokens=3, **settings)  # a fresh draft key
+    assert first.stats.compile_time > 0
+    frames, lengths = counters["stats"]["unique_graphs"], set()
+    assert frames > 0  # the counter counts compiled graphs
+    for prompt, max_new_tokens in zip(itertools.cycle(prompts(8, seed=6)), range(1, 15)):  # prompts of 1..22 tokens
+        out = compiled_generate(target, target, prompt, max_new_tokens=max_new_tokens, **settings)
+        assert out.stats.compile_time == 0
+        lengths.update(out.stats.draft_lengths)
+    assert lengths == set(range(13))  # every round length up to the bound, each verified by the same graphs
+    assert counters["stats"]["unique_graphs"] == frames
+
+
+@needs_static_crop
+def test_a_model_class_built_after_compiling_recompiles_before_a_generation_not_during(tiny_pair):
+    """Building a model of a new class changes state transformers' forwards read (and the graphs
+    guard on): the next generation warms its engines up again instead of failing mid-way."""
+    target, draft = tiny_pair
+    prompt = prompts(1, seed=3)[0]
+    compiled_generate(target, draft, prompt, max_new_tokens=5)
+    type("FreshLlamaForCausalLM", (type(target),), {})(target.config)
+    out = compiled_generate(target, draft, prompt, max_new_tokens=12)
+    assert out.stats.compile_time > 0
+    assert torch.equal(out.sequences, target_greedy(target, prompt, 12))
+    assert compiled_generate(target, draft, prompt, max_new_tokens=12).stats.compile_time == 0
+
+
+def test_a_transformers_without_static_crop_is_refused(tiny_pair, monkeypatch):
+    monkeypatch.setattr(compiled, "STATIC_CACHE_CROPS", False)
+    monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
+    with pytest.raises(ValueError, match="compile=True needs transformers >= 5.24"):
+        compiled_generate(*tiny_pair, prompts(1)[0], max_new_tokens=4)
+
+
+@needs_static_crop
+def test_sliding_window_caches_are_refused():
+    config = MistralConfig(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, sliding_window=8)
+    target = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="sliding-window layer .*StaticSlidingWindowLayer"):
+        compiled_generate(target, None, prompts(1)[0], max_new_tokens=4)
+    assert speculative_generate(target, None, prompts(1)[0], max_new_tokens=4).sequences.shape[1] > 1  # eager works
+
+
+@needs_static_crop
+def test_a_head_reading_a_state_the_graph_cannot_see_is_refused(tiny_pair, monkeypatch):
+    target, _ = tiny_pair
+    draft = tiny_llama(seed=9)
+    monkeypatch.setattr(draft, "get_output_embeddings", lambda: None)
+    with pytest.raises(ValueError, match="last hidden state is not its output layer's input"):
+        compiled_generate(target, draft, prompts(1)[0], schedule="ada", head=random_proposer(), max_new_tokens=4)
