@@ -166,7 +166,10 @@ class StaticModel:
         return self.cache.get_seq_length() + torch.arange(input_ids.shape[1], device=input_ids.device)[None]
 
     def _feed(self, tokens: list[int]) -> None:
-        """Eager forward over the tokens of `tokens` the cache has not seen (a prompt, a catch-up)."""
+        """Eager forward over the tokens of `tokens` the cache has not seen (a prompt, a catch-up).
+        A cache that holds more than `tokens` is cropped to them first, so that the counter the
+        graphs read and `length` never part."""
+        self.crop(len(tokens))
         if len(tokens) > self.capacity:
             raise ValueError(f"the compiled engine's cache holds {self.capacity} tokens and this generation needs "
                              f"{len(tokens)}")

@@ -62,22 +62,32 @@ class StepProbe:
         self.warpers = make_warpers() if do_sample else None
         self.generator = torch.Generator(target.device).manual_seed(0) if do_sample else None
         self.judge = Ada(head, stop_threshold=1.0, bound=(1, max(max_draft, 1))) if head is not None else None
-        settings = DecodingSettings(schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample,
-                                    compile=compile)
-        self.target_model, self.draft_model, _ = step_models(target, draft, settings, self.warpers, head is not None,
-                                                             len(self.seq) + max_draft + 1)
+        self.models = lambda: step_models(target, draft, DecodingSettings(
+            schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile),
+            self.warpers, head is not None, len(self.seq) + max_draft + 1)[:2]
+        self.compiled = compile
         self.drafts = [[] for _ in range(max_draft)]
         self.verified = [[] for _ in range(max_draft + 1)]
         self.alone, self.judged, self.passes = [], [], 0
+        self._load()
         with torch.inference_mode():
-            for model in (self.target_model, self.draft_model):
-                model.forward(self.seq, num_logits=1)
-                model.crop(len(self.seq) - 1)  # as between rounds: everything but the last verified token
             for _ in range(warmup):
                 self._pass()
 
+    def _load(self) -> None:
+        """The models with the context in their caches, as between rounds: everything but the last
+        verified token. The compiled engine's are shared with generations, which empty them."""
+        self.target_model, self.draft_model = self.models()
+        with torch.inference_mode():
+            self.target_model.forward(self.seq, num_logits=1)
+            self.draft_model.draft_step(self.seq, 1, self.generator)
+        self.target_model.crop(len(self.seq) - 1)
+        self.draft_model.crop(len(self.seq) - 1)
+
     def sample(self, passes: int = 1) -> None:
         """Time `passes` more passes."""
+        if self.compiled:
+            self._load()
         with torch.inference_mode():
             for _ in range(passes):
                 alone, drafts, verified, judged = self._pass()

@@ -18,6 +18,7 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp import compiled
 from specdecpp.sampling import make_warpers
 from specdecpp.schedules import SCHEDULES
+from specdecpp.step_timing import StepProbe
 
 
 # Before transformers 5.24 a StaticCache cannot crop, and compile=True is refused (tested below).
@@ -163,6 +164,19 @@ def test_graphs_compile_once_and_never_again_mid_generation(tiny_pair):
         lengths.update(out.stats.draft_lengths)
     assert lengths == set(range(13))  # every round length up to the bound, each verified by the same graphs
     assert counters["stats"]["unique_graphs"] == frames
+
+
+@needs_static_crop
+def test_step_timing_between_generations_leaves_the_shared_engines_sound(tiny_pair):
+    """Step probes time the engines generations use: a probe on a context shorter than the
+    generations between them neither disturbs the next generation nor times a garbage cache."""
+    target, draft = tiny_pair
+    probe = StepProbe(target, draft, prompts(1, seed=8)[0][:, :4], max_draft=4, compile=True)
+    for prompt in prompts(3, seed=9):
+        out = compiled_generate(target, draft, prompt, schedule="constant", num_assistant_tokens=4, max_new_tokens=40)
+        assert torch.equal(out.sequences, target_greedy(target, prompt, 40))
+        probe.sample()
+    assert probe.times().engine == "compiled" and probe.passes == 3
 
 
 @needs_static_crop
