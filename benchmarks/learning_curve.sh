@@ -2,27 +2,32 @@
 # The head's learning curve and input ablations on the zoo pair (issue 20): train a head on the first
 # N stdlib-train records for each N, then score it and choose its threshold on the dev records.
 #
-#   bash benchmarks/learning_curve.sh SET "200 400 800 1600 3200"
+#   bash benchmarks/learning_curve.sh SET "200 400 800 1600 3200 6188"
 #
 # SET picks the head's inputs: v2 (hidden state + log q + entropy, the zoo recipe), margin (+ the
-# top-1/top-2 margin), logits (log q + entropy + margin, no hidden state; learning rate 1e-2). Heads go to
+# top-1/top-2 margin), margin1 (margin with one residual block instead of three: a cheaper judgement),
+# logits (log q + entropy + margin, no hidden state; learning rate 1e-2). Heads go to
 # outputs/curve/SET-N (with calibration.json); `python benchmarks/learning_curve.py` tabulates them.
-# Data (greedy, 128 tokens; train = prompts 0-800 and 950-3350, dev = 800-950):
-#   torchrun --nproc_per_node 2 -m specdecpp.build_data --target checkpoints/zoo/target --draft checkpoints/zoo/draft \
-#     --prompts stdlib-train --max_new_tokens 128 --batch_size 16 --seed 0 --output data/generated/stdlib-train-extra.jsonl --n_begin 950 --n_end 3350
-#   cat data/generated/stdlib-train-train.jsonl data/generated/stdlib-train-extra.jsonl > data/generated/stdlib-train-train3200.jsonl
+# Data (greedy, 128 tokens, all 6,338 stdlib-train prompts; train = prompts 0-800 and 950-6338, in that
+# order, so that the first N records are the same for every N; dev = 800-950):
+#   python -m specdecpp.build_data --target checkpoints/zoo/target --draft checkpoints/zoo/draft --torch_dtype float32 \
+#     --prompts stdlib-train --max_new_tokens 128 --batch_size 16 --seed 0 --output data/generated/stdlib-train-all.jsonl
+#   sed -n '1,800p;951,6338p' data/generated/stdlib-train-all.jsonl > data/generated/stdlib-train-train6188.jsonl
+#   sed -n '801,950p' data/generated/stdlib-train-all.jsonl > data/generated/stdlib-train-dev.jsonl
 # Every head is priced with the same step times (results/learning-curve/step_times.json, measured on a
 # quiet machine), so that load on the machine cannot reorder them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SET=$1
-SIZES=${2:-"200 400 800 1600 3200"}
+SIZES=${2:-"200 400 800 1600 3200 6188"}
 case $SET in
   v2) INPUTS="--head_features log_q entropy" ;;
   margin) INPUTS="--head_features log_q entropy margin" ;;
+  margin1) INPUTS="--head_features log_q entropy margin"
+           LAYERS=1 ;;
   logits) INPUTS="--head_features log_q entropy margin --head_reads_hidden_states false"
           LR=1e-2 ;;  # three inputs: at 1e-3 the small net barely leaves its initialisation in 3 epochs
-  *) echo "unknown SET $SET (v2, margin, logits)"; exit 2 ;;
+  *) echo "unknown SET $SET (v2, margin, margin1, logits)"; exit 2 ;;
 esac
 export OMP_NUM_THREADS=1
 for N in $SIZES; do
@@ -30,10 +35,10 @@ for N in $SIZES; do
   if [ -f "$OUT/calibration.json" ]; then echo "$OUT done, skipping"; continue; fi
   mkdir -p outputs/curve/data
   RECORDS=outputs/curve/data/train-$N.jsonl
-  head -n "$N" data/generated/stdlib-train-train3200.jsonl > "$RECORDS"
+  head -n "$N" data/generated/stdlib-train-train6188.jsonl > "$RECORDS"
   python -m specdecpp.train --model_name_or_path checkpoints/zoo/draft --target_model_name checkpoints/zoo/target \
     --torch_dtype float32 --data_path "$RECORDS" --eval_data_path data/generated/stdlib-train-dev.jsonl \
-    --output_dir "$OUT" --weight_mismatch 1 --resnet_num_layers 3 $INPUTS --cache_hidden_states --use_cpu \
+    --output_dir "$OUT" --weight_mismatch 1 --resnet_num_layers ${LAYERS:-3} $INPUTS --cache_hidden_states --use_cpu \
     --num_train_epochs 3 --lr_scheduler_type cosine --learning_rate ${LR:-1e-3} --warmup_steps 0.03 --weight_decay 0.0 \
     --per_device_train_batch_size 8 --per_device_eval_batch_size 16 --eval_strategy no --save_strategy no \
     --logging_steps 50 --report_to none --seed 42
