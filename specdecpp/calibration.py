@@ -17,7 +17,8 @@ acceptance probability the head implies, which is what should match the labels.
 
 `--choose_threshold --target TARGET` also picks the head's stop threshold for `stop_threshold="auto"`
 (`specdecpp.threshold`): rounds on the records (greedy or sampled, as the head will decode) are
-replayed with the head's predictions and priced with the pair's measured step times; the threshold, the times and the cost curve go into
+replayed with the head's predictions and priced with the pair's measured step times (timed with
+`--threads` torch threads, the count decoding will use); the threshold, the times and the cost curve go into
 the head folder's `config.json` and model card, and the curve into `--threshold_plot_path`.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_folder import REPLAYED_ROUNDS
 from specdecpp.head_data import predict
 from specdecpp.models import HeadPairArguments, load_head, load_model
+from specdecpp.step_timing import torch_threads
 from specdecpp.threshold import choose_threshold, stored_step_times
 from specdecpp.train import binary_kl, check_data_fits_draft
 
@@ -76,6 +78,10 @@ class CalibrationArguments:
     compile: bool = field(default=False, metadata={"help": (
         "--choose_threshold times the compiled engine's steps (decoding will run with compile=True); the "
         "selection records which engine its times came from")})
+    threads: int = field(default=1, metadata={"help": (
+        "torch CPU threads while --choose_threshold times the steps: the count decoding will use (evaluate's and "
+        "the demo's --threads; 1 in `specdecpp head`), as step times hold only for the count they were timed "
+        "with; 0: torch's default")})
 
     def __post_init__(self):
         if self.num_bins < 1 or self.batch_size < 1:
@@ -86,6 +92,8 @@ class CalibrationArguments:
             raise ValueError(f"mixing_ratio must be in [0, 1), got {self.mixing_ratio}")
         if len(self.bound) != 2 or not 1 <= self.bound[0] <= self.bound[1]:
             raise ValueError(f"--bound takes MIN MAX with 1 <= MIN <= MAX, got {self.bound}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
 
 
 def unweight(predictions: np.ndarray, weight_mismatch: float) -> np.ndarray:
@@ -222,8 +230,10 @@ def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target
     store it in the config of the head folder `head_dir` (saving the head re-renders its card from the folder),
     plot the cost curve; returns the selection record."""
     times = stored_step_times(args.step_times_from) if args.step_times_from else None
-    threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound), batch_size=args.batch_size,
-                                            predictions=predictions, times=times, compile=args.compile)
+    with torch_threads(args.threads):
+        threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound),
+                                                batch_size=args.batch_size, predictions=predictions, times=times,
+                                                compile=args.compile)
     selection["data"] = args.records
     head.cpu().with_threshold(threshold, selection).save_pretrained(head_dir)
     plot_threshold_curve(selection, threshold, args.threshold_plot_path)

@@ -29,12 +29,18 @@ A speculative round that drafts `k` tokens costs, in the measured view,
 A generation without a draft costs `target_alone` per token: back-to-back target steps, whose
 weights stay in the caches. This module is arithmetic only (no models, no engine), so the card
 and the tables use it without importing the decoder.
+
+Timed figures are noisy, and load on the machine can price one length at several times its
+neighbours. So `verify(k)` is priced by a fit over lengths (`fit_verify_ms`: a robust,
+non-decreasing line), and the spread between timing passes (`pass_spread`) says whether the
+machine was too busy for the figures to be trusted (`BUSY_SPREAD`).
 """
 from __future__ import annotations
 
 import itertools
 import statistics
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 # The two views' names, with their units, as every table header shows them.
 FLAT_COST = "flat cost/tok (target verifications)"
@@ -43,6 +49,10 @@ FLAT_UNIT = "target verifications per token: (target calls + c x draft calls) / 
             "verification of 4 tokens (every verification priced alike, as on a GPU)"
 MEASURED_UNIT = "target-alone steps per token: every draft step, judgement, verification (by its length) and " \
                 "the loop's overhead priced with this device's measured times (1 / cost = predicted speedup)"
+# The spread between timing passes (`pass_spread`) above which the machine was too busy for the
+# step times to be trusted: passes on a steady machine stay well under it (a few percent), while a
+# process competing for the cores spreads them by tens of percent.
+BUSY_SPREAD = 0.25
 
 
 def cost_per_token(spent: float, tokens: float, unit: float = 1.0) -> float:
@@ -75,11 +85,61 @@ def cost_ratio(draft_ms: list[float], target_ms: list[float], k: int = 4) -> dic
     return {"cost_ratio": draft / target, "draft_step_ms": draft, "target_verify_ms": target, "k": k}
 
 
+def verify_slope(verify_ms: list[float]) -> float:
+    """How much a verification grows per drafted token: the Theil-Sen slope (the median of the
+    slopes between every two lengths) of `verify_ms[k]` over `k >= 1`, at least 0. A median, so
+    that one length timed while the machine was busy moves it no more than any other length does;
+    `k = 0` is left out, being a different step (one token: the compiled engine's own graph)."""
+    points = list(enumerate(verify_ms))[1:]
+    slopes = [(b - a) / (j - i) for (i, a), (j, b) in itertools.combinations(points, 2)]
+    return max(statistics.median(slopes), 0.0) if slopes else 0.0
+
+
+def fit_verify_ms(verify_ms: list[float]) -> list[float]:
+    """The verification times to price rounds with, from measured medians `verify_ms[k]`: for
+    `k >= 1` the line of slope `verify_slope` through the median of what is left of each length
+    (so one slow length is ignored, and a longer verification never costs less than a shorter
+    one), and for `k = 0` its own measurement, at most the fitted `k = 1`."""
+    if len(verify_ms) < 2:
+        return list(verify_ms)
+    slope = verify_slope(verify_ms)
+    intercept = statistics.median(v - slope * k for k, v in enumerate(verify_ms) if k >= 1)
+    fitted = [intercept + slope * k for k in range(1, len(verify_ms))]
+    return [min(verify_ms[0], fitted[0])] + fitted
+
+
+def pass_spread(per_pass_ms: list[list[float]]) -> float:
+    """How far timing passes disagree: for each step (a list of its times, one per pass) the
+    interquartile range over the median, and the median of that over steps. 0 with fewer than two
+    passes."""
+    spreads = []
+    for times in per_pass_ms:
+        if len(times) > 1:
+            first, median, third = statistics.quantiles(times, n=4, method="inclusive")
+            spreads.append((third - first) / median if median > 0 else 0.0)
+    return statistics.median(spreads) if spreads else 0.0
+
+
+def busy_machine(spread: float, what: str = "the step times") -> bool:
+    """Whether the passes' `spread` (`pass_spread`) says the machine was busy while `what` was
+    timed (above `BUSY_SPREAD`); warns when it does."""
+    if spread <= BUSY_SPREAD:
+        return False
+    warnings.warn(f"the machine was busy while {what} were timed: the timing passes spread by {spread:.0%} "
+                  f"(interquartile range over median), above the {BUSY_SPREAD:.0%} steady timing stays under, so "
+                  "costs priced with them are doubtful; time again on a quieter machine, or pass --step_times_from "
+                  "a head folder whose step times were measured on one", stacklevel=2)
+    return True
+
+
 @dataclass
 class StepTimes:
     """Median times (ms) of each kind of step the loop takes (see the module docstring), and where
     they were measured. `verify_ms[k]` is a verification of `k` drafted tokens (`k = 0`: a
-    target-alone step); `judge_ms` is 0 for decoding without a head."""
+    target-alone step) as rounds are priced: fitted over lengths (`fit_verify_ms`) from the
+    medians in `verify_ms_measured` (empty in times stored before the fit). `spread` is the
+    timing passes' `pass_spread`, `busy` whether it was above `BUSY_SPREAD`; `judge_ms` is 0 for
+    decoding without a head."""
 
     draft_ms: list[float]
     verify_ms: list[float]
@@ -90,6 +150,9 @@ class StepTimes:
     threads: int = 1
     repeats: int = 0
     engine: str = "eager"  # the engine whose steps were timed: "eager" or "compiled"
+    verify_ms_measured: list[float] = field(default_factory=list)
+    spread: float = 0.0
+    busy: bool = False
 
     def __post_init__(self):
         self._drafting_ms = [0.0] + list(itertools.accumulate(self.draft_ms))

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCardData
 
-from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
+from specdecpp.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 
 # `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
 # published head keeps working as specdecpp improves and the file stays a few lines.
@@ -194,6 +194,12 @@ def _threshold_section(config: dict) -> str:
         flat = flat_costs(calls, StepTimes(**plain))
         columns[FLAT_COST] = {t: flat[f"ada@{t:g}"] for t in selection["thresholds"] if f"ada@{t:g}" in flat}
     data = f"{selection['data']}, " if selection.get("data") else ""
+    fitted = " (a non-decreasing line fitted over lengths)" if plain.get("verify_ms_measured") else ""
+    busy = [times["spread"] for times in (plain, judged) if times.get("busy")]
+    caution = ("\n\n**The machine was busy while these steps were timed**: the timing passes spread by "
+               f"{max(busy):.0%} (above {BUSY_SPREAD:.0%}), so these costs, and the threshold chosen with them, are "
+               "doubtful. Time again on a quieter machine, or pass `--step_times_from` a head folder whose times are "
+               "sound." if busy else "")
     return text + f"""
 
 It was chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection.get('records')} dev
@@ -202,9 +208,9 @@ what the loop spends (`specdecpp.costs`), measured through the {plain.get('engin
 {plain['threads']} torch thread(s), {plain['repeats']} timed passes: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
 {plain['draft_ms'][0]:.2f} ms first in a round, {plain['draft_ms'][-1]:.2f} ms late in a long one ({judged['draft_ms'][0]:.2f} / {judged['draft_ms'][-1]:.2f} ms
 with this head judging); the head's judgement {judged['judge_ms']:.3f} ms per drafted token; a verification of 1 / {len(plain['verify_ms']) - 1}
-drafted tokens {plain['verify_ms'][1]:.2f} / {plain['verify_ms'][-1]:.2f} ms; the loop's own overhead {plain['round_overhead_ms']:.3f} ms per round.
+drafted tokens {plain['verify_ms'][1]:.2f} / {plain['verify_ms'][-1]:.2f} ms{fitted}; the loop's own overhead {plain['round_overhead_ms']:.3f} ms per round.
 Replayed {MEASURED_COST} (1 / cost is the replayed speedup){": " + rivals if rivals else ""}.
-Timings depend on the machine and its load: re-run `--choose_threshold` on the machine you decode on.
+Timings depend on the machine and its load: re-run `--choose_threshold` on the machine you decode on.{caution}
 
 {_table("threshold", columns, "{:.3f}")}"""
 

@@ -11,9 +11,9 @@ order, each the package's own command in a subprocess of this interpreter, its o
    `--nproc_per_node`) over prompts `[0, n_train)` and `[n_train, n_train + n_dev)` of the source;
 3. training: `specdecpp.train` (under torchrun), a checkpoint per epoch;
 4. calibration: `specdecpp.calibration --choose_threshold` on the dev records, which stores the
-   threshold in the head's `config.json`;
+   threshold in the head's `config.json` (the steps timed with `threads` torch threads);
 5. evaluation: `specdecpp.evaluate` of the head at its stored threshold against constant K, our
-   `dynamic` schedule and the target alone, on a few held-out prompts;
+   `dynamic` schedule and the target alone, on a few held-out prompts (decoding with `threads`);
 6. card: the recipe and the evaluation's table go into the head's `card.json`, and the model card
    (`README.md`) is rendered again from the folder (`specdecpp.head_folder`).
 
@@ -92,6 +92,9 @@ class Recipe:
     step_times_from: str | None = field(default=None, metadata={"help": (
         "price the threshold's replay with the step times stored in this head folder (or calibration report) "
         "instead of timing the pair now (default: time it, on the machine the head will decode on)")})
+    threads: int = field(default=1, metadata={"help": (
+        "torch CPU threads the calibration times the steps with and the short evaluation decodes with: one count "
+        "for both, as step times hold only for the thread count they were timed with")})
     # the short evaluation
     eval_prompts: str = field(default="humaneval", metadata={"help": (
         "evaluation prompts; when they are the training source, the ones after the dev prompts")})
@@ -115,7 +118,8 @@ class Recipe:
             raise ValueError(f"the recipe needs {', '.join(missing)} (--{' --'.join(missing)} or in the recipe file)")
         counts = {"n_train": self.n_train, "n_dev": self.n_dev, "eval_n": self.eval_n, "batch_size": self.batch_size,
                   "train_batch_size": self.train_batch_size, "nproc_per_node": self.nproc_per_node,
-                  "max_new_tokens": self.max_new_tokens, "eval_max_new_tokens": self.eval_max_new_tokens}
+                  "max_new_tokens": self.max_new_tokens, "eval_max_new_tokens": self.eval_max_new_tokens,
+                  "threads": self.threads}
         if bad := [f"{name} {value}" for name, value in counts.items() if value < 1]:
             raise ValueError(f"must be >= 1: {', '.join(bad)}")
         if len(self.bound) != 2 or not 1 <= self.bound[0] <= self.bound[1]:
@@ -178,7 +182,7 @@ def _coerce(value, kind, name: str):
 STAGE_SETTINGS = {
     "training": ("head_features", "num_layers", "epochs", "learning_rate", "train_batch_size", "weight_mismatch",
                  "cache_hidden_states"),
-    "calibration": ("bound", "step_times_from"),
+    "calibration": ("bound", "step_times_from", "threads"),  # threads: the evaluation's too, which runs after it
     "evaluation": ("eval_prompts", "eval_n", "eval_max_new_tokens", "eval_num_assistant_tokens",
                    "eval_confidence_thresholds", "eval_stop_thresholds", "eval_baselines"),
 }
@@ -282,7 +286,7 @@ def stages(recipe: Recipe, output_dir: str | Path) -> list[Stage]:
               command=lambda: launch("specdecpp.calibration", models + _flag_values(
                   head=out, records=data["dev"], choose_threshold=True, bound=recipe.bound, seed=recipe.seed,
                   weight_mismatch=recipe.weight_mismatch, step_times_from=recipe.step_times_from,
-                  output=out / "calibration.json",
+                  threads=recipe.threads, output=out / "calibration.json",
                   plot_path=out / "reliability.png", threshold_plot_path=out / "threshold.png"))),
         Stage("evaluation", done=(evaluation / "summary.json").is_file, after=("calibration",), results=(evaluation,),
               command=lambda: launch("specdecpp.evaluate", models + _flag_values(
@@ -292,7 +296,7 @@ def stages(recipe: Recipe, output_dir: str | Path) -> list[Stage]:
                   stop_threshold=recipe.eval_stop_thresholds, bound=recipe.bound, baselines=recipe.eval_baselines,
                   prompts=recipe.eval_prompts, prompts_split=recipe.prompts_split if same_source else None,
                   n_begin=eval_begin, n_end=eval_begin + recipe.eval_n, max_new_tokens=recipe.eval_max_new_tokens,
-                  **sampling, seed=recipe.seed, output=evaluation, resume=True))),
+                  **sampling, seed=recipe.seed, threads=recipe.threads, output=evaluation, resume=True))),
         Stage("card", done=card_done, after=("evaluation",), action=write_recipe_card),
     ]
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.costs import StepTimes, loop_overhead_ms
+from specdecpp.costs import StepTimes, busy_machine, fit_verify_ms, loop_overhead_ms, pass_spread
 from specdecpp.decoding import decode, step_models, verify
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
@@ -98,11 +100,17 @@ class StepProbe:
                 self.passes += 1
 
     def times(self) -> StepTimes:
-        """The medians of every pass so far, as a `StepTimes` (no round overhead: see `measure_costs`)."""
+        """The medians of every pass so far, as a `StepTimes` (no round overhead: see `measure_costs`),
+        verifications fitted over lengths (`fit_verify_ms`, the medians kept beside), with the spread
+        between the passes' verifications (`pass_spread`, each length timed once per pass): a warning
+        and `busy` when it says the machine was busy."""
         median = statistics.median
-        return StepTimes(draft_ms=[median(t) for t in self.drafts], verify_ms=[median(v) for v in self.verified],
+        verify_ms, spread = [median(v) for v in self.verified], pass_spread(self.verified)
+        return StepTimes(draft_ms=[median(t) for t in self.drafts], verify_ms=fit_verify_ms(verify_ms),
                          target_alone_ms=median(self.alone), judge_ms=median(self.judged) if self.has_head else 0.0,
-                         device=self.device, threads=torch.get_num_threads(), repeats=self.passes, engine=self.engine)
+                         device=self.device, threads=torch.get_num_threads(), repeats=self.passes, engine=self.engine,
+                         verify_ms_measured=verify_ms, spread=spread,
+                         busy=busy_machine(spread, f"the {self.engine} engine's steps"))
 
     def _pass(self) -> tuple[list[float], list[list[float]], list[list[float]], list[float]]:
         seq, warpers, generator, judge = self.seq, self.warpers, self.generator, self.judge
@@ -133,6 +141,19 @@ class StepProbe:
             self.draft_model.crop(len(seq) - 1)
             verified.append([1000 * (time.perf_counter() - start)])
         return alone, drafts, verified, judged
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run the block with `threads` torch CPU threads (0: as they are), then set them back: step
+    times hold only for the thread count they were timed with, which should be the decoding's."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,

@@ -29,7 +29,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp.checks import read_head_config
-from specdecpp.costs import StepTimes, cost_per_token, flat_spent
+from specdecpp.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
 from specdecpp.step_timing import measure_costs
@@ -91,14 +91,13 @@ def ada_length(threshold: float, min_draft: int, scale: list[float] | None = Non
 def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
     """The cost-aware stop rule's factors: `scale[j - 1]` is what one more token costs after `j`
     drafted ones (the next draft step, its judgement, and the verification's growth per token,
-    fit as a line over lengths so that timing noise cannot make it negative) over what it costs
+    `verify_slope`, so that timing noise cannot make it negative) over what it costs
     after the first. Drafting one more token gains `prod p_hat * p_next` expected tokens for that
     cost, so continuing while `prod p_hat >= (1 - threshold) * scale[j - 1]` is the rule "draft
     on while the expected gain pays for the marginal cost", with `1 - threshold` standing for the
     cost of the first extra token over a token's value. Flat step times give all ones: the product
     threshold."""
-    verify = np.asarray(times.verify_ms, dtype=np.float64)
-    slope = max(float(np.polyfit(np.arange(len(verify)), verify, 1)[0]), 0.0) if len(verify) > 1 else 0.0
+    slope = verify_slope(times.verify_ms)
     draft = list(times.draft_ms) or [0.0]
     marginal = [draft[min(j, len(draft) - 1)] + times.judge_ms + slope for j in range(1, max_draft + 1)]
     return [m / marginal[0] if marginal[0] > 0 else 1.0 for m in marginal]
@@ -132,7 +131,7 @@ def oracle_length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int
 
 def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, target: PreTrainedModel,
                      records: list[dict], bound: tuple[int, int] = (2, 20), thresholds: tuple[float, ...] = THRESHOLDS,
-                     batch_size: int = 8, timing_repeats: int = 8,
+                     batch_size: int = 8, timing_repeats: int = 16,
                      predictions: np.ndarray | None = None,
                      times: tuple[StepTimes, StepTimes] | None = None, compile: bool = False) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
@@ -142,7 +141,8 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     with `head.with_threshold`. `predictions`: the head's predictions over the records
     (`head_data.predict`) when the caller already has them; `times`: the step times `(plain,
     judged)` to price rounds with (`stored_step_times`), instead of timing the pair now on the
-    engine decoding will run (compiled when `compile`; the times record which)."""
+    engine decoding will run (compiled when `compile`; the times record which). ValueError when
+    the replay shows the times to be wrong (`check_replayed_costs`)."""
     if head.alignment != "proposer":
         raise ValueError("choosing a threshold replays rounds from the head's predictions, which needs a "
                          "proposer head (a reader head judges states the records do not hold)")
@@ -178,7 +178,42 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                  "oracle_cost_per_token": cost("oracle", oracle_length) if greedy else None,
                  "cost_unit": "one target-alone step through the loop (1 / cost = replayed speedup)"}
     selection["calls_per_token"] = calls
+    check_replayed_costs(selection, plain)
     return thresholds[int(np.argmin(curve))], selection
+
+
+def check_replayed_costs(selection: dict, times: StepTimes) -> None:
+    """Refuse (ValueError) a replay that only wrong step times can give, rather than choose a
+    threshold from it: a constant K that would cost more than the target alone even if every
+    drafted token were accepted and drafting were free (one verification of `K + 1` tokens timed
+    longer than `K + 1` target-alone steps, which read the same weights `K + 1` times), or, for
+    greedy records, the oracle costing more than a causal rule. The oracle drafts exactly the
+    tokens that will be accepted, and no rule that must guess can beat it while one more drafted
+    token (its draft step and the verification's growth) costs less than a verification's fixed
+    part; that holds for any pair worth speculating with, and the oracle is checked only then."""
+    way_out = ("time the steps again on a quieter machine, or pass --step_times_from a head folder whose step "
+               "times are sound")
+    for k in map(int, selection["constant_k_cost_per_token"]):
+        verify_ms = times.verify_ms[min(k, len(times.verify_ms) - 1)]
+        if verify_ms > (k + 1) * times.target_alone_ms:
+            raise ValueError(f"the step times price a verification of K={k} drafted tokens at {verify_ms:.2f} ms, more "
+                             f"than {k + 1} target-alone steps of {times.target_alone_ms:.2f} ms, so constant K={k} "
+                             f"would cost {verify_ms / (k + 1) / times.target_alone_ms:.3f} target-alone steps per "
+                             f"token with every token accepted and free drafting (replayed: "
+                             f"{selection['constant_k_cost_per_token'][str(k)]:.3f}): a measurement error; {way_out}")
+    oracle = selection["oracle_cost_per_token"]
+    causal = {f"K={k}": cost for k, cost in selection["constant_k_cost_per_token"].items()} \
+        | {f"dynamic@{c}": cost for c, cost in selection["dynamic_cost_per_token"].items()} \
+        | {f"ada@{t:g}": cost for t, cost in zip(selection["thresholds"], selection["cost_per_token"])}
+    cheapest = min(causal, key=causal.get)
+    slope = verify_slope(times.verify_ms)
+    unbeatable = max(times.draft_ms, default=0.0) + slope \
+        <= fit_verify_ms(times.verify_ms)[0] - slope + times.round_overhead_ms
+    if oracle is not None and unbeatable and oracle > causal[cheapest]:
+        raise ValueError(f"the replayed oracle costs {oracle:.3f} target-alone steps per token, more than {cheapest} "
+                         f"({causal[cheapest]:.3f}), which must guess which tokens are accepted: the step times are "
+                         "wrong (verifications of 0, 1, ... drafted tokens priced at "
+                         + " ".join(f"{v:.2f}" for v in times.verify_ms) + f" ms); {way_out}")
 
 
 def stored_step_times(path: str) -> tuple[StepTimes, StepTimes]:

@@ -100,6 +100,25 @@ def test_an_output_in_a_missing_folder_is_refused_before_any_scoring(pair_dirs, 
                                 "it or choose another path")
 
 
+def test_the_steps_are_timed_with_the_threads_decoding_will_use(pair_dirs, tmp_path, monkeypatch):
+    assert calibration.CalibrationArguments(records="r").threads == 1  # as evaluate and the demo decode in the recipe
+    seen = []
+
+    def timing(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise ValueError("timed")
+
+    monkeypatch.setattr(calibration, "choose_threshold", timing)
+    AcceptancePredictionHead(32, 2, alignment="proposer").save_pretrained(tmp_path / "head")
+    (tmp_path / "dev.jsonl").write_text(json.dumps(synthetic_records(1)[0]) + "\n")
+    before = torch.get_num_threads()
+    with pytest.raises(SystemExit, match="timed"):
+        main(["--head", str(tmp_path / "head"), "--draft", pair_dirs[1], "--target", pair_dirs[0], "--data_path",
+              str(tmp_path / "dev.jsonl"), "--plot_path", str(tmp_path / "rel.png"), "--choose_threshold",
+              "--threads", "2"])
+    assert seen == [2] and torch.get_num_threads() == before  # set while timing, then set back
+
+
 def test_unweight_inverts_the_weighted_optimum():
     # the weighted BCE with weight w is minimised at s = y / (y + w (1 - y)); unweight maps it back to y
     y, w = np.array([0.0, 0.1, 0.5, 0.9, 1.0]), 6.0

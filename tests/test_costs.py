@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 
-from specdecpp.costs import StepTimes, cost_per_token, cost_ratio, flat_costs, flat_spent
+from specdecpp.costs import (StepTimes, busy_machine, cost_per_token, cost_ratio, fit_verify_ms, flat_costs,
+                             flat_spent, pass_spread)
 from specdecpp.threshold import constant_length, replay
 
 
@@ -39,3 +41,28 @@ def test_under_flat_step_times_both_views_agree():
                           replayed["tokens"])
     assert replayed["flat_cost_per_token"] == pytest.approx(flat)
     assert replayed["cost_per_token"] == pytest.approx(replayed["flat_cost_per_token"])
+
+
+def test_verification_times_are_fitted_non_decreasing_and_one_slow_length_is_ignored():
+    # the times: k = 2 timed while the machine was busy, at 5x its neighbours
+    fitted = fit_verify_ms([8.3, 14.4, 57.2, 11.6, 11.4, 12.0])
+    assert all(a <= b for a, b in zip(fitted, fitted[1:]))
+    assert fitted == pytest.approx([8.3] + [12.0] * 5)  # a flat line through the median, k = 0 apart
+    line = [8.0 + 0.5 * k for k in range(8)]
+    slow = line[:3] + [5 * line[3]] + line[4:]
+    assert fit_verify_ms([6.0] + slow[1:]) == pytest.approx([6.0] + line[1:])  # a growing line, recovered exactly
+    assert fit_verify_ms([20.0, 10.0, 11.0, 12.0])[0] == pytest.approx(10.0)  # k = 0 never above k = 1
+    assert fit_verify_ms([12.0, 11.0, 10.0, 9.0]) == pytest.approx([10.0] * 4)  # shrinking with length: flat
+    assert fit_verify_ms([7.0]) == [7.0]
+
+
+def test_the_spread_between_passes_says_when_the_machine_was_busy():
+    steady = [[10.0, 10.2, 9.9, 10.1, 10.0, 9.8], [12.0, 12.1, 11.9, 12.2, 12.0, 11.8]]
+    noisy = [[10.0, 18.0, 9.5, 25.0, 11.0, 16.0], [12.0, 30.0, 12.5, 19.0, 12.2, 21.0]]
+    assert pass_spread(steady) < 0.05 and pass_spread(noisy) > 0.25 and pass_spread([[10.0]]) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not busy_machine(pass_spread(steady))
+    with pytest.warns(UserWarning, match=r"busy while the step times were timed: the timing passes spread by \d+%.*"
+                                         r"above the 25%.*quieter machine, or pass --step_times_from"):
+        assert busy_machine(pass_spread(noisy))

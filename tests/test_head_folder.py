@@ -62,6 +62,18 @@ def test_a_threshold_chosen_on_sampled_records_gets_sampling_examples(tmp_path):
     assert "sampled rounds" in card and "oracle" not in card
 
 
+def test_the_card_says_when_the_machine_was_busy_while_the_steps_were_timed():
+    config = {"hidden_size": 8, "num_layers": 1, "alignment": "proposer", "stop_threshold": 0.25,
+              "threshold_selection": selection()}
+    quiet = render_card(config, {})
+    assert "busy" not in quiet and "fitted over lengths" not in quiet  # times stored before the fit: no claim
+    busy = StepTimes([1.0] * 20, [10.0] * 21, 10.0, verify_ms_measured=[10.0] * 21, spread=0.4, busy=True)
+    config["threshold_selection"]["step_times"] = busy.as_dict()
+    card = render_card(config, {})
+    assert "**The machine was busy while these steps were timed**: the timing passes spread by 40% (above 25%)" in card
+    assert "pass `--step_times_from`" in card and "10.00 / 10.00 ms (a non-decreasing line fitted over lengths)" in card
+
+
 def test_facts_merge_and_the_repo_id_goes_into_the_examples(tmp_path):
     AcceptancePredictionHead(8, 1).save_pretrained(tmp_path)
     record_card_facts(tmp_path, {"draft": "a"})

@@ -113,6 +113,8 @@ def test_every_stage_command_takes_its_flags(tmp_path):
         module, args = command[at + 1], command[at + 2:]
         HfArgumentParser(importlib.import_module(module).FLAGS).parse_args_into_dataclasses(args=args)
     assert commands[-1][commands[-1].index("--n_begin"):][:4] == ["--n_begin", "350", "--n_end", "370"]
+    for command in commands[-2:]:  # calibration times the steps with the threads the evaluation decodes with
+        assert command[command.index("--threads"):][:2] == ["--threads", "1"]
 
 
 def test_a_failed_stage_stops_with_its_command(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.calibration import main as calibration_main
-from specdecpp.costs import StepTimes
+from specdecpp.costs import StepTimes, fit_verify_ms
 from specdecpp.head_data import predict
 from specdecpp.threshold import (ada_length, choose_threshold, constant_length, dynamic_length, marginal_scale,
                                  oracle_length, replay)
@@ -166,6 +167,8 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
     assert min(selection["cost_per_token"]) == selection["cost_per_token"][selection["thresholds"].index(threshold)]
     assert len(selection["step_times"]["verify_ms"]) == 9 and len(selection["judged_step_times"]["draft_ms"]) == 8
     assert selection["judged_step_times"]["judge_ms"] > 0 and selection["step_times"]["judge_ms"] == 0
+    measured, fitted = selection["step_times"]["verify_ms_measured"], selection["step_times"]["verify_ms"]
+    assert len(measured) == 9 and fitted == fit_verify_ms(measured) and fitted == sorted(fitted)
     assert selection["oracle_cost_per_token"] <= min(selection["cost_per_token"])
     assert set(selection["dynamic_cost_per_token"]) == {"0.2", "0.3", "0.4", "0.5", "0.6"}
 
@@ -196,6 +199,41 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
     other = AcceptancePredictionHead.from_pretrained(other_dir).threshold_selection
     for key in ("step_times", "judged_step_times", "cost_per_token", "constant_k_cost_per_token"):
         assert other[key] == saved.threshold_selection[key], key
+    assert saved.threshold_selection["step_times"]["threads"] == 1  # calibration's --threads default
+
+
+def runs_of_eight(p_draft: float = 1.0) -> tuple[list[dict], np.ndarray]:
+    """A greedy record of four runs of 8 accepted proposals, each followed by a rejected one, and a
+    head's predictions over it (0.9 everywhere)."""
+    p_acc = ([1.0] * 8 + [0.0]) * 4
+    record = {"prefix": [1, 2], "tokens": [3] * len(p_acc), "p_acc": p_acc,
+              "log_p_draft": [float(np.log(p_draft))] * len(p_acc)}
+    return [record], np.full(len(p_acc), 0.9)
+
+
+def test_a_replay_that_only_wrong_step_times_explain_is_refused(proposer_head):
+    records, predictions = runs_of_eight()
+    # the issue's times: one length timed while the machine was busy, priced at 5x its neighbours
+    busy = StepTimes(draft_ms=[1.0] * 8, verify_ms=[8.3, 14.4, 57.2, 11.6, 11.4, 12.0, 12.1, 12.2, 12.3],
+                     target_alone_ms=8.3)
+    with pytest.raises(ValueError, match=r"verification of K=2 drafted tokens at 57.20 ms, more than 3 target-alone "
+                                         r"steps of 8.30 ms.*replayed: .*quieter machine, or pass --step_times_from"):
+        choose_threshold(proposer_head, None, None, records, bound=(1, 8), predictions=predictions, times=(busy, busy))
+    fitted = replace(busy, verify_ms=fit_verify_ms(busy.verify_ms))  # what StepProbe now prices rounds with
+    _, selection = choose_threshold(proposer_head, None, None, records, bound=(1, 8), predictions=predictions,
+                                    times=(fitted, fitted))
+    assert selection["oracle_cost_per_token"] < min(selection["constant_k_cost_per_token"].values())
+
+    # every verification sound against the target alone, but runs of 8 (the oracle's) priced at 8x those of 7
+    slow_eight = replace(busy, verify_ms=[10.0] * 8 + [80.0], target_alone_ms=10.0)
+    with pytest.raises(ValueError, match=r"the replayed oracle costs 0.978 target-alone steps per token, more than "
+                                         r"K=4 \(0.308\).*step times are wrong.*--step_times_from"):
+        choose_threshold(proposer_head, None, None, records, bound=(1, 8), predictions=predictions,
+                         times=(slow_eight, slow_eight))
+    # a draft step dearer than a verification: the oracle may lose to a rule that drafts less, and is not checked
+    slow_draft = replace(slow_eight, draft_ms=[20.0] * 8)
+    choose_threshold(proposer_head, None, None, records, bound=(1, 8), predictions=predictions,
+                     times=(slow_draft, slow_draft))
 
 
 def test_choosing_needs_a_proposer_head_and_replays_sampled_records_in_expectation(tiny_pair, proposer_head):
