@@ -15,7 +15,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.processing import CRITERIA_FIELDS, PROCESSOR_FIELDS
+from specdecpp.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
 
 SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "oracle")
 K_SCHEDULES = ("constant", "heuristic", "dynamic")  # the schedules that read num_assistant_tokens
@@ -122,9 +122,10 @@ class DecodingSettings:
                           "processing fits better here", stacklevel=4)
 
     def processing(self) -> dict:
-        """The logits processing fields that are set (not None), by name: what records built for a
-        head, and the threshold chosen on them, record (`threshold_selection["processing"]`)."""
-        return {name: getattr(self, name) for name in PROCESSOR_FIELDS if getattr(self, name) is not None}
+        """The logits processing fields that are set (neither None nor neutral), by name: what records
+        built for a head, and the threshold chosen on them, record (`threshold_selection["processing"]`)."""
+        values = {name: getattr(self, name) for name in PROCESSOR_FIELDS}
+        return {name: value for name, value in values.items() if value is not None and value != NEUTRAL.get(name)}
 
     def generation_config(self, prompt_length: int, eos: set[int]) -> GenerationConfig:
         """The generation config `generate` would decode these settings with, for a prompt of

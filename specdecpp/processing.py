@@ -24,6 +24,8 @@ from specdecpp.sampling import make_warpers, widened
 PROCESSOR_FIELDS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "min_length", "bad_words_ids",
                     "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_eos_token_id")
 CRITERIA_FIELDS = ("stop_strings", "max_time")
+# Their values that add no processor (generate's prepared config holds them when unset).
+NEUTRAL = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_new_tokens": 0, "min_length": 0}
 
 # transformers' processors that ignore the prefix: one call processes many positions at once.
 WARPERS = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,
