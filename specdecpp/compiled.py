@@ -27,16 +27,19 @@ import types
 import weakref
 
 import torch
-from transformers import PreTrainedModel, StaticCache
+from transformers import PreTrainedModel, StaticCache, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.cache_utils import StaticLayer
 
 from specdecpp.checks import vocab_size
 from specdecpp.compat import STATIC_CACHE_CROPS, cache_kwargs, compile_guarded_state
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead, logit_features
+from specdecpp.processing import Processing
 from specdecpp.sampling import make_warpers, widened
 from specdecpp.schedules import DraftStep
 
+# What the compiled draft step applies inside its graph (`sampling.make_warpers`).
+COMPILED_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
 
 # model -> {(role, settings..., capacity): its engine}; an engine lives as long as its model.
@@ -50,11 +53,15 @@ def recompiles_forbidden(enabled: bool = True):
 
 
 def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
-                    max_length: int) -> tuple[StaticModel, CompiledDraft | None, float]:
+                    max_length: int, processing: Processing | None = None
+                    ) -> tuple[StaticModel, CompiledDraft | None, float]:
     """The compiled engine's target and (unless `draft` is None) draft for `settings` (its
     sampling settings; the head when the schedule is `ada`), with empty caches holding at least
-    `max_length` tokens. Engines are built and warmed up on first use and reused after; returns
-    them and the seconds this call spent compiling (0 when both were ready)."""
+    `max_length` tokens; ValueError when `processing` holds processors the draft's graph does not
+    apply. Engines are built and warmed up on first use and reused after; returns them and the
+    seconds this call spent compiling (0 when both were ready)."""
+    if processing is not None:
+        _check_compilable(processing)
     target_model, seconds = _engine(target, ("target",), max_length, lambda capacity: StaticModel(target, capacity))
     if draft is None:
         return target_model, None, seconds
@@ -256,6 +263,14 @@ class CompiledDraft(StaticModel):
             features = logit_features(logits, token, self.features) if self.features else None
             values.append(self.head.accept_prob(hidden, features).double())
         return torch.stack(values), probs
+
+
+def _check_compilable(processing: Processing) -> None:
+    """ValueError naming the logits processors the compiled draft step does not apply: its graph
+    applies temperature, top-k and top-p, and knows no prefix to apply the others with."""
+    refused = [type(p).__name__ for p in processing.processors if not isinstance(p, COMPILED_WARPERS)]
+    if refused:
+        raise ValueError(f"compile=True does not support {', '.join(refused)} yet; use compile=False")
 
 
 def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:

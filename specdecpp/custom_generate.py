@@ -28,21 +28,20 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
-from transformers.generation import (EosTokenCriteria, GenerateDecoderOnlyOutput, LogitsProcessorList,
-                                     MaxLengthCriteria, StoppingCriteriaList, TemperatureLogitsWarper,
-                                     TopKLogitsWarper, TopPLogitsWarper)
+from transformers.generation import (GenerateDecoderOnlyOutput, LogitsProcessorList, StoppingCriteriaList,
+                                     StopStringCriteria)
 from transformers.generation.streamers import BaseStreamer
 
 from specdecpp.compat import CACHE_NAMES, cache_in
 from specdecpp.decoding import GenerationStats, decode
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
+from specdecpp.processing import PROCESSOR_FIELDS, Processing
 
 
-# What `generate` prepares that the SpecDec++ loop honours or may safely ignore (it keeps its own caches).
-SUPPORTED_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
-SUPPORTED_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
-IGNORED_MODEL_KWARGS = {"position_ids", "cache_position", "logits_to_keep", "use_cache", *CACHE_NAMES}
+# What `generate` prepares that the SpecDec++ loop may safely ignore: it keeps its own caches, and the
+# stopping criteria `generate` built from the tokenizer reach it ready.
+IGNORED_MODEL_KWARGS = {"position_ids", "cache_position", "logits_to_keep", "use_cache", "tokenizer", *CACHE_NAMES}
 HUB_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
 
 
@@ -78,12 +77,16 @@ def hf_generate(
     the bound it was chosen for, or `speculative_generate`'s defaults for a head that stores none.
     `schedule` defaults to `ada`; `compile=True` runs the compiled engine (`specdecpp.compiled`).
     Length, EOS, sampling (temperature, top-k, top-p), `num_assistant_tokens` and
-    `assistant_confidence_threshold` come from the generation config transformers prepared; a
-    logits processor or stopping criterion the loop cannot honour (a repetition penalty, stop
-    strings, beams) is a ValueError, never silently dropped. Returns the token tensor, or a
-    `SpeculativeGenerateOutput` when `return_dict_in_generate` is set."""
+    `assistant_confidence_threshold` come from the generation config transformers prepared, and
+    the logits processors and stopping criteria are the very ones it built (a repetition penalty,
+    stop strings, ...), applied per position (`specdecpp.processing`); what the loop cannot honour
+    (a processor that is not a function of the prefix, beams) is a ValueError naming it, never
+    silently dropped. Returns the token tensor, or a `SpeculativeGenerateOutput` when
+    `return_dict_in_generate` is set."""
     config = generation_config if generation_config is not None else model.generation_config
-    _check_generate_settings(config, logits_processor, stopping_criteria, model_kwargs)
+    _check_generate_settings(config, model_kwargs)
+    processing = Processing(logits_processor or LogitsProcessorList(), stopping_criteria or StoppingCriteriaList(),
+                            bool(config.do_sample))
     if isinstance(head, (str, os.PathLike)):
         head = AcceptancePredictionHead.from_pretrained(head)
     if head is not None and draft is not None:
@@ -104,31 +107,25 @@ def hf_generate(
         top_k=config.top_k or 0, top_p=1.0 if config.top_p is None else config.top_p,
         eos_token_id=[] if eos is None else eos, num_assistant_tokens=config.num_assistant_tokens,
         assistant_confidence_threshold=config.assistant_confidence_threshold, compile=compile,
-        **{name: value for name, value in knobs.items() if value is not None})
+        **{name: value for name, value in knobs.items() if value is not None},
+        # what a head's stored threshold is compared with; the processors themselves come built
+        **{name: getattr(config, name) for name in PROCESSOR_FIELDS})
     out = decode(model, draft, input_ids, settings, attention_mask=model_kwargs.get("attention_mask"),
-                 streamer=streamer)
+                 streamer=streamer, processing=processing)
     if config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=out.sequences, stats=out.stats)
     return out.sequences
 
 
-def _check_generate_settings(config: GenerationConfig, logits_processor: LogitsProcessorList | None,
-                             stopping_criteria: StoppingCriteriaList | None, model_kwargs: dict) -> None:
-    """ValueError for what `generate` was asked that the SpecDec++ loop would not honour."""
+def _check_generate_settings(config: GenerationConfig, model_kwargs: dict) -> None:
+    """ValueError for what `generate` was asked that the SpecDec++ loop would not honour (the
+    processors and criteria are checked by `Processing`)."""
     if (config.num_beams or 1) > 1 or (config.num_return_sequences or 1) > 1:
         raise ValueError("SpecDec++ decodes one sequence: num_beams and num_return_sequences must be 1")
     extra_outputs = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
                      if config.return_dict_in_generate and getattr(config, name, False)]
     if extra_outputs:
         raise ValueError(f"SpecDec++ returns the sequences (and stats) only, not {', '.join(extra_outputs)}")
-    processors = [type(p).__name__ for p in logits_processor or [] if not isinstance(p, SUPPORTED_PROCESSORS)]
-    if processors:
-        raise ValueError(f"SpecDec++ applies temperature, top_k and top_p only; this generate call also asks for "
-                         f"{', '.join(processors)}")
-    criteria = [type(c).__name__ for c in stopping_criteria or [] if not isinstance(c, SUPPORTED_CRITERIA)]
-    if criteria:
-        raise ValueError(f"SpecDec++ stops at max_new_tokens / max_length and EOS only; this generate call also "
-                         f"asks for {', '.join(criteria)}")
     unknown = sorted(set(model_kwargs) - IGNORED_MODEL_KWARGS - {"attention_mask"})
     if unknown:
         raise ValueError(f"SpecDec++ cannot pass {', '.join(unknown)} to the models")
@@ -149,6 +146,13 @@ def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedMod
     `stop_threshold`, `bound` and `schedule`, and the Hub options that loaded this file
     (`revision`, `cache_dir`, `token`, ...), which load the head from the same place."""
     hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}  # for loading, not for the models
+    if kwargs.get("stop_strings") is not None:
+        # generate drops `tokenizer` before it builds the criteria for a callable custom_generate (5.24):
+        # the stop strings' criterion is built here, with transformers' own class, as generate builds it
+        if kwargs.get("tokenizer") is None:
+            raise ValueError("stop_strings needs the model's tokenizer: pass tokenizer=... to generate")
+        stop = StopStringCriteria(tokenizer=kwargs.pop("tokenizer"), stop_strings=kwargs.pop("stop_strings"))
+        kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), stop])
     if head is None or isinstance(head, (str, os.PathLike)):
         head = AcceptancePredictionHead.from_pretrained(head or _custom_generate_location(), **hub_options)
     decode = functools.partial(hf_generate, draft=assistant_model, head=head, streamer=streamer)

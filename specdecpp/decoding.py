@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.utils import ModelOutput
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
@@ -20,7 +20,8 @@ from specdecpp.compat import cache_kwargs
 from specdecpp.compiled import CompiledDraft, StaticModel, compiled_models, recompiles_forbidden
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample, widened
+from specdecpp.processing import Processing, build_processing
+from specdecpp.sampling import residual_distribution, sample, widened
 from specdecpp.schedules import DraftStep, Schedule, make_schedule
 
 
@@ -29,7 +30,7 @@ class GenerationStats:
     """Counts for one generation. `target_calls` and `draft_calls` are forward passes (the
     first of each also reads the prompt); `accepted_lengths` holds, per round, how many drafted
     tokens the target accepted and `draft_lengths` how many were drafted;
-    `discarded_tokens` is how many it rejected. Without an EOS
+    `discarded_tokens` is how many it rejected. Without an EOS or a stopping criterion
     inside the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`.
     Where the time went (seconds): `draft_time` in draft steps, `verify_time` in the target's
     verifications, `schedule_time` in the schedule's stop decisions (`ada`'s judgements); the rest
@@ -110,26 +111,24 @@ class CachedModel:
 
 
 class EagerDraft(CachedModel):
-    """The draft as the eager loop runs it: a `CachedModel` whose `draft_step` proposes one token,
-    with `warpers` (None: greedy) and the hidden state when `hidden` (a schedule that reads it)."""
+    """The draft as the eager loop runs it: a `CachedModel` whose `draft_step` proposes one token
+    under `processing` and returns the hidden state when `hidden` (a schedule that reads it)."""
 
-    def __init__(self, model: PreTrainedModel, warpers=None, hidden: bool = False):
+    def __init__(self, model: PreTrainedModel, processing: Processing, hidden: bool = False):
         super().__init__(model)
-        self.warpers, self.hidden = warpers, hidden
+        self.processing, self.hidden = processing, hidden
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
-        """One draft forward after `tokens` and the token it proposes: the draft's argmax (greedy)
-        or a sample from its warped distribution. Its softmax is computed once and serves the
-        choice, the acceptance test and (unwarped) the head's features."""
+        """One draft forward after `tokens` and the token it proposes: the argmax of the processed
+        logits (greedy) or a sample from their softmax. That softmax is computed once and serves the
+        choice, the acceptance test and (when nothing processed the logits) the head's features."""
         logits, state = self.forward(tokens, num_logits=1, hidden=self.hidden)
         logits = widened(logits[0])
-        if self.warpers is None:
-            probs = logits.softmax(-1)
-            token = int(probs.argmax())
-        else:
-            probs = logits_to_probs(logits[None], self.warpers)[0]
-            token = int(sample(probs[None], generator))
-        return DraftStep(num_drafted, float(probs[token]), state, token, logits, probs, warped=bool(self.warpers))
+        processed = self.processing.logits(tokens, logits[None])[0]
+        probs = processed.softmax(-1)
+        token = int(sample(probs[None], generator)) if self.processing.do_sample else int(processed.argmax())
+        return DraftStep(num_drafted, float(probs[token]), state, token, logits, probs,
+                         warped=self.processing.changes_logits)
 
 
 def speculative_generate(
@@ -153,14 +152,25 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     streamer=None,
     compile: bool = False,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    tokenizer=None,
+    **processing,
 ) -> SpeculativeOutput:
     """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
     `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `oracle`; see
     `specdecpp.schedules`); `ada` reads `head` and takes `stop_threshold="auto"` for the threshold
     stored in the head. Greedy output equals `target.generate(do_sample=False)` token for
     token; sampled output (temperature, top-k, top-p applied to both models) follows the
-    target's distribution, reproducibly given `generator`. Generation stops at EOS (the target's
-    generation config's, or `eos_token_id`) or after `max_new_tokens`. `streamer` (a
+    target's distribution, reproducibly given `generator`. `processing`: `generate`'s fields that
+    add logits processors (`repetition_penalty`, `no_repeat_ngram_size`, `min_new_tokens`,
+    `min_length`, `bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `sequence_bias`,
+    `forced_eos_token_id`) or stopping criteria (`stop_strings`, which needs `tokenizer`,
+    `max_time`); `logits_processor` and `stopping_criteria` add the caller's own, as in `generate`.
+    Both models' logits are processed at every position with the prefix it has
+    (`specdecpp.processing`), so the output is still `target.generate`'s with the same settings.
+    Generation stops at EOS (the target's generation config's, or `eos_token_id`), after
+    `max_new_tokens` or at the first token a stopping criterion is met by. `streamer` (a
     `transformers` `TextStreamer` or anything with `put`/`end`) receives tokens as rounds end.
     Batch size 1, so `**tokenizer(text, return_tensors="pt")` works: `attention_mask` is accepted and
     must be all ones (padding is refused). `schedule=None` means `ada` when a `head` is given, else
@@ -172,17 +182,21 @@ def speculative_generate(
         schedule=schedule, head=head, stop_threshold=stop_threshold, bound=bound,
         num_assistant_tokens=num_assistant_tokens, assistant_confidence_threshold=assistant_confidence_threshold,
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-        eos_token_id=eos_token_id, compile=compile)
+        eos_token_id=eos_token_id, compile=compile, logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria, **processing)
     return decode(target, draft, input_ids, settings, attention_mask=attention_mask, generator=generator,
-                  streamer=streamer)
+                  streamer=streamer, tokenizer=tokenizer)
 
 
 def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
            settings: DecodingSettings, *, attention_mask: torch.Tensor | None = None,
-           generator: torch.Generator | None = None, streamer=None) -> SpeculativeOutput:
+           generator: torch.Generator | None = None, streamer=None, tokenizer=None,
+           processing: Processing | None = None) -> SpeculativeOutput:
     """`speculative_generate` with its decoding settings in one `DecodingSettings` (what
     evaluation and the `generate` integration pass): validated, checked against the models, then
-    decoded. Returns a `SpeculativeOutput`."""
+    decoded. `processing`: the processors and criteria `generate` already built (the `generate`
+    integration), else built here from `settings` as `generate` would (stop strings need the
+    `tokenizer`). Returns a `SpeculativeOutput`."""
     if settings.schedule is None:
         settings = replace(settings, schedule=default_schedule(draft, settings.head))
     input_ids = _check_input_ids(input_ids)
@@ -190,16 +204,18 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     settings.check_models(target, draft)
     _check_attention_mask(input_ids, attention_mask)
     schedule, max_new_tokens = settings.schedule, settings.max_new_tokens
-    warpers = make_warpers(settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
     eos = eos_ids(generation_eos(target) if settings.eos_token_id is None else settings.eos_token_id)
-    draft_correct = _draft_correct(target, draft, input_ids, max_new_tokens, eos) if schedule == "oracle" else None
+    seq = input_ids[0].tolist()
+    prompt_length = len(seq)
+    if processing is None:
+        processing = build_processing(target, settings.generation_config(prompt_length, eos), input_ids,
+                                      settings.logits_processor, settings.stopping_criteria, tokenizer)
+    draft_correct = _draft_correct(target, draft, input_ids, settings, processing) if schedule == "oracle" else None
     policy = make_schedule(settings, draft_correct=draft_correct)
 
     stats = GenerationStats()
-    seq = input_ids[0].tolist()
-    prompt_length = len(seq)
     target_model, draft_model, stats.compile_time = step_models(
-        target, draft if schedule != "none" else None, settings, warpers, policy.needs_hidden_states,
+        target, draft if schedule != "none" else None, settings, processing, policy.needs_hidden_states,
         prompt_length + max_new_tokens)
     start = time.perf_counter()
     if streamer is not None:
@@ -208,9 +224,9 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
         while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
             # A round emits up to k + 1 tokens, so never draft past the length limit.
             drafted, draft_probs = _draft(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
-                                          warpers, generator, stats)
+                                          processing.do_sample, generator, stats)
             verify_start = time.perf_counter()
-            num_accepted, next_token = verify(target_model, seq, drafted, draft_probs, warpers, generator)
+            num_accepted, next_token = verify(target_model, seq, drafted, draft_probs, processing, generator)
             stats.verify_time += time.perf_counter() - verify_start
             stats.target_calls += 1
             stats.accepted_lengths.append(num_accepted)
@@ -218,6 +234,8 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
             stats.discarded_tokens += len(drafted) - num_accepted
             policy.end_round(len(drafted), num_accepted)
             new_tokens = trim_at_eos(drafted[:num_accepted] + [next_token], eos)
+            stop = processing.stop_length(seq, new_tokens)
+            new_tokens = new_tokens[:stop]
             seq += new_tokens
             # Both caches keep everything but the last token, which the next round feeds.
             target_model.crop(len(seq) - 1)
@@ -225,7 +243,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
                 draft_model.crop(len(seq) - 1)
             if streamer is not None:
                 streamer.put(torch.tensor(new_tokens))
-            if new_tokens[-1] in eos:
+            if stop is not None or new_tokens[-1] in eos:
                 break
     if streamer is not None:
         streamer.end()
@@ -234,21 +252,22 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     return SpeculativeOutput(torch.tensor([seq], dtype=torch.long, device=input_ids.device), stats)
 
 
-def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings, warpers,
-                hidden_states: bool, max_length: int) -> tuple[CachedModel | StaticModel, EagerDraft | CompiledDraft | None,
+def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
+                processing: Processing, hidden_states: bool, max_length: int) -> tuple[CachedModel | StaticModel, EagerDraft | CompiledDraft | None,
                                                                float]:
     """The target and (unless None) the draft as the loop steps them, with empty caches for a
-    generation of up to `max_length` tokens: eager (`CachedModel`, and an `EagerDraft` whose steps
-    return `hidden_states` for a head), or with `settings.compile` the compiled engine's
-    (`specdecpp.compiled`), whose draft step also judges with `ada`'s head. Returns them and the
-    seconds spent compiling for this call."""
+    generation of up to `max_length` tokens: eager (`CachedModel`, and an `EagerDraft` proposing
+    under `processing` whose steps return `hidden_states` for a head), or with `settings.compile`
+    the compiled engine's (`specdecpp.compiled`, which refuses processing its graph cannot apply),
+    whose draft step also judges with `ada`'s head. Returns them and the seconds spent compiling."""
     if not settings.compile:
-        return CachedModel(target), EagerDraft(draft, warpers, hidden_states) if draft else None, 0.0
-    return compiled_models(target, draft, settings, max_length)
+        return CachedModel(target), EagerDraft(draft, processing, hidden_states) if draft else None, 0.0
+    return compiled_models(target, draft, settings, max_length, processing)
 
 
 def _draft(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], policy: Schedule, max_tokens: int,
-           warpers, generator: torch.Generator | None, stats: GenerationStats) -> tuple[list[int], list[torch.Tensor]]:
+           do_sample: bool, generator: torch.Generator | None, stats: GenerationStats
+           ) -> tuple[list[int], list[torch.Tensor]]:
     """Draft up to `max_tokens` tokens after `seq`, one draft forward each, until the policy
     stops. Returns the tokens and, when sampling, the draft's distribution for each."""
     drafted: list[int] = []
@@ -262,34 +281,37 @@ def _draft(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], polic
         stats.draft_time += drafted_at - start
         stats.draft_calls += 1
         drafted.append(step.token)
-        if warpers is not None:
+        if do_sample:
             draft_probs.append(step.probs)
         if stop:
             break
     return drafted, draft_probs
 
 
-def verify(target_model: CachedModel | StaticModel, seq: list[int], drafted: list[int], draft_probs: list[torch.Tensor], warpers,
-           generator: torch.Generator | None) -> tuple[int, int]:
-    """One target forward over `[last verified token, drafted...]` after `seq`, then `_verify`:
-    how many drafted tokens are accepted and the token the target adds after them."""
-    target_logits, _ = target_model.forward(seq + drafted, num_logits=len(drafted) + 1)
-    return _verify(drafted, draft_probs, target_logits, warpers, generator)
+def verify(target_model: CachedModel | StaticModel, seq: list[int], drafted: list[int],
+           draft_probs: list[torch.Tensor], processing: Processing, generator: torch.Generator | None
+           ) -> tuple[int, int]:
+    """One target forward over `[last verified token, drafted...]` after `seq`, each position's
+    logits processed with its own prefix, then `_verify`: how many drafted tokens are accepted and
+    the token the target adds after them."""
+    tokens = seq + drafted
+    target_logits, _ = target_model.forward(tokens, num_logits=len(drafted) + 1)
+    return _verify(drafted, draft_probs, processing.logits(tokens, target_logits), processing.do_sample, generator)
 
 
-def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: torch.Tensor, warpers,
+def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: torch.Tensor, do_sample: bool,
             generator: torch.Generator | None) -> tuple[int, int]:
-    """Given the target's logits `[k + 1, vocab]` at `[last verified, y_1..y_k]`, return how many
-    drafted tokens are accepted and the token the target adds after them. Greedy: accept while
-    the target's argmax agrees. Sampling: accept `y_i` with probability `min(1, p_i / q_i)`,
+    """Given the target's processed logits `[k + 1, vocab]` at `[last verified, y_1..y_k]`, return
+    how many drafted tokens are accepted and the token the target adds after them. Greedy: accept
+    while the target's argmax agrees. Sampling: accept `y_i` with probability `min(1, p_i / q_i)`,
     resample the first rejection from `normalize(max(0, p - q))`, or sample `p_{k+1}` if none."""
-    if warpers is None:
+    if not do_sample:
         target_tokens = target_logits.argmax(-1).tolist()
         num_accepted = 0
         while num_accepted < len(drafted) and drafted[num_accepted] == target_tokens[num_accepted]:
             num_accepted += 1
         return num_accepted, target_tokens[num_accepted]
-    target_probs = logits_to_probs(target_logits, warpers)
+    target_probs = target_logits.softmax(-1)
     for i, (token, q) in enumerate(zip(drafted, draft_probs)):
         p = target_probs[i]
         uniform = torch.rand((), generator=generator, device=p.device)
@@ -299,16 +321,18 @@ def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: 
 
 
 def _draft_correct(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
-                   max_new_tokens: int, eos: set[int]) -> list[bool]:
-    """For the oracle: the target's greedy continuation, then whether the draft's greedy
-    proposal (teacher-forced on that continuation) is right at each generated position. This
-    look-ahead is the oracle's knowledge, not counted in its stats."""
-    reference = decode(target, None, input_ids, DecodingSettings(schedule="none", max_new_tokens=max_new_tokens,
-                                                                 eos_token_id=list(eos))).sequences
+                   settings: DecodingSettings, processing: Processing) -> list[bool]:
+    """For the oracle: the target's greedy continuation under `settings` and `processing`, then
+    whether the draft's greedy proposal (teacher-forced on that continuation, processed alike) is
+    right at each generated position. This look-ahead is the oracle's knowledge, not counted in
+    its stats."""
+    reference = decode(target, None, input_ids, replace(settings, schedule="none", head=None, compile=False),
+                       processing=processing).sequences
     generated = reference[0, input_ids.shape[1]:]
     with torch.inference_mode():
         logits = draft(input_ids=reference).logits[0, input_ids.shape[1] - 1: -1]
-    return (logits.argmax(-1) == generated).tolist()
+        proposals = processing.logits(reference[0, :-1].tolist(), logits).argmax(-1)
+    return (proposals == generated).tolist()
 
 
 def _check_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:

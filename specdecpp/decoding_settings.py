@@ -11,10 +11,11 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
 from specdecpp.head import AcceptancePredictionHead
+from specdecpp.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
 
 SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "oracle")
 K_SCHEDULES = ("constant", "heuristic", "dynamic")  # the schedules that read num_assistant_tokens
@@ -26,7 +27,10 @@ class DecodingSettings:
     one from the models, see `default_schedule`) and its knobs (`head`, `stop_threshold`, `bound`
     for `ada`; `num_assistant_tokens`, `assistant_confidence_threshold` for the others), the
     length limit, greedy or sampling (`temperature`, `top_k`, `top_p`) and the EOS ids (None: the
-    target's generation config's), and whether to run the compiled engine (`compile`). The defaults are `speculative_generate`'s."""
+    target's generation config's), and whether to run the compiled engine (`compile`). The
+    processing fields (`PROCESSOR_FIELDS`, `CRITERIA_FIELDS`; None: off) mean what they mean to
+    `generate`, and `logits_processor` / `stopping_criteria` add the caller's own objects. The
+    defaults are `speculative_generate`'s."""
 
     schedule: str | None = None
     head: AcceptancePredictionHead | None = None
@@ -41,6 +45,19 @@ class DecodingSettings:
     top_p: float = 1.0
     eos_token_id: int | list[int] | None = None
     compile: bool = False
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    min_new_tokens: int | None = None
+    min_length: int | None = None
+    bad_words_ids: list[list[int]] | None = None
+    suppress_tokens: list[int] | None = None
+    begin_suppress_tokens: list[int] | None = None
+    sequence_bias: dict | list | None = None
+    forced_eos_token_id: int | list[int] | None = None
+    stop_strings: str | list[str] | None = None
+    max_time: float | None = None
+    logits_processor: LogitsProcessorList | None = None
+    stopping_criteria: StoppingCriteriaList | None = None
 
     def validate(self, name: Callable[[str], str] = str) -> None:
         """Raise ValueError, naming the setting, on a value the loop cannot honour: an unknown
@@ -86,12 +103,37 @@ class DecodingSettings:
                 raise ValueError("schedule 'ada' needs an acceptance prediction head (head=AcceptancePredictionHead...)")
             check_head_fits_draft(self.head.hidden_size, hidden_size(draft.config))
             self.head.resolve_stop_threshold(self.stop_threshold)
-            mode = "sampling" if self.do_sample else "greedy"
-            if self.stop_threshold == "auto" and self.head.threshold_mode != mode:
-                warnings.warn(f"stop_threshold='auto' is this head's threshold for {self.head.threshold_mode} "
-                              f"decoding, chosen on {self.head.threshold_mode} records, and this generation is "
-                              f"{mode}: a head trained and calibrated on {mode} records predicts better here",
-                              stacklevel=3)
+            if self.stop_threshold == "auto":
+                self._warn_on_threshold_mismatch()
+
+    def _warn_on_threshold_mismatch(self) -> None:
+        """Warn when the head's stored threshold was chosen for another decoding mode or other
+        logits processing than this generation's: acceptance, hence the best threshold, depends on both."""
+        mode = "sampling" if self.do_sample else "greedy"
+        if self.head.threshold_mode != mode:
+            warnings.warn(f"stop_threshold='auto' is this head's threshold for {self.head.threshold_mode} "
+                          f"decoding, chosen on {self.head.threshold_mode} records, and this generation is "
+                          f"{mode}: a head trained and calibrated on {mode} records predicts better here",
+                          stacklevel=4)
+        if self.head.threshold_processing != self.processing():
+            warnings.warn(f"stop_threshold='auto' is this head's threshold for the processing "
+                          f"{self.head.threshold_processing or 'none'}, and this generation applies "
+                          f"{self.processing() or 'none'}: a threshold chosen on records built with this "
+                          "processing fits better here", stacklevel=4)
+
+    def processing(self) -> dict:
+        """The logits processing fields that are set (neither None nor neutral), by name: what records
+        built for a head, and the threshold chosen on them, record (`threshold_selection["processing"]`)."""
+        values = {name: getattr(self, name) for name in PROCESSOR_FIELDS}
+        return {name: value for name, value in values.items() if value is not None and value != NEUTRAL.get(name)}
+
+    def generation_config(self, prompt_length: int, eos: set[int]) -> GenerationConfig:
+        """The generation config `generate` would decode these settings with, for a prompt of
+        `prompt_length` tokens and the EOS ids `eos`: what the processors and criteria are built from."""
+        sampling = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p) if self.do_sample else {}
+        fields_set = {name: getattr(self, name) for name in CRITERIA_FIELDS if getattr(self, name) is not None}
+        return GenerationConfig(do_sample=self.do_sample, max_length=prompt_length + self.max_new_tokens,
+                                eos_token_id=sorted(eos) or None, **sampling, **self.processing(), **fields_set)
 
     def as_kwargs(self) -> dict:
         """The settings as `speculative_generate`'s keyword arguments."""

@@ -205,6 +205,12 @@ class AcceptancePredictionHead(
             return None
         return (self.threshold_selection or {}).get("mode", "greedy")
 
+    @property
+    def threshold_processing(self) -> dict:
+        """The logits processing (`DecodingSettings.processing()`) of the records the stored threshold
+        was chosen on: `{}` for none (and for selections that predate the field)."""
+        return (self.threshold_selection or {}).get("processing", {})
+
     def resolve_stop_threshold(self, stop_threshold: float | str) -> float:
         """`stop_threshold` itself, or for `"auto"` the threshold stored in this head (ValueError
         when none is stored)."""

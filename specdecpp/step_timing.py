@@ -21,7 +21,7 @@ from specdecpp.costs import StepTimes, busy_machine, fit_verify_ms, loop_overhea
 from specdecpp.decoding import decode, step_models, verify
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.sampling import make_warpers
+from specdecpp.processing import sampling_only
 from specdecpp.schedules import Ada
 
 
@@ -61,12 +61,12 @@ class StepProbe:
                  compile: bool = False):
         self.seq, self.max_draft, self.has_head = input_ids[0].tolist(), max_draft, head is not None
         self.device, self.engine = str(target.device), "compiled" if compile else "eager"
-        self.warpers = make_warpers() if do_sample else None
+        self.processing = sampling_only(do_sample)
         self.generator = torch.Generator(target.device).manual_seed(0) if do_sample else None
         self.judge = Ada(head, stop_threshold=1.0, bound=(1, max(max_draft, 1))) if head is not None else None
         self.models = lambda: step_models(target, draft, DecodingSettings(
             schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile),
-            self.warpers, head is not None, len(self.seq) + max_draft + 1)[:2]
+            self.processing, head is not None, len(self.seq) + max_draft + 1)[:2]
         self.compiled = compile
         self.drafts = [[] for _ in range(max_draft)]
         self.verified = [[] for _ in range(max_draft + 1)]
@@ -113,11 +113,11 @@ class StepProbe:
                          busy=busy_machine(spread, f"the {self.engine} engine's steps"))
 
     def _pass(self) -> tuple[list[float], list[list[float]], list[list[float]], list[float]]:
-        seq, warpers, generator, judge = self.seq, self.warpers, self.generator, self.judge
+        seq, processing, generator, judge = self.seq, self.processing, self.generator, self.judge
         alone, drafts, verified, judged = [], [[] for _ in range(self.max_draft)], [], []
         for _ in range(self.max_draft + 1):  # target-alone steps, back to back as in a target-alone decode
             start = time.perf_counter()
-            verify(self.target_model, seq, [], [], warpers, generator)
+            verify(self.target_model, seq, [], [], processing, generator)
             self.target_model.crop(len(seq) - 1)
             alone.append(1000 * (time.perf_counter() - start))
         for k in range(self.max_draft + 1):
@@ -133,10 +133,10 @@ class StepProbe:
                 drafts[j - 1].append(1000 * (middle - start))
                 judged.append(1000 * (time.perf_counter() - middle))
                 drafted.append(step.token)
-                if warpers is not None:
+                if processing.do_sample:
                     draft_probs.append(step.probs)
             start = time.perf_counter()
-            verify(self.target_model, seq, drafted, draft_probs, warpers, generator)
+            verify(self.target_model, seq, drafted, draft_probs, processing, generator)
             self.target_model.crop(len(seq) - 1)
             self.draft_model.crop(len(seq) - 1)
             verified.append([1000 * (time.perf_counter() - start)])
@@ -172,7 +172,7 @@ def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, inp
 
 def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool) -> float:
     seq = input_ids[0].tolist()
-    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), None, False, len(seq))
+    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False), False, len(seq))
     with torch.inference_mode():
         start = time.perf_counter()
         cached.forward(seq, num_logits=1)

@@ -15,6 +15,7 @@ import specdecpp
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.custom_generate import SpeculativeGenerateOutput
 from specdecpp.head_folder import CUSTOM_GENERATE_FILES
+from specdecpp.schedules import SCHEDULES
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 HEAD_DIR = str(ZOO_DIR / "head")
@@ -154,8 +155,38 @@ def test_a_transformers_streamer_receives_the_prompt_then_the_generated_tokens(z
     assert "".join(streamer) == tokenizer.decode(out[0])  # iteration ends only once the streamer was ended
 
 
+ZOO_SETTINGS = (dict(repetition_penalty=1.3), dict(no_repeat_ngram_size=2), dict(min_new_tokens=35),
+                dict(bad_words_ids=[[13]], suppress_tokens=[11]), dict(begin_suppress_tokens=[13]),
+                dict(sequence_bias={(13,): -3.0}), dict(forced_eos_token_id=0), dict(stop_strings=["b"]),
+                dict(repetition_penalty=1.2, no_repeat_ngram_size=3, stop_strings=["return"], min_new_tokens=3))
+
+
+@pytest.mark.parametrize("settings", ZOO_SETTINGS)
+def test_folder_form_with_processing_equals_target_generate(zoo, settings):
+    target, draft, tokenizer = zoo
+    for prompt in PROMPTS:
+        inputs = tokenizer(prompt, return_tensors="pt")
+        expected = target.generate(**inputs, max_new_tokens=30, do_sample=False, tokenizer=tokenizer, **settings)
+        out = folder_generate(target, draft, inputs, max_new_tokens=30, do_sample=False, tokenizer=tokenizer,
+                              bound=(1, 8), **settings)
+        assert torch.equal(out, expected), (prompt, settings)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_callable_form_with_all_processing_equals_target_generate_for_every_schedule(zoo, schedule):
+    target, draft, tokenizer = zoo
+    # a callable gets no tokenizer from generate (transformers 5.24), so no stop strings here
+    settings = {k: v for k, v in ZOO_SETTINGS[-1].items() if k != "stop_strings"}
+    for prompt in PROMPTS:
+        inputs = tokenizer(prompt, return_tensors="pt")
+        expected = target.generate(**inputs, max_new_tokens=30, do_sample=False, **settings)
+        out = target.generate(**inputs, custom_generate=specdecpp.hf_generate, draft=draft, head=HEAD_DIR,
+                              schedule=schedule, max_new_tokens=30, do_sample=False, **settings)
+        assert torch.equal(out, expected), (prompt, schedule)
+
+
 @pytest.mark.parametrize("settings, message", [
-    (dict(repetition_penalty=1.3), "RepetitionPenalty"),
+    (dict(guidance_scale=1.5), "UnbatchedClassifierFreeGuidanceLogitsProcessor cannot be applied"),
     (dict(num_beams=2), "num_beams"),
     (dict(return_dict_in_generate=True, output_scores=True), "output_scores"),
 ])

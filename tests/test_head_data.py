@@ -9,7 +9,7 @@ from conftest import tiny_llama
 from specdecpp.decoding import EagerDraft
 from specdecpp.head import FEATURES, step_features
 from specdecpp.head_data import head_inputs
-from specdecpp.sampling import make_warpers
+from specdecpp.processing import sampling_only
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
@@ -18,9 +18,8 @@ def test_every_feature_is_the_same_in_training_and_in_the_engine(do_sample):
     draft = tiny_llama(seed=3).eval()
     names = list(FEATURES)
     sequence = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0)).tolist()
-    warpers = make_warpers(temperature=1.0) if do_sample else None
     generator = torch.Generator().manual_seed(1)
-    cached, candidates, engine_hidden, engine_features = EagerDraft(draft, warpers, hidden=True), [], [], []
+    cached, candidates, engine_hidden, engine_features = EagerDraft(draft, sampling_only(do_sample), hidden=True), [], [], []
     for length in range(1, len(sequence)):  # the step that proposes the token after sequence[:length]
         step = cached.draft_step(sequence[:length], 1, generator)
         candidates.append(step.token)

@@ -1,0 +1,138 @@
+"""Logits processors and stopping criteria in the loop: greedy output identical to
+`target.generate` with the same settings for every schedule, sampling distributed as the target's
+processed distribution, clear refusals for what cannot apply per position."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from test_custom_generate import HEAD_DIR, PROMPTS, zoo  # noqa: F401 (fixture)
+from test_decoding import (VOCAB, chi_square_pvalue, prompts, random_head,  # noqa: F401 (fixtures)
+                           small_vocab_pair, target_greedy)
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
+from transformers.generation import WatermarkLogitsProcessor
+
+from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.schedules import SCHEDULES
+
+
+def settings_for(name: str, plain: list[int], eos: int) -> dict:
+    """`generate` settings that change the greedy output of a prompt whose plain greedy
+    continuation is `plain` (tokens taken from it, so that each setting acts)."""
+    settings = {
+        "repetition_penalty": {"repetition_penalty": 1.5},
+        "no_repeat_ngram_size": {"no_repeat_ngram_size": 1},
+        "min_new_tokens": {"min_new_tokens": 6},
+        "min_length": {"min_length": 9},
+        "bad_words_ids": {"bad_words_ids": [[plain[2]], [plain[0], plain[1]]]},
+        "suppress_tokens": {"suppress_tokens": [t for t in (plain[2], plain[4]) if t != eos]},
+        "begin_suppress_tokens": {"begin_suppress_tokens": [plain[0]]},
+        "sequence_bias": {"sequence_bias": [[[plain[1]], -4.0], [[plain[2], plain[3]], 3.0]]},
+        "forced_eos_token_id": {"forced_eos_token_id": eos},
+        "max_time": {"max_time": 1e-9},
+    }
+    if name == "all":
+        return {k: v for s in settings.values() for k, v in s.items() if k != "max_time"}
+    return settings[name]
+
+
+SETTINGS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "min_length", "bad_words_ids",
+            "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_eos_token_id", "max_time", "all")
+LENGTHS = (3, 30)  # 3: the limit comes before the EOS (forced_eos_token_id acts); 30: the EOS comes first
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_greedy_equals_target_generate_with_processing(tiny_pair, random_head, schedule, name):
+    target, draft = tiny_pair
+    for prompt, max_new_tokens in itertools.product(prompts(3, seed=1), LENGTHS):
+        plain = target_greedy(target, prompt, 30)[0, prompt.shape[1]:].tolist()
+        eos = plain[3]  # an EOS the plain output reaches early, inside a round
+        settings = settings_for(name, plain, eos)
+        expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                   max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos, **settings)
+        out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head, eos_token_id=eos,
+                                   max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(2, 6), **settings)
+        assert torch.equal(out.sequences, expected), (schedule, name, prompt, max_new_tokens)
+
+
+def test_the_settings_change_the_output(tiny_pair):
+    """The identity test has power: every setting changes some greedy output it compares."""
+    target, _ = tiny_pair
+    for name in SETTINGS:
+        changed = False
+        for prompt, max_new_tokens in itertools.product(prompts(3, seed=1), LENGTHS):
+            plain = target_greedy(target, prompt, 30)[0, prompt.shape[1]:].tolist()
+            runs = [target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                    max_new_tokens=max_new_tokens, eos_token_id=plain[3], pad_token_id=plain[3],
+                                    **settings)
+                    for settings in ({}, settings_for(name, plain, plain[3]))]
+            changed |= not torch.equal(*runs)
+        assert changed, name
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_stop_strings_and_a_repetition_penalty_on_the_zoo_pair(zoo, schedule):
+    """Stop strings need a real tokenizer: the zoo pair's. The stop is met inside a round, and
+    nothing past it comes out; with a penalty on top, as `generate` does both."""
+    target, draft, tokenizer = zoo
+    head = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
+    for prompt, settings in itertools.product(PROMPTS, ({}, {"repetition_penalty": 1.3})):
+        inputs = tokenizer(prompt, return_tensors="pt")
+        plain = target.generate(**inputs, max_new_tokens=40, do_sample=False, **settings)
+        stop = tokenizer.decode(plain[0, inputs["input_ids"].shape[1] + 12:][:2])  # met at the 13th or 14th token
+        expected = target.generate(**inputs, max_new_tokens=40, do_sample=False, stop_strings=[stop],
+                                   tokenizer=tokenizer, **settings)
+        assert expected.shape[1] < plain.shape[1]
+        out = speculative_generate(target, draft, **inputs, schedule=schedule, head=head, max_new_tokens=40,
+                                   bound=(1, 8), stop_strings=[stop], tokenizer=tokenizer, **settings)
+        assert torch.equal(out.sequences, expected), (schedule, prompt, settings)
+
+
+def exact_processed_distribution(target, prompt, processors) -> torch.Tensor:
+    """P(x1, x2) under the target with `processors` applied at each position with its prefix."""
+    with torch.no_grad():
+        p1 = processors(prompt, target(prompt).logits[:, -1].float()).softmax(-1)[0]
+        rows = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+        logits = target(rows).logits[:, -1].float()
+        p2 = torch.cat([processors(rows[i:i + 1], logits[i:i + 1]) for i in range(VOCAB)]).softmax(-1)
+    return (p1[:, None] * p2).reshape(-1)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "ada"])
+def test_sampling_follows_the_processed_target_distribution(small_vocab_pair, random_head, schedule):
+    target, draft = small_vocab_pair
+    prompt = torch.tensor([[1, 4, 2]])
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(2000):
+        out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head, bound=(1, 4),
+                                   num_assistant_tokens=3, max_new_tokens=2, do_sample=True, generator=generator,
+                                   repetition_penalty=3.0, top_p=0.8)
+        samples.append(tuple(out.sequences[0, 3:5].tolist()))
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(3.0), TopPLogitsWarper(0.8)])
+    assert chi_square_pvalue(samples, exact_processed_distribution(target, prompt, processors)) > 1e-3
+    # The test has power: the target's distribution without the penalty is rejected by it.
+    without = LogitsProcessorList([TopPLogitsWarper(0.8)])
+    assert chi_square_pvalue(samples, exact_processed_distribution(target, prompt, without)) < 1e-6
+
+
+def test_a_processor_that_cannot_apply_per_position_is_refused(tiny_pair):
+    target, draft = tiny_pair
+    watermark = LogitsProcessorList([WatermarkLogitsProcessor(vocab_size=64, device="cpu")])
+    with pytest.raises(ValueError, match="WatermarkLogitsProcessor cannot be applied"):
+        speculative_generate(target, draft, torch.tensor([[1, 2]]), logits_processor=watermark)
+
+
+def test_stop_strings_need_the_tokenizer(tiny_pair):
+    target, draft = tiny_pair
+    with pytest.raises(ValueError, match="tokenizer"):
+        speculative_generate(target, draft, torch.tensor([[1, 2]]), stop_strings=["the"])
+
+
+def test_the_compiled_engine_refuses_processors_it_does_not_apply(tiny_pair):
+    target, draft = tiny_pair
+    with pytest.raises(ValueError, match="compile=True does not support RepetitionPenaltyLogitsProcessor yet; "
+                                         "use compile=False"):
+        speculative_generate(target, draft, torch.tensor([[1, 2]]), compile=True, repetition_penalty=1.2)
