@@ -1,13 +1,16 @@
 """Build the acceptance head's training data from a target/draft pair.
 
     python -m specdecpp.build_data --target T --draft D --prompts SRC --output OUT.jsonl \
-        --max_new_tokens N [--do_sample] [--batch_size B] [--seed S] [--n_begin I --n_end J]
+        --max_new_tokens N [--do_sample] [--repetition_penalty R] [--batch_size B] [--seed S] [--n_begin I --n_end J]
     torchrun --nproc_per_node 4 -m specdecpp.build_data ...      (each rank takes its share)
 
 One pass per batch of prompts: the target generates the continuations (batched, left-padded, KV
 cache), then one teacher-forced forward of each model over prompt + continuation gives, at every
 continuation position, the draft's proposal given the target's prefix (argmax when greedy, sampled
-when sampling), the log-probability of that proposal under each model, and `p_acc`.
+when sampling), the log-probability of that proposal under each model, and `p_acc`. Both models'
+logits are processed as decoding will process them (`--repetition_penalty`, then the sampling
+warpers), every position with its own prefix (`specdecpp.processing`), since acceptance depends on
+it; each record names that processing (`processing`).
 
 Resumable: while it runs, records go to `OUT.parts/` (one shard per rank, flushed per batch, with
 the settings they were built with in `meta.json`); a rerun reads the complete records there and
@@ -30,16 +33,18 @@ from glob import glob
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
-from transformers import GenerationConfig, HfArgumentParser, PreTrainedModel
+from transformers import GenerationConfig, HfArgumentParser, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from specdecpp import checks
 from specdecpp.checks import trim_at_eos
 from specdecpp.cli import common_field, input_errors
 from specdecpp.data_io import atomic_write, read_complete_lines, to_json_line, write_records
+from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.models import (PairArguments, check_tokenizer, load_model, load_tokenizer, model_device,
                               positions_from_mask)
+from specdecpp.processing import NEUTRAL, Processing, build_processing
 from specdecpp.prompts import FORMATS, load_prompts, tokenize_prompt
-from specdecpp.sampling import logits_to_probs, make_warpers, sample
+from specdecpp.sampling import make_warpers, sample
 
 
 @dataclass
@@ -54,6 +59,8 @@ class BuildDataArguments:
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (both models)"})
     top_k: int = field(default=0, metadata={"help": "top-k filtering when sampling (0: off)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus filtering when sampling (1: off)"})
+    repetition_penalty: float = field(default=1.0, metadata={
+        "help": "generate's repetition penalty, applied to both models' logits as decoding will apply it (1: off)"})
     batch_size: int = field(default=8, metadata={"help": "prompts per batch on each rank"})
     seed: int = common_field("seed", default=0, help="seed of the sampling draws (each batch is seeded from it)")
     n_begin: int = field(default=0, metadata={"help": "first prompt of the source to use"})
@@ -70,8 +77,15 @@ class BuildDataArguments:
         if self.prompt_format not in FORMATS:
             raise ValueError(f"unknown prompt_format {self.prompt_format!r}; choose from {', '.join(FORMATS)}")
         make_warpers(self.temperature, self.top_k, self.top_p)  # raises on bad sampling settings
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"--repetition_penalty must be > 0, got {self.repetition_penalty}")
         if not self.output.endswith(".jsonl"):
             raise ValueError(f"--output must end in .jsonl (records are JSON Lines), got {self.output}")
+
+    def processing(self) -> dict:
+        """The logits processing the records are built under, as `DecodingSettings.processing()`
+        names it (what the threshold chosen on them records, and `auto` compares)."""
+        return DecodingSettings(repetition_penalty=self.repetition_penalty).processing()
 
 
 # -- one batch -----------------------------------------------------------------------------------
@@ -97,58 +111,87 @@ def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attenti
     return out.logits[:, :-1]
 
 
+class RowProcessing(LogitsProcessor):
+    """Each row of a left-padded batch processed by its own `Processing`, which sees that row's
+    tokens without the padding: what `generate` applies to the prompt alone, as decoding will (a
+    repetition penalty would otherwise also penalize the pad token)."""
+
+    def __init__(self, processings: list[Processing], pads: list[int]):
+        self.processings, self.pads = processings, pads
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return torch.cat([processing.processors(input_ids[row:row + 1, pad:], scores[row:row + 1])
+                          for row, (processing, pad) in enumerate(zip(self.processings, self.pads))])
+
+
+def processed_logits(processings: list[Processing], contexts: list[list[int]], logits: torch.Tensor,
+                     lengths: list[int]) -> torch.Tensor:
+    """The continuation logits `[sum(lengths), vocab]` (record after record) processed position by
+    position: record `r`'s rows predict its continuation from `contexts[r]` (its prefix and all
+    but the last continuation token), each row with its own prefix, as the engine processes them."""
+    rows = logits.split(lengths)
+    return torch.cat([p.logits(context, chunk) for p, context, chunk in zip(processings, contexts, rows)])
+
+
 @torch.no_grad()
 def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[list[int]], *, max_new_tokens: int,
                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                pad_token_id: int = 0, eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0) -> list[dict]:
-    """Records (`tokens`, `draft`, `log_p_draft`, `log_p_target`, `p_acc`, `target_entropy`) for a batch of tokenized
-    prompts: the target's continuation, then one teacher-forced forward of each model over it.
-    Sampling mode applies the same temperature/top-k/top-p to both models' logits, draws the
-    target's continuation and the draft's proposals from `seed`, and sets `p_acc = min(1, p/q)`;
-    greedy mode sets `p_acc` to 1.0 exactly where the draft's argmax equals the target's."""
+                processing: dict | None = None, pad_token_id: int = 0,
+                eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0) -> list[dict]:
+    """Records (`tokens`, `draft`, `log_p_draft`, `log_p_target`, `p_acc`, `target_entropy`,
+    `processing`) for a batch of tokenized prompts: the target's continuation, then one
+    teacher-forced forward of each model over it. Both models' logits are processed as decoding
+    processes them (`processing`: `generate`'s processor fields, as `DecodingSettings.processing()`
+    names them; then, sampling, the same temperature/top-k/top-p), each position with its own
+    prefix. Sampling mode draws the target's continuation and the draft's proposals from `seed`
+    and sets `p_acc = min(1, p/q)`; greedy mode sets `p_acc` to 1.0 exactly where the draft's
+    processed argmax equals the target's."""
     if any(len(p) == 0 for p in prefixes):
         raise ValueError("every prompt needs at least one token")
+    processing = processing or {}
     input_ids, attention_mask = left_pad(prefixes, pad_token_id, model_device(target))
-    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p} if do_sample else {}
-    # a fresh config, so nothing from the checkpoint's generation_config (its own temperature,
-    # repetition penalty, ...) changes the distribution that p_acc is computed under
+    settings = DecodingSettings(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                                top_k=top_k, top_p=top_p, **processing)
+    processings = [build_processing(target, settings.generation_config(len(prefix), set(eos_token_ids)),
+                                    torch.tensor([prefix], device=input_ids.device)) for prefix in prefixes]
+    # generate's own processing is neutral, set explicitly so that none comes from the checkpoint's
+    # generation_config (generate fills unset fields from it): RowProcessing applies all of it.
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_token_id,
-                              eos_token_id=sorted(eos_token_ids) or None, **sampling)
+                              eos_token_id=sorted(eos_token_ids) or None, temperature=1.0, top_k=0, top_p=1.0,
+                              **NEUTRAL)
+    pads = [input_ids.shape[1] - len(prefix) for prefix in prefixes]
     torch.manual_seed(seed)  # generate() samples from the global generator
-    sequences = target.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    sequences = target.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                                logits_processor=LogitsProcessorList([RowProcessing(processings, pads)]))
     width = input_ids.shape[1]
     continuations = [trim_at_eos(row.tolist(), set(eos_token_ids)) for row in sequences[:, width:]]
     n = sequences.shape[1] - width
-    lengths = torch.tensor([len(c) for c in continuations], device=sequences.device)
-    valid = torch.arange(n, device=sequences.device)[None, :] < lengths[:, None]  # [batch, n]: before/at EOS
+    lengths = [len(c) for c in continuations]
+    valid = torch.arange(n, device=sequences.device)[None, :] < torch.tensor(lengths, device=sequences.device)[:, None]
     mask = torch.cat([attention_mask, valid.long()], dim=1)
 
     draft_logits = continuation_logits(draft, sequences, mask, n)[valid.to(model_device(draft))]
     target_logits = continuation_logits(target, sequences, mask, n)[valid.to(model_device(target))]
-    target_logits = target_logits.to(draft_logits.device)
+    contexts = [prefix + tokens[:-1] for prefix, tokens in zip(prefixes, continuations)]
+    q_logits = processed_logits(processings, contexts, draft_logits, lengths)
+    p_logits = processed_logits(processings, contexts, target_logits.to(draft_logits.device), lengths)
+    log_q, log_p = q_logits.log_softmax(-1), p_logits.log_softmax(-1)
     if do_sample:
-        warpers = make_warpers(temperature, top_k, top_p)
-        q, p = logits_to_probs(draft_logits, warpers), logits_to_probs(target_logits, warpers)
-        generator = torch.Generator(q.device).manual_seed(seed)
-        proposals = sample(q, generator)
-        q_tok, p_tok = q.gather(-1, proposals[:, None])[:, 0], p.gather(-1, proposals[:, None])[:, 0]
-        log_q, log_p, p_acc = q_tok.log(), p_tok.log(), (p_tok / q_tok).clamp(max=1.0)
-        target_entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+        proposals = sample(q_logits.softmax(-1), torch.Generator(q_logits.device).manual_seed(seed))
     else:
-        wide = torch.float32 if draft_logits.dtype in (torch.float16, torch.bfloat16) else draft_logits.dtype
-        proposals = draft_logits.argmax(-1)
-        log_q = draft_logits.to(wide).log_softmax(-1).gather(-1, proposals[:, None])[:, 0]
-        log_p = target_logits.to(wide).log_softmax(-1).gather(-1, proposals[:, None])[:, 0]
-        p_acc = (proposals == target_logits.argmax(-1)).to(wide)
-        target_log_probs = target_logits.to(wide).log_softmax(-1)
-        target_entropy = -(target_log_probs.exp() * target_log_probs.clamp_min(-1e4)).sum(-1)
+        proposals = q_logits.argmax(-1)
+    log_q_tok, log_p_tok = (lp.gather(-1, proposals[:, None])[:, 0] for lp in (log_q, log_p))
+    p_acc = (log_p_tok - log_q_tok).exp().clamp(max=1.0) if do_sample \
+        else (proposals == p_logits.argmax(-1)).to(log_p.dtype)
+    target_entropy = -(log_p.exp() * log_p.clamp_min(-1e4)).sum(-1)
 
     records, start = [], 0
     for tokens in continuations:
         end = start + len(tokens)
         records.append({"tokens": tokens, "draft": proposals[start:end].tolist(),
-                        "log_p_draft": log_q[start:end].tolist(), "log_p_target": log_p[start:end].tolist(),
-                        "p_acc": p_acc[start:end].tolist(), "target_entropy": target_entropy[start:end].tolist()})
+                        "log_p_draft": log_q_tok[start:end].tolist(), "log_p_target": log_p_tok[start:end].tolist(),
+                        "p_acc": p_acc[start:end].tolist(), "target_entropy": target_entropy[start:end].tolist(),
+                        "processing": processing})
         start = end
     return records
 
@@ -181,8 +224,9 @@ def run_settings(args: BuildDataArguments, pair: PairArguments) -> dict:
     """What decides the records' content; a partial build made with other settings is not resumed."""
     settings = {"target_name": pair.target, "draft_name": pair.draft}
     settings |= {SETTING_NAMES.get(name, name): value for name, value in asdict(args).items()
-                 if name not in ("output", "batch_size", "overwrite")}
-    return settings | {"torch_dtype": pair.torch_dtype}
+                 if name not in ("output", "batch_size", "overwrite", "repetition_penalty")}
+    # the processing by its set fields only, so that a build started before they existed still resumes
+    return settings | args.processing() | {"torch_dtype": pair.torch_dtype}
 
 
 def check_settings(parts_dir: str, settings: dict) -> None:
@@ -194,7 +238,8 @@ def check_settings(parts_dir: str, settings: dict) -> None:
                 saved = json.load(f)
         except ValueError as error:  # not JSON: written by hand, or damaged outside this tool
             raise ValueError(f"{path} is damaged ({error}): pass --overwrite to start the build again") from None
-        changed = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+        # both ways: a setting recorded only when set (the processing) may be absent from either
+        changed = {k: (saved.get(k), settings.get(k)) for k in saved | settings if saved.get(k) != settings.get(k)}
         if changed:
             raise ValueError(f"{parts_dir} holds a partial build made with other settings "
                              f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changed.items())}); "
@@ -275,7 +320,7 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
             batch = todo[b: b + args.batch_size]
             records = build_batch(target, draft, [prompts[i][1] for i in batch], max_new_tokens=args.max_new_tokens,
                                   do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, pad_token_id=pad, eos_token_ids=eos,
+                                  top_p=args.top_p, processing=args.processing(), pad_token_id=pad, eos_token_ids=eos,
                                   seed=args.seed * 1_000_003 + batch[0])
             for i, record in zip(batch, records):
                 text = tokenizer.decode(record["tokens"], skip_special_tokens=True)

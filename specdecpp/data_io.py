@@ -60,7 +60,8 @@ def _rename_size_fields(record: dict, where: str) -> dict:
 def normalize_record(record: dict, where: str = "record") -> dict:
     """Our form of one record (lists as lists, our field names), or a ValueError that says which
     field of which record is wrong: a missing field, a list whose length differs from `tokens`,
-    a non-integer token id, a `p_acc` outside [0, 1]."""
+    a non-integer token id, a `p_acc` outside [0, 1], a `processing` that is not an object (a
+    record without one, built before records named it or elsewhere, was built with none)."""
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     record = _rename_size_fields(record, where)
@@ -83,6 +84,9 @@ def normalize_record(record: dict, where: str = "record") -> dict:
     for name in ("log_p_draft", "log_p_target"):
         if not all(isinstance(v, (int, float)) and not math.isnan(v) for v in record[name]):
             raise ValueError(f"{where}: field {name!r} must hold numbers")
+    if not isinstance(record.get("processing", {}), dict):
+        raise ValueError(f"{where}: field 'processing' must be an object (generate's processor fields by name), "
+                         f"got {type(record['processing']).__name__}")
     return record
 
 

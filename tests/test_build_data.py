@@ -13,7 +13,10 @@ import specdecpp.build_data as build_module
 from specdecpp.build_data import BuildDataArguments, build_batch, build_data, main
 from specdecpp.checks import trim_at_eos
 from specdecpp.data_io import read_records
+from specdecpp.decoding import EagerDraft
+from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.models import PairArguments, load_model
+from specdecpp.processing import build_processing
 from specdecpp.sampling import logits_to_probs, make_warpers
 
 N_PROMPTS, MAX_NEW = 7, 8
@@ -104,6 +107,60 @@ def test_sampling_records_match_recomputation(pair_dirs, prompts_file, loaded, t
     assert (tmp_path / "a.jsonl").read_text() != (tmp_path / "c.jsonl").read_text()
 
 
+@torch.no_grad()
+def engine_steps(model, record: dict, settings: DecodingSettings, generator=None) -> list:
+    """The engine's step at each continuation position of `record`: `model` run as the eager loop
+    runs a draft, under the processing `settings` build, each position with its own prefix (the
+    target run this way gives its processed distribution, which the loop verifies with)."""
+    prefix, tokens = record["prefix"], record["tokens"]
+    config = settings.generation_config(len(prefix), {2})
+    stepper = EagerDraft(model, build_processing(model, config, torch.tensor([prefix])))
+    return [stepper.draft_step(prefix + tokens[:i], 1, generator) for i in range(len(tokens))]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_greedy_records_with_a_repetition_penalty_are_the_engines_decisions(pair_dirs, prompts_file, loaded,
+                                                                             tmp_path, batch_size):
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "plain.jsonl"))
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "out.jsonl", batch_size=batch_size,
+                         repetition_penalty=1.5))
+    records, plain = read_records(tmp_path / "out.jsonl"), read_records(tmp_path / "plain.jsonl")
+    target, draft = loaded
+    settings = DecodingSettings(max_new_tokens=MAX_NEW, repetition_penalty=1.5)
+    for record in records:
+        assert record["processing"] == {"repetition_penalty": 1.5}
+        generated = target.generate(torch.tensor([record["prefix"]]), max_new_tokens=MAX_NEW, do_sample=False,
+                                    repetition_penalty=1.5, pad_token_id=0, eos_token_id=2)
+        assert record["tokens"] == trim_at_eos(generated[0, len(record["prefix"]):].tolist(), {2})
+        drafted, verified = engine_steps(draft, record, settings), engine_steps(target, record, settings)
+        assert [step.token for step in verified] == record["tokens"]  # the target's processed argmax
+        assert record["draft"] == [step.token for step in drafted]
+        assert record["p_acc"] == [float(d.token == t.token) for d, t in zip(drafted, verified)]
+        for name, steps in (("log_p_draft", drafted), ("log_p_target", verified)):
+            torch.testing.assert_close(torch.tensor(record[name], dtype=torch.float64),
+                                       torch.stack([s.probs[y] for s, y in zip(steps, record["draft"])]).log())
+    assert [r["tokens"] for r in records] != [r["tokens"] for r in plain], "the penalty should change continuations"
+    assert all(r["processing"] == {} for r in plain)
+
+
+def test_sampled_records_with_a_repetition_penalty_follow_the_engines_distributions(pair_dirs, prompts_file, loaded,
+                                                                                     tmp_path):
+    flags = dict(do_sample=True, temperature=0.8, top_k=20, repetition_penalty=1.5, batch_size=3, seed=5)
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "out.jsonl", **flags))
+    target, draft = loaded
+    settings = DecodingSettings(max_new_tokens=MAX_NEW, do_sample=True, temperature=0.8, top_k=20,
+                                repetition_penalty=1.5)
+    generator = torch.Generator().manual_seed(0)
+    for record in read_records(tmp_path / "out.jsonl"):
+        proposals = torch.tensor(record["draft"])[:, None]
+        q, p = (torch.stack([s.probs for s in engine_steps(model, record, settings, generator)]).gather(-1, proposals)[:, 0]
+                for model in (draft, target))
+        assert (q > 0).all(), "a sampled proposal must have mass under the processed draft distribution"
+        torch.testing.assert_close(torch.tensor(record["log_p_draft"], dtype=torch.float64), q.log())
+        torch.testing.assert_close(torch.tensor(record["log_p_target"], dtype=torch.float64), p.log())
+        torch.testing.assert_close(torch.tensor(record["p_acc"], dtype=torch.float64), (p / q).clamp(max=1))
+
+
 def test_continuations_stop_at_eos(loaded):
     target, draft = loaded
     prefixes = [[1, 5, 9, 14], [1, 30], [1, 7, 7, 22, 40, 41]]
@@ -139,8 +196,9 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(pair_dirs, prompts
     with open(shard, "a") as f:  # an interruption in the middle of writing a line
         f.write('{"index": 4, "prompt": "cut sh')
     monkeypatch.setattr(build_module, "build_batch", real_build_batch)
-    with pytest.raises(ValueError, match="--overwrite"):  # other settings: refuse to mix them in
-        build_data(*args_for(pair_dirs, prompts_file, out, batch_size=2, max_new_tokens=5))
+    for other in ({"max_new_tokens": 5}, {"repetition_penalty": 1.2}):  # other settings: refuse to mix them in
+        with pytest.raises(ValueError, match="--overwrite"):
+            build_data(*args_for(pair_dirs, prompts_file, out, batch_size=2, **other))
     stats = build_data(*args_for(pair_dirs, prompts_file, out, batch_size=3))  # batch size may change
     assert stats["new_tokens"] <= (N_PROMPTS - 4) * MAX_NEW
     assert_same_records(out, tmp_path / "full.jsonl")
@@ -158,7 +216,7 @@ def test_existing_output_is_refused_unless_overwrite(pair_dirs, prompts_file, tm
 
 
 @pytest.mark.parametrize("bad", [{"max_new_tokens": 0}, {"temperature": 0.0}, {"top_p": 1.5},
-                                 {"prompt_format": "alpaca"}, {"output": "x.json"}])
+                                 {"prompt_format": "alpaca"}, {"output": "x.json"}, {"repetition_penalty": 0.0}])
 def test_bad_arguments_fail_before_loading(pair_dirs, prompts_file, tmp_path, bad):
     with pytest.raises(ValueError):
         args_for(pair_dirs, prompts_file, bad.pop("output", tmp_path / "o.jsonl"), **bad)

@@ -13,9 +13,10 @@ RECORD = {"prompt": "p", "prefix": [1, 7], "continuation": "a b", "tokens": [4, 
 
 
 def test_jsonl_round_trip(tmp_path):
-    write_records(tmp_path / "d.jsonl", [RECORD, RECORD | {"prompt": "q"}])
+    processed = RECORD | {"prompt": "q", "processing": {"repetition_penalty": 1.2}}
+    write_records(tmp_path / "d.jsonl", [RECORD, processed])
     records = read_records(tmp_path / "d.jsonl")
-    assert records == [RECORD, RECORD | {"prompt": "q"}]
+    assert records == [RECORD, processed]
     assert not list(tmp_path.glob("*.tmp*"))
 
 
@@ -37,6 +38,7 @@ def test_reference_format_loads_as_ours(tmp_path):
     ({"p_acc": [1.0, 1.5, 0.0]}, r"\[0, 1\]"),
     ({"prefix": "not a list"}, "not a list"),
     ({"log_p_draft": [-0.1, None, -0.2]}, "must hold numbers"),
+    ({"processing": [["repetition_penalty", 1.2]]}, "'processing' must be an object"),
 ])
 def test_bad_records_name_the_problem(change, message):
     record = {k: v for k, v in (RECORD | change).items() if v is not None}
