@@ -258,6 +258,28 @@ def test_sampling_runs_are_seeded_per_prompt_and_not_greedy_checked(eval_dirs, t
     assert [r["tokens"] for r in again] == [r["tokens"] for r in records]  # same seeds, same samples
 
 
+def test_a_repetition_penalty_reaches_every_method_and_the_greedy_check(eval_dirs, tmp_path):
+    from specdecpp.models import load_model
+
+    args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[3],
+                     baselines=["target", "hf:constant"], repetition_penalty=1.5, n_end=3, plots=False)
+    assert args.decoding.settings().processing() == {"repetition_penalty": 1.5}
+    document = args.evaluate()
+    records = json.loads(Path(document["records_file"]).read_text())
+    assert document["settings"]["repetition_penalty"] == 1.5
+    assert document["greedy_check"].startswith("greedy check passed")
+    target = load_model(eval_dirs["target"])
+    changed = 0
+    assert len(records) == 9  # three methods on three prompts
+    for record in records:
+        kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None)
+        prompt = torch.tensor([record["prefix"]])
+        expected = target.generate(prompt, repetition_penalty=1.5, **kwargs)[0, prompt.shape[1]:].tolist()
+        assert record["tokens"] == expected, record["method"]  # ours, the target alone and Hugging Face's
+        changed += expected != target.generate(prompt, **kwargs)[0, prompt.shape[1]:].tolist()
+    assert changed > 0, "the penalty should change some prompts' outputs, Hugging Face's among them"
+
+
 def test_resume_keeps_finished_prompts_and_runs_only_the_rest(eval_dirs, tmp_path):
     args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[2],
                      baselines=["target"], n_end=3, plots=False)

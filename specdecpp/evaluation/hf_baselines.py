@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.compat import cache_in
 from specdecpp.decoding_settings import DecodingSettings
-from specdecpp.evaluation.methods import Counts, MethodSpec, sampling_kwargs
+from specdecpp.evaluation.methods import Counts, MethodSpec, generation_kwargs
 from specdecpp.evaluation.settings import Pair, Prompt
 
 HF_SCHEDULES = ("constant", "heuristic", "dynamic")
@@ -35,8 +35,8 @@ def hf_assistant_settings(spec: MethodSpec) -> dict:
 
 
 def hf_assisted_generate(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Callable[[Prompt, int], Counts]:
-    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules, sampling as
-    `decoding` says (its length is set per prompt). It reads the
+    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules, sampling and
+    processing the logits as `decoding` says (its length is set per prompt). It reads the
     schedule from the draft's generation config, so each method owns a copy of that config and
     swaps it in for its calls (Hugging Face's `heuristic` carries its K from call to call inside
     that copy, as it does for a user; `dynamic` moves its threshold by ROC within a call)."""
@@ -57,7 +57,7 @@ def hf_assisted_generate(spec: MethodSpec, pair: Pair, decoding: DecodingSetting
         with _generation_config(draft, config), count_forwards(target) as target_calls, \
                 count_forwards(draft) as draft_calls:
             sequences = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
-                                        max_new_tokens=prompt.max_new_tokens, **sampling_kwargs(decoding), **extra)
+                                        max_new_tokens=prompt.max_new_tokens, **generation_kwargs(decoding), **extra)
         tokens = sequences[0, len(prompt.ids):].tolist()
         try:
             accepted, drafted = rounds_from_target_calls(target_calls, len(prompt.ids), len(tokens))

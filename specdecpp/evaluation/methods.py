@@ -99,10 +99,12 @@ def head_label(head_dir: str) -> str:
     return Path(head_dir.rstrip("/")).name
 
 
-def sampling_kwargs(decoding: DecodingSettings) -> dict:
-    """The sampling keyword arguments of Hugging Face's `generate` for these settings."""
-    return dict(do_sample=True, temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p) \
+def generation_kwargs(decoding: DecodingSettings) -> dict:
+    """The keyword arguments of Hugging Face's `generate` that decode as these settings do: the
+    sampling settings and the logits processing (`DecodingSettings.processing()`)."""
+    sampling = dict(do_sample=True, temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p) \
         if decoding.do_sample else dict(do_sample=False)
+    return sampling | decoding.processing()
 
 
 def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,

@@ -262,7 +262,8 @@ class Evaluation:
     def settings(self) -> dict:
         """Every setting of the run by its flag's name, as `summary.json` records them."""
         decoding = {name: getattr(self.decoding, name)
-                    for name in ("bound", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "compile")}
+                    for name in ("bound", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p",
+                                "repetition_penalty", "compile")}
         return {**asdict(self.pair_arguments), **asdict(self.grid), **decoding, **asdict(self.source),
                 **asdict(self.run)}
 

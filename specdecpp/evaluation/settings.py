@@ -76,6 +76,9 @@ class DecodingArguments:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    repetition_penalty: float = field(default=1.0, metadata={
+        "help": "generate's repetition penalty (1: off), for every method, Hugging Face's baselines included; "
+                "ada's 'auto' threshold fits best when chosen on records built with the same (build_data's flag)"})
     compile: bool = field(default=False, metadata={
         "help": "run our methods (the target and draft alone included) on the compiled engine: static caches, "
                 "each step one torch.compile'd graph, compiled in the warm-up (its time is reported, not timed)"})
@@ -84,7 +87,7 @@ class DecodingArguments:
         """These settings as the engine takes them."""
         return DecodingSettings(bound=tuple(self.bound), max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
                                 temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                compile=self.compile)
+                                repetition_penalty=self.repetition_penalty, compile=self.compile)
 
 
 @dataclass
