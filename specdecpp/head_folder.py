@@ -194,6 +194,7 @@ def _threshold_section(config: dict) -> str:
         flat = flat_costs(calls, StepTimes(**plain))
         columns[FLAT_COST] = {t: flat[f"ada@{t:g}"] for t in selection["thresholds"] if f"ada@{t:g}" in flat}
     data = f"{selection['data']}, " if selection.get("data") else ""
+    processed = "".join(f", {name}={value}" for name, value in (selection.get("processing") or {}).items())
     fitted = " (a non-decreasing line fitted over lengths)" if plain.get("verify_ms_measured") else ""
     busy = [times["spread"] for times in (plain, judged) if times.get("busy")]
     caution = ("\n\n**The machine was busy while these steps were timed**: the timing passes spread by "
@@ -203,7 +204,7 @@ def _threshold_section(config: dict) -> str:
     return text + f"""
 
 It was chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection.get('records')} dev
-records ({data}{selection.get('tokens')} tokens) with bound {tuple(selection.get('bound', ()))}, each round priced with
+records ({data}{selection.get('tokens')} tokens{processed}) with bound {tuple(selection.get('bound', ()))}, each round priced with
 what the loop spends (`specdecpp.costs`), measured through the {plain.get('engine', 'eager')} engine's own steps on {plain['device']} with
 {plain['threads']} torch thread(s), {plain['repeats']} timed passes: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
 {plain['draft_ms'][0]:.2f} ms first in a round, {plain['draft_ms'][-1]:.2f} ms late in a long one ({judged['draft_ms'][0]:.2f} / {judged['draft_ms'][-1]:.2f} ms

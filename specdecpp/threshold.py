@@ -137,8 +137,9 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
     as the head will decode) is lowest, and the record of the choice (measured times, the cost
     curve, constant K = 1..6, our `dynamic` at `CONFIDENCES` (from the draft's probability of each
-    proposal, `log_p_draft`) and, for greedy records, the oracle replayed alike), ready to store
-    with `head.with_threshold`. `predictions`: the head's predictions over the records
+    proposal, `log_p_draft`), for greedy records the oracle replayed alike, and the logits
+    processing the records were built under, `records_processing`), ready to store with
+    `head.with_threshold`. `predictions`: the head's predictions over the records
     (`head_data.predict`) when the caller already has them; `times`: the step times `(plain,
     judged)` to price rounds with (`stored_step_times`), instead of timing the pair now on the
     engine decoding will run (compiled when `compile`; the times record which). ValueError when
@@ -146,6 +147,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     if head.alignment != "proposer":
         raise ValueError("choosing a threshold replays rounds from the head's predictions, which needs a "
                          "proposer head (a reader head judges states the records do not hold)")
+    processing = records_processing(records)  # records of mixed processing are refused before any work
     flat = predict(head, draft, records, batch_size=batch_size)[1] if predictions is None else predictions
     bounds = np.cumsum([0] + [len(r["p_acc"]) for r in records])
     predictions = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
@@ -168,7 +170,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     scale = [round(f, 4) for f in marginal_scale(judged, bound[1])]
     marginal_curve = [cost(f"ada-marginal@{t:g}", ada_length(t, bound[0], scale), judged) for t in thresholds]
     selection = {"records": len(records), "tokens": int(bounds[-1]), "bound": list(bound),
-                 "mode": "greedy" if greedy else "sampling",
+                 "mode": "greedy" if greedy else "sampling", "processing": processing,
                  "step_times": plain.as_dict(), "judged_step_times": judged.as_dict(),
                  "thresholds": list(thresholds), "cost_per_token": curve,
                  "marginal_scale": scale, "marginal_cost_per_token": marginal_curve,
@@ -180,6 +182,17 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     selection["calls_per_token"] = calls
     check_replayed_costs(selection, plain)
     return thresholds[int(np.argmin(curve))], selection
+
+
+def records_processing(records: list[dict]) -> dict:
+    """The logits processing the records were built under (their `processing`; none when absent),
+    as `DecodingSettings.processing()` names it: what `auto` compares a generation's with. Records
+    built under different processing are a ValueError: acceptance, hence the threshold, depends on it."""
+    found = {json.dumps(r.get("processing", {}), sort_keys=True) for r in records}
+    if len(found) > 1:
+        raise ValueError(f"the records were built under different logits processing ({', '.join(sorted(found))}): "
+                         "choose a threshold on records built under the processing decoding will use")
+    return json.loads(found.pop())
 
 
 def check_replayed_costs(selection: dict, times: StepTimes) -> None:

@@ -13,6 +13,7 @@ import torch
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.calibration import main as calibration_main
 from specdecpp.costs import StepTimes, fit_verify_ms
+from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head_data import predict
 from specdecpp.threshold import (ada_length, choose_threshold, constant_length, dynamic_length, marginal_scale,
                                  oracle_length, replay)
@@ -265,3 +266,37 @@ def test_auto_warns_when_the_threshold_was_chosen_for_the_other_mode(tiny_pair, 
     assert head.threshold_mode == "sampling"
 
 
+
+
+def test_the_selection_stores_the_records_processing_and_auto_warns_only_on_another(tiny_pair, proposer_head,
+                                                                                      tmp_path):
+    import warnings
+
+    target, draft = tiny_pair
+    penalty = DecodingSettings(repetition_penalty=1.2).processing()
+    records = [r | {"processing": penalty} for r in greedy_records(target, draft, 2, 12)]
+    predictions = predict(proposer_head, draft, records)[1]
+    with pytest.raises(ValueError, match="different logits processing"):
+        choose_threshold(proposer_head, draft, target, records[:1] + [records[1] | {"processing": {}}], bound=(1, 8),
+                         predictions=predictions, times=(TIMES, TIMES))
+    threshold, selection = choose_threshold(proposer_head, draft, target, records, bound=(1, 8),
+                                            predictions=predictions, times=(TIMES, TIMES))
+    assert selection["processing"] == penalty
+    copy.deepcopy(proposer_head).float().with_threshold(threshold, selection).save_pretrained(tmp_path / "head")
+    head = AcceptancePredictionHead.from_pretrained(tmp_path / "head").double()
+    assert head.threshold_processing == penalty  # the same shape DecodingSettings.processing() returns
+    assert "repetition_penalty=1.2" in (tmp_path / "head" / "README.md").read_text()
+    prompt = torch.tensor([records[0]["prefix"]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4,
+                             repetition_penalty=1.2)
+    with pytest.warns(UserWarning, match=r"for the processing \{'repetition_penalty': 1.2\}.*applies none"):
+        speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4)
+    with pytest.warns(UserWarning, match="applies {'repetition_penalty': 1.3}"):
+        speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4,
+                             repetition_penalty=1.3)
+    # records from before records named their processing were built with none
+    assert choose_threshold(proposer_head, draft, target, [{k: v for k, v in r.items() if k != "processing"}
+                                                           for r in records], bound=(1, 8), predictions=predictions,
+                            times=(TIMES, TIMES))[1]["processing"] == {}
