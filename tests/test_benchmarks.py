@@ -33,3 +33,12 @@ def test_compiled_steps_times_both_engines_on_models_built_from_configs(tmp_path
     assert all(row["eager_ms"] > 0 and row["compiled_ms"] > 0 for row in result["rows"])
     assert result["step_times"]["compiled/judged"]["engine"] == "compiled"
     assert result["step_times"]["eager/plain"]["engine"] == "eager"
+
+
+def test_processing_overhead_tabulates_medians_and_per_prompt_ratios():
+    benchmark = load_benchmark("processing_overhead")
+    times = {(schedule, penalty): values for schedule in benchmark.SCHEDULES
+             for penalty, values in ((None, [2.0, 4.0, 3.0]), (1.2, [2.2, 4.0, 3.6]))}
+    lines = benchmark.table(times, 1.2).splitlines()
+    assert lines[0] == "| schedule | none (ms/token) | repetition_penalty=1.2 (ms/token) | ratio |"
+    assert lines[2:] == [f"| {s} | 3.00 | 3.60 | 1.100 |" for s in benchmark.SCHEDULES]
