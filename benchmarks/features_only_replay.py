@@ -25,21 +25,10 @@ from transformers import AutoModelForCausalLM
 
 from specdecpp.costs import MEASURED_COST, StepTimes
 from specdecpp.data_io import read_records
-from specdecpp.head import logit_features
+from specdecpp.head_data import record_features
 from specdecpp.threshold import ada_length, dynamic_length, replay
 
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
-
-
-def record_features(draft, records: list[dict]) -> list[np.ndarray]:
-    """(log q, entropy) of each record's proposals under the draft, teacher-forced on the target's prefix."""
-    features = []
-    for record in records:
-        ids = torch.tensor([record["prefix"] + record["tokens"]])
-        with torch.no_grad():
-            logits = draft(ids).logits[0, len(record["prefix"]) - 1: -1]
-        features.append(logit_features(logits, torch.tensor(record["draft"]), ["log_q", "entropy"]).numpy())
-    return features
 
 
 def main() -> None:
@@ -51,10 +40,10 @@ def main() -> None:
     draft = AutoModelForCausalLM.from_pretrained(ZOO / "draft", dtype=torch.float32).eval()
     train, dev = read_records(args.train), read_records(args.dev)
     poly = PolynomialFeatures(3)
-    train_x = np.concatenate(record_features(draft, train))
+    train_x = np.concatenate(record_features(draft, train, ["log_q", "entropy"]))
     train_y = np.concatenate([r["p_acc"] for r in train]) > 0.5
     model = LogisticRegression(max_iter=2000).fit(poly.fit_transform(train_x), train_y)
-    predictions = [model.predict_proba(poly.transform(x))[:, 1] for x in record_features(draft, dev)]
+    predictions = [model.predict_proba(poly.transform(x))[:, 1] for x in record_features(draft, dev, ["log_q", "entropy"])]
     accept = [np.asarray(r["p_acc"], dtype=np.float64) for r in dev]
     print(f"features-only AUROC on dev: {roc_auc_score(np.concatenate(accept) > 0.5, np.concatenate(predictions)):.3f}")
 

@@ -3,11 +3,17 @@
 # N stdlib-train records for each N, then score it and choose its threshold on the dev records.
 #
 #   bash benchmarks/learning_curve.sh SET "200 400 800 1600 3200 6188"
+#   DATA=sampled-t1 STEP_TIMES=results/sampling/flat_step_times.json bash benchmarks/learning_curve.sh rank "800 3200"
 #
 # SET picks the head's inputs: v2 (hidden state + log q + entropy, the zoo recipe), margin (+ the
 # top-1/top-2 margin), margin1 (margin with one residual block instead of three: a cheaper judgement),
-# logits (log q + entropy + margin, no hidden state; learning rate 1e-2). Heads go to
-# outputs/curve/SET-N (with calibration.json); `python benchmarks/learning_curve.py` tabulates them.
+# logits (log q + entropy + margin, no hidden state; learning rate 1e-2), rank (margin + the sampled
+# token's log rank, for sampling). Heads go to outputs/curve/SET-N, or outputs/curve/DATA-SET-N for
+# the records data/generated/stdlib-train-DATA-{train,dev}.jsonl (DATA=sampled-t1: sampled at
+# temperature 1; see results/sampling/README.md), with calibration.json; `python
+# benchmarks/learning_curve.py` tabulates them. Thresholds are chosen with the step times in
+# STEP_TIMES (default: results/learning-curve/step_times.json, measured on this CPU; the sampling
+# heads use results/sampling/flat_step_times.json, flat GPU-like prices).
 # Data (greedy, 128 tokens, all 6,338 stdlib-train prompts; train = prompts 0-800 and 950-6338, in that
 # order, so that the first N records are the same for every N; dev = 800-950):
 #   python -m specdecpp.build_data --target checkpoints/zoo/target --draft checkpoints/zoo/draft --torch_dtype float32 \
@@ -27,23 +33,27 @@ case $SET in
            LAYERS=1 ;;
   logits) INPUTS="--head_features log_q entropy margin --head_reads_hidden_states false"
           LR=1e-2 ;;  # three inputs: at 1e-3 the small net barely leaves its initialisation in 3 epochs
-  *) echo "unknown SET $SET (v2, margin, margin1, logits)"; exit 2 ;;
+  rank) INPUTS="--head_features log_q entropy margin log_rank" ;;
+  *) echo "unknown SET $SET (v2, margin, margin1, logits, rank)"; exit 2 ;;
 esac
+RECORDS_PREFIX=data/generated/stdlib-train${DATA:+-$DATA}
+if [ -n "${DATA:-}" ]; then TRAIN=$RECORDS_PREFIX-train.jsonl; else TRAIN=$RECORDS_PREFIX-train6188.jsonl; fi
+STEP_TIMES=${STEP_TIMES:-results/learning-curve/step_times.json}
 export OMP_NUM_THREADS=1
 for N in $SIZES; do
-  OUT=outputs/curve/$SET-$N
+  OUT=outputs/curve/${DATA:+$DATA-}$SET-$N
   if [ -f "$OUT/calibration.json" ]; then echo "$OUT done, skipping"; continue; fi
   mkdir -p outputs/curve/data
-  RECORDS=outputs/curve/data/train-$N.jsonl
-  head -n "$N" data/generated/stdlib-train-train6188.jsonl > "$RECORDS"
+  RECORDS=outputs/curve/data/${DATA:+$DATA-}train-$N.jsonl
+  head -n "$N" "$TRAIN" > "$RECORDS"
   python -m specdecpp.train --model_name_or_path checkpoints/zoo/draft --target_model_name checkpoints/zoo/target \
-    --torch_dtype float32 --data_path "$RECORDS" --eval_data_path data/generated/stdlib-train-dev.jsonl \
+    --torch_dtype float32 --data_path "$RECORDS" --eval_data_path "$RECORDS_PREFIX-dev.jsonl" \
     --output_dir "$OUT" --weight_mismatch 1 --resnet_num_layers ${LAYERS:-3} $INPUTS --cache_hidden_states --use_cpu \
     --num_train_epochs 3 --lr_scheduler_type cosine --learning_rate ${LR:-1e-3} --warmup_steps 0.03 --weight_decay 0.0 \
     --per_device_train_batch_size 8 --per_device_eval_batch_size 16 --eval_strategy no --save_strategy no \
     --logging_steps 50 --report_to none --seed 42
   python -m specdecpp.calibration --head "$OUT" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \
-    --torch_dtype float32 --data_path data/generated/stdlib-train-dev.jsonl --choose_threshold --bound 1 20 \
+    --torch_dtype float32 --data_path "$RECORDS_PREFIX-dev.jsonl" --choose_threshold --bound 1 20 \
     --batch_size 16 --plot_path "$OUT/reliability.png" --threshold_plot_path "$OUT/threshold.png" \
-    --output_json "$OUT/calibration.json" --step_times_from results/learning-curve/step_times.json
+    --output_json "$OUT/calibration.json" --step_times_from "$STEP_TIMES"
 done

@@ -45,8 +45,15 @@ def _margin(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return (_log_q(log_probs, tokens) - best_other.clamp_min(-50.0)).clamp(-50.0, 50.0)
 
 
+def _log_rank(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    # log(1 + the number of tokens the draft rates higher): 0 for its top token; a sampled token far
+    # down the draft's list is one the target rarely rates as highly (sampling's rejections)
+    higher = (log_probs > log_probs.gather(-1, tokens[..., None])).sum(-1)
+    return torch.log1p(higher.to(log_probs.dtype))
+
+
 # Features of the judged token under the logits that proposed it: name -> f(log_probs, tokens).
-FEATURES = {"log_q": _log_q, "entropy": _entropy, "margin": _margin}
+FEATURES = {"log_q": _log_q, "entropy": _entropy, "margin": _margin, "log_rank": _log_rank}
 
 
 def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str]) -> torch.Tensor:
@@ -83,6 +90,8 @@ def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, 
         top2 = logits.topk(2)
         best_other = top2.values[1] if int(top2.indices[0]) == token else top2.values[0]
         values["margin"] = min(max(float(logits[token] - best_other), -50.0), 50.0)
+    if "log_rank" in names:  # ties as `_log_rank` counts them: strictly higher logits only
+        values["log_rank"] = math.log1p(int((logits > logits[token]).sum()))
     return [values[name] for name in names]
 
 

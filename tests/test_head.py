@@ -169,6 +169,12 @@ def test_margin_is_the_token_log_q_minus_the_best_other_token():
                                                     log_probs[1, 1] - log_probs[1, 2], torch.tensor(0.0)]))
 
 
+def test_log_rank_counts_the_tokens_the_draft_rates_higher():
+    logits = torch.tensor([[0.0, 1.0, 3.0, 2.0]])
+    ranks = logit_features(logits.expand(4, 4), torch.tensor([2, 3, 1, 0]), ["log_rank"])[:, 0]
+    torch.testing.assert_close(ranks, torch.log1p(torch.tensor([0.0, 1.0, 2.0, 3.0])))
+
+
 def test_a_head_of_logit_features_alone_reads_no_hidden_state(tmp_path):
     head = randomized(AcceptancePredictionHead(0, 2, alignment="proposer", features=["log_q", "margin"]))
     features = torch.randn(4, 2)
@@ -202,8 +208,11 @@ def test_lean_judge_equals_accept_prob(config):
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
-@pytest.mark.parametrize("name,features", [("head", ["log_q", "entropy", "margin"]),
-                                           ("head-sampling", ["log_q", "entropy"]), ("head-reference", [])])
+COMMITTED_HEADS = [("head", ["log_q", "entropy", "margin"]), ("head-sampling", ["log_q", "entropy"]),
+                   ("head-reference", [])]
+
+
+@pytest.mark.parametrize("name,features", COMMITTED_HEADS)
 def test_committed_heads_of_every_generation_load_and_decode_losslessly(name, features):
     """Heads with three, two and no logit features (the reference's reader head) load unchanged and
     decode exactly the target's greedy output."""
@@ -220,3 +229,48 @@ def test_committed_heads_of_every_generation_load_and_decode_losslessly(name, fe
     out = speculative_generate(target, draft, prompt, schedule="ada", head=head, stop_threshold=0.5,
                                max_new_tokens=24, bound=(1, 20))
     assert torch.equal(out.sequences, expected)
+
+
+@pytest.mark.parametrize("name", [name for name, _ in COMMITTED_HEADS])
+@torch.no_grad()
+def test_committed_heads_sample_the_targets_distribution(name):
+    """With every committed head judging (rounds of 1 to 3 tokens, as the head decides), sampled
+    first two tokens on the zoo pair follow the target's distribution (top-k 6, so that the exact
+    joint has 36 cells), and the test has the power to reject the draft's."""
+    from scipy.stats import chisquare
+    from transformers import AutoModelForCausalLM
+
+    from specdecpp import speculative_generate
+    from specdecpp.sampling import logits_to_probs, make_warpers
+
+    head = AcceptancePredictionHead.from_pretrained(ZOO / name)
+    target, draft = (AutoModelForCausalLM.from_pretrained(ZOO / part, dtype=torch.float32).eval()
+                     for part in ("target", "draft"))
+    prompt, warpers = torch.tensor([[0, 314, 321, 976]]), make_warpers(top_k=6)
+
+    def exact_joint(model) -> dict[tuple[int, int], float]:
+        p1 = logits_to_probs(model(prompt).logits[:, -1], warpers)[0]
+        firsts = p1.nonzero()[:, 0]
+        rows = torch.cat([prompt.repeat(len(firsts), 1), firsts[:, None]], dim=1)
+        p2 = logits_to_probs(model(rows).logits[:, -1], warpers)
+        return {(int(x1), int(x2)): float(p1[x1] * p2[i, x2]) for i, x1 in enumerate(firsts) for x2 in p2[i].nonzero()[:, 0]}
+
+    generator, counts = torch.Generator().manual_seed(0), {}
+    for _ in range(1200):
+        out = speculative_generate(target, draft, prompt, schedule="ada", head=head, stop_threshold=0.5, bound=(1, 3),
+                                   max_new_tokens=4, do_sample=True, top_k=6, generator=generator)
+        pair = tuple(out.sequences[0, 4:6].tolist())
+        counts[pair] = counts.get(pair, 0) + 1
+
+    def pvalue(joint: dict[tuple[int, int], float]) -> float:
+        if any(pair not in joint for pair in counts):  # an impossible outcome was sampled
+            return 0.0
+        cells = sorted(joint, key=joint.get, reverse=True)
+        observed = [counts.get(c, 0) for c in cells]
+        expected = [joint[c] * 1200 / sum(joint.values()) for c in cells]  # sums to 1200 despite rounding
+        big = sum(e >= 5 for e in expected)  # cells expected fewer than 5 times are pooled
+        return chisquare(observed[:big] + [sum(observed[big:])],
+                         expected[:big] + [sum(expected[big:])]).pvalue
+
+    assert pvalue(exact_joint(target)) > 1e-3
+    assert pvalue(exact_joint(draft)) < 1e-6
