@@ -1,12 +1,14 @@
 """What does a repetition penalty cost per token? Issue 27's speed goal: with one, every schedule's
 per-token time is within 5% of its time without.
 
-Each schedule (constant, dynamic, ada; eager engine) runs with and without the penalty on every
-prompt, the six methods interleaved per prompt (the first one rotating), after an untimed warm-up;
-the per-token time is the loop's wall time over the tokens generated, and the table shows the
-medians over prompts and the median of the per-prompt ratios (penalty / none).
+Each schedule (constant, dynamic, ada; the eager engine, or the compiled one with `--compile`)
+runs with and without the penalty on every prompt, the six methods interleaved per prompt (the
+first one rotating), after an untimed warm-up; the per-token time is the loop's wall time over the
+tokens generated, and the table shows the medians over prompts and the median of the per-prompt
+ratios (penalty / none).
 
     python benchmarks/processing_overhead.py                   # the zoo pair, stdlib-heldout 0-12, 128 tokens
+    python benchmarks/processing_overhead.py --compile         # the same on the compiled engine
     python benchmarks/processing_overhead.py --n_end 1 --max_new_tokens 8   # a smoke run
 """
 from __future__ import annotations
@@ -26,12 +28,12 @@ SCHEDULES = ("constant", "dynamic", "ada")
 
 
 def per_token_ms(target, draft, head, prompt: torch.Tensor, schedule: str, max_new_tokens: int,
-                 repetition_penalty: float | None) -> float:
+                 repetition_penalty: float | None, compile: bool = False) -> float:
     """One generation's wall time per generated token, in ms (`ada` at the head's stored threshold,
     given as a number so that the penalty, which it was not chosen under, does not warn)."""
     knobs = {"head": head, "stop_threshold": head.stop_threshold} if schedule == "ada" else {}
     out = speculative_generate(target, draft, prompt, schedule=schedule, max_new_tokens=max_new_tokens,
-                               repetition_penalty=repetition_penalty, **knobs)
+                               repetition_penalty=repetition_penalty, compile=compile, **knobs)
     return 1000 * out.stats.wall_time / max(out.stats.generated_length, 1)
 
 
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--repetition_penalty", type=float, default=1.2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compile", action="store_true", help="the compiled engine (compile=True), warmed up first")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -71,13 +74,13 @@ def main() -> None:
     times = {method: [] for method in methods}
     with torch.inference_mode():
         for schedule, penalty in methods:  # warm-up, untimed
-            per_token_ms(target, draft, head, prompts[0], schedule, min(args.max_new_tokens, 8), penalty)
+            per_token_ms(target, draft, head, prompts[0], schedule, min(args.max_new_tokens, 8), penalty, args.compile)
         for n, prompt in enumerate(prompts):
             for schedule, penalty in methods[n % len(methods):] + methods[:n % len(methods)]:
                 times[schedule, penalty].append(per_token_ms(target, draft, head, prompt, schedule,
-                                                             args.max_new_tokens, penalty))
+                                                             args.max_new_tokens, penalty, args.compile))
     print(f"{len(prompts)} prompts ({args.prompts} {args.n_begin}-{args.n_end}), {args.max_new_tokens} new tokens, "
-          f"{torch.get_num_threads()} thread(s), eager engine\n")
+          f"{torch.get_num_threads()} thread(s), {'compiled' if args.compile else 'eager'} engine\n")
     print(table(times, args.repetition_penalty))
 
 

@@ -34,9 +34,9 @@ from specdecpp.checks import vocab_size
 from specdecpp.compat import STATIC_CACHE_CROPS, cache_kwargs, compile_guarded_state
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead, logit_features
-from specdecpp.processing import Processing
+from specdecpp.processing import Processing, sampling_only
 from specdecpp.sampling import make_warpers, widened
-from specdecpp.schedules import DraftStep
+from specdecpp.schedules import DraftStep, proposed_step
 
 # What the compiled draft step applies inside its graph (`sampling.make_warpers`).
 COMPILED_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
@@ -53,18 +53,23 @@ def recompiles_forbidden(enabled: bool = True):
 
 
 def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
-                    max_length: int, processing: Processing | None = None
-                    ) -> tuple[StaticModel, CompiledDraft | None, float]:
+                    max_length: int, processing: Processing | None = None, hidden_states: bool = False
+                    ) -> tuple[StaticModel, CompiledDraft | ProcessedDraft | None, float]:
     """The compiled engine's target and (unless `draft` is None) draft for `settings` (its
     sampling settings; the head when the schedule is `ada`), with empty caches holding at least
-    `max_length` tokens; ValueError when `processing` holds processors the draft's graph does not
-    apply. Engines are built and warmed up on first use and reused after; returns them and the
-    seconds this call spent compiling (0 when both were ready)."""
-    if processing is not None:
-        _check_compilable(processing)
+    `max_length` tokens. Under `processing` beyond the warpers the draft's graph applies (a
+    repetition penalty, ...: processors that read the prefix) the draft is a `ProcessedDraft`,
+    whose steps return the `hidden_states` a head reads. Engines are built and warmed up on first
+    use and reused after; returns them and the seconds this call spent compiling (0 when both
+    were ready)."""
     target_model, seconds = _engine(target, ("target",), max_length, lambda capacity: StaticModel(target, capacity))
     if draft is None:
         return target_model, None, seconds
+    if processing is not None and any(not isinstance(p, COMPILED_WARPERS) for p in processing.processors):
+        draft_model, draft_seconds = _engine(draft, ("processed draft", hidden_states), max_length,
+                                             lambda capacity: ProcessedDraft(draft, capacity, hidden_states))
+        draft_model.processing = processing
+        return target_model, draft_model, seconds + draft_seconds
     head = settings.head if settings.schedule == "ada" else None
     sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
     draft_model, draft_seconds = _engine(draft, ("draft", sampling, head_shape(head)), max_length,
@@ -228,11 +233,9 @@ class CompiledDraft(StaticModel):
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         """The draft's proposal after `tokens` (the `num_drafted`-th of its round): one graph over
         the last one or two tokens the cache has not seen, earlier ones fed eagerly first."""
-        new = tokens[-2:] if len(tokens) - self.length == 2 else tokens[-1:]
-        self._feed(tokens[:-len(new)])
         noise = None if self.warpers is None else \
             torch.empty(self.vocab, dtype=torch.float64, device=self.device).exponential_(generator=generator)
-        values, probs = self._run(self.step_graph, self._ids(new), noise)
+        values, probs = self._run(self.step_graph, self._new_ids(tokens), noise)
         self.length = len(tokens)
         token, token_prob, *judged = values.tolist()
         return DraftStep(num_drafted, token_prob, token=int(token), probs=probs, warped=self.warpers is not None,
@@ -246,6 +249,14 @@ class CompiledDraft(StaticModel):
                 self._feed([0])
                 self.draft_step(tokens, 1, generator)
                 self.reset()
+
+    def _new_ids(self, tokens: list[int]) -> torch.Tensor:
+        """The graph's input after `tokens`: the last one or two tokens the cache has not seen (the
+        last verified token, and the one before it when the round accepted everything), earlier
+        ones fed eagerly first."""
+        new = tokens[-2:] if len(tokens) - self.length == 2 else tokens[-1:]
+        self._feed(tokens[:-len(new)])
+        return self._ids(new)
 
     def _step(self, input_ids: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
@@ -265,12 +276,31 @@ class CompiledDraft(StaticModel):
         return torch.stack(values), probs
 
 
-def _check_compilable(processing: Processing) -> None:
-    """ValueError naming the logits processors the compiled draft step does not apply: its graph
-    applies temperature, top-k and top-p, and knows no prefix to apply the others with."""
-    refused = [type(p).__name__ for p in processing.processors if not isinstance(p, COMPILED_WARPERS)]
-    if refused:
-        raise ValueError(f"compile=True does not support {', '.join(refused)} yet; use compile=False")
+class ProcessedDraft(CompiledDraft):
+    """The draft under logits processors that read the prefix (a repetition penalty, banned words,
+    ...), which a fixed graph cannot apply: its graph is the forward alone (the last position's
+    raw logits, and the hidden state when a head reads it); processing with the prefix, the choice
+    of token and the head's judgement then run as in the eager draft (`schedules.proposed_step`).
+    `processing` is set for each generation."""
+
+    def __init__(self, model: PreTrainedModel, capacity: int, hidden: bool):
+        self.hidden, self.processing = hidden, None
+        super().__init__(model, capacity, None, None)
+        if hidden:
+            _check_last_hidden_state(model)
+
+    def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
+        """The draft's forward after `tokens` as one graph, then `schedules.proposed_step`."""
+        logits, state = self._run(self.step_graph, self._new_ids(tokens), None)
+        self.length = len(tokens)
+        return proposed_step(self.processing or sampling_only(False), tokens, logits, state if self.hidden else None,
+                             num_drafted, generator)
+
+    def _step(self, input_ids: torch.Tensor, noise: None) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
+                         output_hidden_states=self.hidden, **self.model_kwargs)
+        state = out.hidden_states[-1][0, -1] if self.hidden else out.logits.new_zeros(())
+        return out.logits[0, -1], state
 
 
 def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:

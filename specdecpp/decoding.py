@@ -21,8 +21,8 @@ from specdecpp.compiled import CompiledDraft, StaticModel, compiled_models, reco
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.processing import Processing, build_processing
-from specdecpp.sampling import residual_distribution, sample, widened
-from specdecpp.schedules import DraftStep, Schedule, make_schedule
+from specdecpp.sampling import residual_distribution, sample
+from specdecpp.schedules import DraftStep, Schedule, make_schedule, proposed_step
 
 
 @dataclass
@@ -119,16 +119,9 @@ class EagerDraft(CachedModel):
         self.processing, self.hidden = processing, hidden
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
-        """One draft forward after `tokens` and the token it proposes: the argmax of the processed
-        logits (greedy) or a sample from their softmax. That softmax is computed once and serves the
-        choice, the acceptance test and (when nothing processed the logits) the head's features."""
+        """One draft forward after `tokens` and the token it proposes (`schedules.proposed_step`)."""
         logits, state = self.forward(tokens, num_logits=1, hidden=self.hidden)
-        logits = widened(logits[0])
-        processed = self.processing.logits(tokens, logits[None])[0]
-        probs = processed.softmax(-1)
-        token = int(sample(probs[None], generator)) if self.processing.do_sample else int(processed.argmax())
-        return DraftStep(num_drafted, float(probs[token]), state, token, logits, probs,
-                         warped=self.processing.changes_logits)
+        return proposed_step(self.processing, tokens, logits[0], state, num_drafted, generator)
 
 
 def speculative_generate(
@@ -258,11 +251,12 @@ def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings
     """The target and (unless None) the draft as the loop steps them, with empty caches for a
     generation of up to `max_length` tokens: eager (`CachedModel`, and an `EagerDraft` proposing
     under `processing` whose steps return `hidden_states` for a head), or with `settings.compile`
-    the compiled engine's (`specdecpp.compiled`, which refuses processing its graph cannot apply),
-    whose draft step also judges with `ada`'s head. Returns them and the seconds spent compiling."""
+    the compiled engine's (`specdecpp.compiled`: its draft step also judges with `ada`'s head, or,
+    under processors that read the prefix, runs the forward alone as a graph and the rest as the
+    eager draft does). Returns them and the seconds spent compiling."""
     if not settings.compile:
         return CachedModel(target), EagerDraft(draft, processing, hidden_states) if draft else None, 0.0
-    return compiled_models(target, draft, settings, max_length, processing)
+    return compiled_models(target, draft, settings, max_length, processing, hidden_states)
 
 
 def _draft(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], policy: Schedule, max_tokens: int,

@@ -17,6 +17,8 @@ import torch
 
 from specdecpp.decoding_settings import SCHEDULES, DecodingSettings
 from specdecpp.head import AcceptancePredictionHead, LeanJudge, step_features
+from specdecpp.processing import Processing
+from specdecpp.sampling import sample, widened
 
 
 
@@ -43,6 +45,20 @@ class DraftStep:
     def raw_probs(self) -> torch.Tensor | None:
         """The softmax of the raw logits when the step computed it (unwarped), else None."""
         return None if self.warped else self.probs
+
+
+def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tensor, hidden: torch.Tensor | None,
+                  num_drafted: int, generator: torch.Generator | None) -> DraftStep:
+    """The `DraftStep` of a draft forward after `tokens` whose raw logits are `logits` `[vocab]`:
+    the logits processed with that prefix, the token proposed from them (the argmax, greedy, or a
+    sample of their softmax) and the hidden state `hidden` a head reads. The softmax is computed
+    once and serves the choice, the acceptance test and (when nothing processed the logits) the
+    head's features; the judgement is left to the schedule."""
+    logits = widened(logits)
+    processed = processing.logits(tokens, logits[None])[0]
+    probs = processed.softmax(-1)
+    token = int(sample(probs[None], generator)) if processing.do_sample else int(processed.argmax())
+    return DraftStep(num_drafted, float(probs[token]), hidden, token, logits, probs, warped=processing.changes_logits)
 
 
 class Schedule:

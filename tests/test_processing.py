@@ -7,9 +7,10 @@ import itertools
 
 import pytest
 import torch
+from test_compiled import needs_static_crop
 from test_custom_generate import HEAD_DIR, PROMPTS, zoo  # noqa: F401 (fixture)
 from test_decoding import (VOCAB, chi_square_pvalue, prompts, random_head,  # noqa: F401 (fixtures)
-                           small_vocab_pair, target_greedy)
+                           random_proposer, small_vocab_pair, target_greedy)
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
 from transformers.generation import WatermarkLogitsProcessor
 
@@ -131,8 +132,39 @@ def test_stop_strings_need_the_tokenizer(tiny_pair):
         speculative_generate(target, draft, torch.tensor([[1, 2]]), stop_strings=["the"])
 
 
-def test_the_compiled_engine_refuses_processors_it_does_not_apply(tiny_pair):
+@pytest.mark.parametrize("names", [("repetition_penalty",), ("all",)])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@needs_static_crop
+def test_compiled_greedy_equals_target_generate_with_processing(tiny_pair, random_head, schedule, names):
+    """The compiled engine under processors that read the prefix (its draft's graph is then the
+    forward alone): still `target.generate`'s output, EOS and the length limit inside a round, with
+    a reader head and with a proposer head of three features."""
     target, draft = tiny_pair
-    with pytest.raises(ValueError, match="compile=True does not support RepetitionPenaltyLogitsProcessor yet; "
-                                         "use compile=False"):
-        speculative_generate(target, draft, torch.tensor([[1, 2]]), compile=True, repetition_penalty=1.2)
+    head = random_head if names == ("repetition_penalty",) else random_proposer(features=("log_q", "entropy", "margin"))
+    for name, prompt, max_new_tokens in itertools.product(names, prompts(3, seed=1), LENGTHS):
+        plain = target_greedy(target, prompt, 30)[0, prompt.shape[1]:].tolist()
+        settings = settings_for(name, plain, plain[3])
+        expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                   max_new_tokens=max_new_tokens, eos_token_id=plain[3], pad_token_id=plain[3],
+                                   **settings)
+        out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, eos_token_id=plain[3],
+                                   max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(2, 6), compile=True,
+                                   **settings)
+        assert torch.equal(out.sequences, expected), (schedule, name, prompt, max_new_tokens)
+
+
+@needs_static_crop
+def test_compiled_sampling_follows_the_processed_target_distribution(small_vocab_pair, random_head):
+    target, draft = small_vocab_pair
+    prompt = torch.tensor([[1, 4, 2]])
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(2000):
+        out = speculative_generate(target, draft, prompt, schedule="ada", head=random_head, bound=(1, 4),
+                                   max_new_tokens=2, do_sample=True, generator=generator, repetition_penalty=3.0,
+                                   top_p=0.8, compile=True)
+        samples.append(tuple(out.sequences[0, 3:5].tolist()))
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(3.0), TopPLogitsWarper(0.8)])
+    assert chi_square_pvalue(samples, exact_processed_distribution(target, prompt, processors)) > 1e-3
+    without = LogitsProcessorList([TopPLogitsWarper(0.8)])
+    assert chi_square_pvalue(samples, exact_processed_distribution(target, prompt, without)) < 1e-6
