@@ -156,9 +156,12 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
                                     torch.tensor([prefix], device=input_ids.device)) for prefix in prefixes]
     # generate's own processing is neutral, set explicitly so that none comes from the checkpoint's
     # generation_config (generate fills unset fields from it): RowProcessing applies all of it.
+    # min_new_tokens only when the checkpoint sets it (setting it beside min_length warns every batch).
+    neutral = {name: value for name, value in NEUTRAL.items()
+               if name != "min_new_tokens" or getattr(target.generation_config, name, None) is not None}
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_token_id,
                               eos_token_id=sorted(eos_token_ids) or None, temperature=1.0, top_k=0, top_p=1.0,
-                              **NEUTRAL)
+                              **neutral)
     pads = [input_ids.shape[1] - len(prefix) for prefix in prefixes]
     torch.manual_seed(seed)  # generate() samples from the global generator
     sequences = target.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
