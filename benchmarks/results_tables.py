@@ -1,6 +1,11 @@
 """Print the README's compact results table for saved evaluations, from their `summary.json`.
 
     python benchmarks/results_tables.py results/humaneval/summary.json [more summary.json ...]
+    python benchmarks/results_tables.py --pool [--cost_ratio 0.2] results/he-seed{0,1,2}/summary.json
+
+`--pool` reads runs of the same methods on the same prompts with different sampling seeds as one:
+counts summed over the runs (cost per token at the runs' mean `c`, or at `--cost_ratio`), speedup
+the median of the runs' median speedups.
 
 Per run: the baselines (the target alone, Hugging Face's dynamic), the lowest-cost member of each
 of our schedule families (constant K, dynamic, ada with each head), `ada` at `auto`, the oracle,
@@ -10,8 +15,9 @@ threshold, and in wall clock against the fastest member of each family. The full
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import statistics
 from pathlib import Path
 
 from specdecpp.costs import FLAT_COST
@@ -99,10 +105,43 @@ def clock(document: dict) -> str:
     return f"wall clock: {auto['method']} {auto['speedup']:.2f}x; the fastest of each family: {rivals}"
 
 
+def pooled(documents: list[dict], cost_ratio: float | None = None) -> dict:
+    """One document from runs of the same methods with different seeds: per method, tokens and
+    calls summed over the runs, cost per token `(target calls + c draft calls) / token` at
+    `cost_ratio` (default: the runs' mean `c`), mean accepted length weighted by rounds, speedup
+    the median of the runs'. ValueError when the runs hold different methods."""
+    methods = [[row["method"] for row in document["summary"]] for document in documents]
+    if any(m != methods[0] for m in methods):
+        raise ValueError("the runs to pool must hold the same methods in the same order")
+    c = statistics.fmean(d["cost"]["cost_ratio"] for d in documents) if cost_ratio is None else cost_ratio
+    summary = []
+    for rows in zip(*(document["summary"] for document in documents)):
+        tokens = sum(r["generated_tokens"] for r in rows)
+        calls = {key: sum(r[key] * r["generated_tokens"] for r in rows) / tokens
+                 for key in ("target_calls_per_token", "draft_calls_per_token", "discarded_per_token")}
+        rounds = [r["target_calls_per_token"] * r["generated_tokens"] for r in rows]
+        accepted = None if rows[0]["mean_accepted_length"] is None else \
+            sum(r["mean_accepted_length"] * n for r, n in zip(rows, rounds)) / sum(rounds)
+        summary.append({**rows[0], **calls, "generated_tokens": tokens, "mean_accepted_length": accepted,
+                        "speedup": statistics.median(r["speedup"] for r in rows),
+                        "cost_per_token": calls["target_calls_per_token"] + c * calls["draft_calls_per_token"]})
+    seeds = ", ".join(str(d["settings"].get("seed", d["settings"].get("random_seed"))) for d in documents)
+    return {**documents[0], "title": f"{documents[0]['title']}, {len(documents)} seeds ({seeds}) pooled",
+            "summary": summary, "cost": {**documents[0]["cost"], "cost_ratio": c}}
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Print each run's title, cost ratio, greedy verdict, compact table and goal figures."""
-    for path in sys.argv[1:] if argv is None else argv:
-        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    """Print each run's title, cost ratio, greedy verdict, compact table and goal figures (with
+    `--pool`, those of the runs pooled into one)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("summaries", nargs="+", help="summary.json files of evaluate runs")
+    parser.add_argument("--pool", action="store_true", help="pool the runs (seeds of one evaluation) into one")
+    parser.add_argument("--cost_ratio", type=float, default=None, help="c for pooled costs (default: the runs' mean)")
+    args = parser.parse_args(argv)
+    documents = [json.loads(Path(path).read_text(encoding="utf-8")) for path in args.summaries]
+    if args.pool:
+        documents = [pooled(documents, args.cost_ratio)]
+    for document in documents:
         print(f"## {document['title']} ({document['prompts']} prompts, c = {document['cost']['cost_ratio']:.3f})")
         print(document.get("greedy_check") or "sampled: no greedy check")
         print(compact_table(document))

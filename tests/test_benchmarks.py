@@ -42,3 +42,27 @@ def test_processing_overhead_tabulates_medians_and_per_prompt_ratios():
     lines = benchmark.table(times, 1.2).splitlines()
     assert lines[0] == "| schedule | none (ms/token) | repetition_penalty=1.2 (ms/token) | ratio |"
     assert lines[2:] == [f"| {s} | 3.00 | 3.60 | 1.100 |" for s in benchmark.SCHEDULES]
+
+
+def test_results_tables_pool_seeds_by_summing_counts():
+    """Two seeds of one evaluation pool into one run: calls summed over tokens, the cost at the
+    given c, the median speedup; runs of other methods are refused."""
+    tables = load_benchmark("results_tables")
+
+    def run(seed: int, tokens: int, target_calls: int, draft_calls: int, speedup: float) -> dict:
+        row = {"method": "specdecpp:constant@K=2", "generated_tokens": tokens, "speedup": speedup,
+               "mean_accepted_length": tokens / target_calls - 1, "target_calls_per_token": target_calls / tokens,
+               "draft_calls_per_token": draft_calls / tokens, "discarded_per_token": 0.0, "cost_per_token": 0.0}
+        return {"title": "t", "prompts": 1, "summary": [row], "cost": {"cost_ratio": 0.3}, "settings": {"seed": seed}}
+
+    document = tables.pooled([run(0, 100, 50, 100, 1.0), run(1, 300, 100, 200, 1.4)], cost_ratio=0.2)
+    row = document["summary"][0]
+    assert row["generated_tokens"] == 400 and row["speedup"] == pytest.approx(1.2)
+    assert row["target_calls_per_token"] == pytest.approx(150 / 400)
+    assert row["cost_per_token"] == pytest.approx((150 + 0.2 * 300) / 400)
+    assert row["mean_accepted_length"] == pytest.approx((400 - 150) / 150)
+    assert document["title"] == "t, 2 seeds (0, 1) pooled"
+    other = run(2, 10, 5, 10, 1.0)
+    other["summary"][0]["method"] = "target"
+    with pytest.raises(ValueError, match="same methods"):
+        tables.pooled([run(0, 100, 50, 100, 1.0), other])
