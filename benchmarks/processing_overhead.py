@@ -1,11 +1,14 @@
 """What does a repetition penalty cost per token? Issue 27's speed goal: with one, every schedule's
 per-token time is within 5% of its time without.
 
-Each schedule (constant, dynamic, ada; the eager engine, or the compiled one with `--compile`)
-runs with and without the penalty on every prompt, the six methods interleaved per prompt (the
-first one rotating), after an untimed warm-up; the per-token time is the loop's wall time over the
-tokens generated, and the table shows the medians over prompts and the median of the per-prompt
-ratios (penalty / none).
+The target alone and each schedule (constant, dynamic, ada; the eager engine, or the compiled one
+with `--compile`) run with and without the penalty on every prompt, the methods interleaved per
+prompt (the first one rotating), after an untimed warm-up. A penalty changes what is generated, and
+so how many tokens the draft gets right: per-token time moves with the counts as well as with the
+processing's own cost. The table separates the two: per method, the median per-prompt ratio of
+per-token times (penalty / none), the calls per token with and without, and the time of one
+verification and of one draft step (with the stop decision), each pooled over the prompts, which
+the counts do not move.
 
     python benchmarks/processing_overhead.py                   # the zoo pair, stdlib-heldout 0-12, 128 tokens
     python benchmarks/processing_overhead.py --compile         # the same on the compiled engine
@@ -20,33 +23,52 @@ from pathlib import Path
 import torch
 
 from specdecpp import speculative_generate
+from specdecpp.decoding import GenerationStats
 from specdecpp.models import load_head, load_model, load_tokenizer
 from specdecpp.prompts import load_prompts, tokenize_prompt
 
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
-SCHEDULES = ("constant", "dynamic", "ada")
+SCHEDULES = ("none", "constant", "dynamic", "ada")
 
 
-def per_token_ms(target, draft, head, prompt: torch.Tensor, schedule: str, max_new_tokens: int,
-                 repetition_penalty: float | None, compile: bool = False) -> float:
-    """One generation's wall time per generated token, in ms (`ada` at the head's stored threshold,
-    given as a number so that the penalty, which it was not chosen under, does not warn)."""
+def run_stats(target, draft, head, prompt: torch.Tensor, schedule: str, max_new_tokens: int,
+              repetition_penalty: float | None, compile: bool = False) -> GenerationStats:
+    """One generation's `GenerationStats` (`ada` at the head's stored threshold, given as a number
+    so that the penalty, which it was not chosen under, does not warn)."""
     knobs = {"head": head, "stop_threshold": head.stop_threshold} if schedule == "ada" else {}
-    out = speculative_generate(target, draft, prompt, schedule=schedule, max_new_tokens=max_new_tokens,
-                               repetition_penalty=repetition_penalty, compile=compile, **knobs)
-    return 1000 * out.stats.wall_time / max(out.stats.generated_length, 1)
+    return speculative_generate(target, draft, prompt, schedule=schedule, max_new_tokens=max_new_tokens,
+                                repetition_penalty=repetition_penalty, compile=compile, **knobs).stats
 
 
-def table(times: dict[tuple[str, float | None], list[float]], penalty: float) -> str:
-    """The markdown table: per schedule, the median per-token time without and with the penalty and
-    the median of their per-prompt ratios."""
-    rows = ["| schedule | none (ms/token) | repetition_penalty=%g (ms/token) | ratio |" % penalty,
-            "| --- | ---: | ---: | ---: |"]
+def per_token_ms(stats: GenerationStats) -> float:
+    """A generation's wall time per generated token, in ms."""
+    return 1000 * stats.wall_time / max(stats.generated_length, 1)
+
+
+def step_figures(runs: list[GenerationStats]) -> dict[str, float]:
+    """Over a method's generations: target and draft calls per token, and ms per verification and
+    per draft step (its stop decision included), each total over total."""
+    tokens = max(sum(s.generated_length for s in runs), 1)
+    target_calls, draft_calls = sum(s.target_calls for s in runs), sum(s.draft_calls for s in runs)
+    return {"target_calls": target_calls / tokens, "draft_calls": draft_calls / tokens,
+            "verify_ms": 1000 * sum(s.verify_time for s in runs) / max(target_calls, 1),
+            "draft_ms": 1000 * sum(s.draft_time + s.schedule_time for s in runs) / max(draft_calls, 1)}
+
+
+def table(runs: dict[tuple[str, float | None], list[GenerationStats]], penalty: float) -> str:
+    """The markdown table: per schedule, the median per-token time without and with the penalty,
+    the median of their per-prompt ratios, and `step_figures` without -> with."""
+    rows = [f"| schedule | none (ms/token) | repetition_penalty={penalty:g} (ms/token) | ratio | "
+            "target calls/token | draft calls/token | ms/verification | ms/draft step |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for schedule in SCHEDULES:
-        plain, penalized = times[schedule, None], times[schedule, penalty]
-        ratio = statistics.median(p / n for p, n in zip(penalized, plain))
-        rows.append(f"| {schedule} | {statistics.median(plain):.2f} | {statistics.median(penalized):.2f} "
-                    f"| {ratio:.3f} |")
+        plain, penalized = runs[schedule, None], runs[schedule, penalty]
+        ratio = statistics.median(per_token_ms(p) / per_token_ms(n) for p, n in zip(penalized, plain))
+        before, after = step_figures(plain), step_figures(penalized)
+        figures = [f"{before[key]:.3f} → {after[key]:.3f}" if before[key] else "-"
+                   for key in ("target_calls", "draft_calls", "verify_ms", "draft_ms")]
+        rows.append(f"| {schedule} | {statistics.median(map(per_token_ms, plain)):.2f} | "
+                    f"{statistics.median(map(per_token_ms, penalized)):.2f} | {ratio:.3f} | " + " | ".join(figures) + " |")
     return "\n".join(rows)
 
 
@@ -71,17 +93,17 @@ def main() -> None:
     prompts = [torch.tensor([tokenize_prompt(text, tokenizer, "auto")[1]])
                for text in load_prompts(args.prompts, None, args.n_begin, args.n_end)]
     methods = [(schedule, penalty) for schedule in SCHEDULES for penalty in (None, args.repetition_penalty)]
-    times = {method: [] for method in methods}
+    runs = {method: [] for method in methods}
     with torch.inference_mode():
         for schedule, penalty in methods:  # warm-up, untimed
-            per_token_ms(target, draft, head, prompts[0], schedule, min(args.max_new_tokens, 8), penalty, args.compile)
+            run_stats(target, draft, head, prompts[0], schedule, min(args.max_new_tokens, 8), penalty, args.compile)
         for n, prompt in enumerate(prompts):
             for schedule, penalty in methods[n % len(methods):] + methods[:n % len(methods)]:
-                times[schedule, penalty].append(per_token_ms(target, draft, head, prompt, schedule,
-                                                             args.max_new_tokens, penalty, args.compile))
+                runs[schedule, penalty].append(run_stats(target, draft, head, prompt, schedule, args.max_new_tokens,
+                                                         penalty, args.compile))
     print(f"{len(prompts)} prompts ({args.prompts} {args.n_begin}-{args.n_end}), {args.max_new_tokens} new tokens, "
           f"{torch.get_num_threads()} thread(s), {'compiled' if args.compile else 'eager'} engine\n")
-    print(table(times, args.repetition_penalty))
+    print(table(runs, args.repetition_penalty))
 
 
 if __name__ == "__main__":

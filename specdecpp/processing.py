@@ -71,10 +71,17 @@ class Processing:
         the last `n` prefixes of `tokens`: row `i` follows `tokens[:len(tokens) - n + 1 + i]`."""
         logits = widened(logits)
         if not self.reads_prefix or not len(logits):
-            return self.processors(None, logits) if self.changes_logits else logits
+            return self._apply(None, logits) if self.changes_logits else logits
         ids = torch.tensor([tokens], device=logits.device)
         start = len(tokens) - len(logits) + 1
-        return torch.cat([self.processors(ids[:, :start + i], logits[i:i + 1]) for i in range(len(logits))])
+        return torch.cat([self._apply(ids[:, :start + i], logits[i:i + 1]) for i in range(len(logits))])
+
+    def _apply(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        # Each processor called directly: LogitsProcessorList.__call__ inspects every processor's
+        # signature on every call (for keyword arguments the loop never has), 0.15 ms a position.
+        for processor in self.processors:
+            scores = processor(input_ids, scores)
+        return scores
 
     def stop_length(self, seq: list[int], new_tokens: list[int]) -> int | None:
         """How many of `new_tokens` (emitted after `seq`) to keep when a stopping criterion is met by

@@ -35,13 +35,20 @@ def test_compiled_steps_times_both_engines_on_models_built_from_configs(tmp_path
     assert result["step_times"]["eager/plain"]["engine"] == "eager"
 
 
-def test_processing_overhead_tabulates_medians_and_per_prompt_ratios():
+def test_processing_overhead_tabulates_medians_ratios_and_per_step_times():
+    from specdecpp.decoding import GenerationStats
     benchmark = load_benchmark("processing_overhead")
-    times = {(schedule, penalty): values for schedule in benchmark.SCHEDULES
-             for penalty, values in ((None, [2.0, 4.0, 3.0]), (1.2, [2.2, 4.0, 3.6]))}
-    lines = benchmark.table(times, 1.2).splitlines()
-    assert lines[0] == "| schedule | none (ms/token) | repetition_penalty=1.2 (ms/token) | ratio |"
-    assert lines[2:] == [f"| {s} | 3.00 | 3.60 | 1.100 |" for s in benchmark.SCHEDULES]
+
+    def stats(wall_ms: float, target_calls: int = 50, draft_calls: int = 100) -> GenerationStats:
+        return GenerationStats(target_calls=target_calls, draft_calls=draft_calls, generated_length=100,
+                               wall_time=wall_ms / 10, verify_time=target_calls * 0.004, draft_time=draft_calls * 0.001)
+    runs = {(schedule, penalty): [stats(ms) for ms in values] for schedule in benchmark.SCHEDULES
+            for penalty, values in ((None, [2.0, 4.0, 3.0]), (1.2, [2.2, 4.0, 3.6]))}
+    runs["ada", 1.2] = [stats(ms, 40, 120) for ms in (2.2, 4.0, 3.6)]
+    lines = benchmark.table(runs, 1.2).splitlines()
+    assert lines[0].startswith("| schedule | none (ms/token) | repetition_penalty=1.2 (ms/token) | ratio |")
+    assert lines[2] == "| none | 3.00 | 3.60 | 1.100 | 0.500 → 0.500 | 1.000 → 1.000 | 4.000 → 4.000 | 1.000 → 1.000 |"
+    assert lines[-1] == "| ada | 3.00 | 3.60 | 1.100 | 0.500 → 0.400 | 1.000 → 1.200 | 4.000 → 4.000 | 1.000 → 1.000 |"
 
 
 def test_results_tables_pool_seeds_by_summing_counts():
