@@ -205,8 +205,7 @@ def _threshold_section(config: dict) -> str:
 
 It was chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection.get('records')} dev
 records ({data}{selection.get('tokens')} tokens{processed}) with bound {tuple(selection.get('bound', ()))}, each round priced with
-what the loop spends (`specdecpp.costs`), measured through the {plain.get('engine', 'eager')} engine's own steps on {plain['device']} with
-{plain['threads']} torch thread(s), {plain['repeats']} timed passes: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
+what the loop spends (`specdecpp.costs`), {_priced(plain)}: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
 {plain['draft_ms'][0]:.2f} ms first in a round, {plain['draft_ms'][-1]:.2f} ms late in a long one ({judged['draft_ms'][0]:.2f} / {judged['draft_ms'][-1]:.2f} ms
 with this head judging); the head's judgement {judged['judge_ms']:.3f} ms per drafted token; a verification of 1 / {len(plain['verify_ms']) - 1}
 drafted tokens {plain['verify_ms'][1]:.2f} / {plain['verify_ms'][-1]:.2f} ms{fitted}; the loop's own overhead {plain['round_overhead_ms']:.3f} ms per round.
@@ -214,6 +213,15 @@ Replayed {MEASURED_COST} (1 / cost is the replayed speedup){": " + rivals if riv
 Timings depend on the machine and its load: re-run `--choose_threshold` on the machine you decode on.{caution}
 
 {_table("threshold", columns, "{:.3f}")}"""
+
+
+def _priced(times: dict) -> str:
+    """Where a selection's step times came from: timed passes through an engine, or given prices
+    (no timed pass: flat GPU-like prices from a `--step_times_from` file)."""
+    if not times.get("repeats"):
+        return f"with given prices ({times['device']}), not timed on this machine"
+    return (f"measured through the {times.get('engine', 'eager')} engine's own steps on {times['device']} with "
+            f"{times['threads']} torch thread(s), {times['repeats']} timed passes")
 
 
 def _calibration_section(facts: dict) -> str:

@@ -74,6 +74,16 @@ def test_the_card_says_when_the_machine_was_busy_while_the_steps_were_timed():
     assert "pass `--step_times_from`" in card and "10.00 / 10.00 ms (a non-decreasing line fitted over lengths)" in card
 
 
+def test_the_card_says_whether_the_steps_were_timed_or_given_prices():
+    config = {"hidden_size": 8, "num_layers": 1, "alignment": "proposer", "stop_threshold": 0.25,
+              "threshold_selection": selection()}
+    assert "with given prices (cpu), not timed on this machine" in render_card(config, {})  # repeats 0
+    for times in ("step_times", "judged_step_times"):
+        config["threshold_selection"][times]["repeats"] = 16
+    assert "measured through the eager engine's own steps on cpu with 1 torch thread(s), 16 timed passes" in \
+        render_card(config, {})
+
+
 def test_facts_merge_and_the_repo_id_goes_into_the_examples(tmp_path):
     AcceptancePredictionHead(8, 1).save_pretrained(tmp_path)
     record_card_facts(tmp_path, {"draft": "a"})
