@@ -104,6 +104,10 @@ def _engine(model: PreTrainedModel, key: tuple, max_length: int, build) -> tuple
         engine = engines[key, capacity] = build(capacity)
     if engine.compiled_for == (state := compile_guarded_state()):
         return engine, 0.0
+    if engine.compiled_for is not NotImplemented:
+        # Graphs of their own, not a recompile: each change of the guarded state would otherwise
+        # spend the graph's recompile budget (8), and a long process runs out of it.
+        engine.build_graphs()
     engine.warm_up()
     engine.compiled_for = state
     return engine, time.perf_counter() - start
@@ -138,6 +142,10 @@ class StaticModel:
         self.cuda_graphs = self.device.type == "cuda"
         self.length = 0
         self.compiled_for = NotImplemented  # the guarded state its graphs were warmed up for: none yet
+        self.build_graphs()
+
+    def build_graphs(self) -> None:
+        """New compiled graphs for the steps (compiled on their first call)."""
         self.verify_graph = _compile(self._logits, dynamic=None, cuda=self.cuda_graphs)
 
     def forward(self, seq: list[int], num_logits: int, hidden: bool = False) -> tuple[torch.Tensor, None]:
@@ -221,6 +229,10 @@ class CompiledDraft(StaticModel):
         if self.reads_hidden:
             _check_last_hidden_state(model)
         self.vocab = vocab_size(model)
+
+    def build_graphs(self) -> None:
+        """New compiled graphs: the verification's (unused: a draft catches up eagerly) and the draft step's."""
+        super().build_graphs()
         self.step_graph = _compile(self._step, dynamic=False, cuda=self.cuda_graphs)
 
     def load_head(self, head: AcceptancePredictionHead) -> None:
