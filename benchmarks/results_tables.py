@@ -126,7 +126,8 @@ def pooled(documents: list[dict], cost_ratio: float | None = None) -> dict:
                         "speedup": statistics.median(r["speedup"] for r in rows),
                         "cost_per_token": calls["target_calls_per_token"] + c * calls["draft_calls_per_token"]})
     seeds = ", ".join(str(d["settings"].get("seed", d["settings"].get("random_seed"))) for d in documents)
-    return {**documents[0], "title": f"{documents[0]['title']}, {len(documents)} seeds ({seeds}) pooled",
+    runs = f"{len(documents)} seeds ({seeds}) pooled" if len(documents) > 1 else f"seed {seeds}"
+    return {**documents[0], "title": f"{documents[0]['title']}, {runs}",
             "summary": summary, "cost": {**documents[0]["cost"], "cost_ratio": c}}
 
 
