@@ -296,7 +296,7 @@ class ProcessedDraft(CompiledDraft):
     `processing` is set for each generation."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, hidden: bool):
-        self.hidden, self.processing = hidden, None
+        self.hidden, self.processing = hidden, sampling_only(False)  # greedy until a generation sets it
         super().__init__(model, capacity, None, None)
         if hidden:
             _check_last_hidden_state(model)
@@ -305,8 +305,7 @@ class ProcessedDraft(CompiledDraft):
         """The draft's forward after `tokens` as one graph, then `schedules.proposed_step`."""
         logits, state = self._run(self.step_graph, self._new_ids(tokens), None)
         self.length = len(tokens)
-        return proposed_step(self.processing or sampling_only(False), tokens, logits, state if self.hidden else None,
-                             num_drafted, generator)
+        return proposed_step(self.processing, tokens, logits, state if self.hidden else None, num_drafted, generator)
 
     def _step(self, input_ids: torch.Tensor, noise: None) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
