@@ -147,6 +147,34 @@ def test_compiled_sampling_is_reproducible_with_a_generator(tiny_pair):
     assert torch.equal(*runs)
 
 
+@pytest.mark.parametrize("schedule,settings", [
+    ("dynamic", dict(temperature=0.8, top_k=20, top_p=0.9)),  # the compiled draft: warpers and choice in its graph
+    ("ada", dict(repetition_penalty=1.3, top_p=0.9)),  # the processed draft: its choice made after its graph
+])
+@needs_static_crop
+def test_compiled_and_eager_sample_the_same_tokens_from_the_same_generator(tiny_pair, schedule, settings):
+    """One way to sample: the compiled step's argmax of `probs / E` (E ~ Exp(1) drawn from the
+    user's generator) is the draw torch's `multinomial` makes with the same generator, so both
+    engines give the same sequences and rounds for a seed, rejections and residual draws included."""
+    target, draft = tiny_pair
+    head = random_proposer(features=("log_q", "entropy", "margin")) if schedule == "ada" else None
+
+    def generate(prompt, seed, compile):
+        return speculative_generate(target, draft, prompt, schedule=schedule, head=head, stop_threshold=0.5,
+                                    bound=(1, 6), max_new_tokens=30, do_sample=True, compile=compile,
+                                    generator=torch.Generator().manual_seed(seed), **settings)
+
+    discarded, seeds_differ = 0, False
+    for prompt in prompts(3, seed=7):
+        eager, compiled_ = (generate(prompt, 5, flag) for flag in (False, True))
+        assert torch.equal(eager.sequences, compiled_.sequences), prompt
+        assert eager.stats.draft_lengths == compiled_.stats.draft_lengths
+        discarded += eager.stats.discarded_tokens
+        seeds_differ |= not torch.equal(eager.sequences, generate(prompt, 6, True).sequences)
+    assert discarded > 0  # rejections happened, so the residual draws were compared too
+    assert seeds_differ  # the generator, not the models alone, decided the tokens
+
+
 @needs_static_crop
 def test_graphs_compile_once_and_never_again_mid_generation(tiny_pair):
     """After the first call, prompts of other lengths and rounds of every length up to the bound
