@@ -90,32 +90,43 @@ def normalize_record(record: dict, where: str = "record") -> dict:
     return record
 
 
-def read_records(path: str | os.PathLike) -> list[dict]:
-    """All records of a JSON Lines file or of one JSON array (the reference's files), normalized
-    and validated; an empty file or a broken line is a ValueError naming the file and line."""
+def read_json_rows(path: str | os.PathLike) -> list[tuple[str, object]]:
+    """The values of a JSON Lines file, or of a file holding one JSON array, each with where it
+    stands (`"<path>: line N"`, counted in the file with blank lines included, or `"<path>: record
+    i"`), for the messages of whoever checks them. Lines are split on "\\n" alone: `splitlines()`
+    also splits on characters a JSON string may hold unescaped (U+2028, U+0085, ...: we write with
+    `ensure_ascii=False`). A line or an array that is not JSON is a ValueError naming the file and
+    the line. The one reader of JSON Lines for records and prompts alike."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no data file at {path}")
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if text.lstrip().startswith("["):
         try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON: {e}") from None
-        records = [normalize_record(r, f"{path}: record {i}") for i, r in enumerate(raw)]
-    else:
-        records = []
-        for line_no, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {line_no} is not valid JSON ({e}); was the file cut short?") from None
-            records.append(normalize_record(raw, f"{path}: line {line_no}"))
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from None
+        return [(f"{path}: record {i}", value) for i, value in enumerate(values)]
+    rows = []
+    for line_no, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"{path}: line {line_no}", json.loads(line)))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: line {line_no} is not valid JSON ({error.msg} at column {error.colno}); "
+                             "was the file cut short?") from None
+    return rows
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """All records of a JSON Lines file or of one JSON array (the reference's files), read by
+    `read_json_rows`, normalized and validated; an empty file or a broken line is a ValueError
+    naming the file and line."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no data file at {os.fspath(path)}")
+    records = [normalize_record(value, where) for where, value in read_json_rows(path)]
     if not records:
-        raise ValueError(f"{path}: no records")
+        raise ValueError(f"{os.fspath(path)}: no records")
     return records
 
 

@@ -14,9 +14,10 @@ reference's llama-2 `[INST] ... [/INST]` wrapper, or `auto` (chat when the token
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
+
+from specdecpp.data_io import read_json_rows
 
 PROMPT_SETS: dict[str, Callable[[], list[str]]] = {}
 # Hub datasets the reference used: (config, default split). Others load with config None, split "train".
@@ -72,26 +73,9 @@ def prompt_text(row: dict, where: str = "row") -> str:
 
 
 def _read_file_rows(path: str) -> list[dict]:
-    """The rows of a JSON array or JSON Lines file; a line that is not JSON is a ValueError naming
-    the file and the line (counted in the file, blank lines included)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON ({error})") from None
-    else:
-        rows = []
-        # split on newlines only: splitlines() also splits on characters JSON strings may hold (U+2028, ...)
-        for line_no, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                where = f"{path}: line {line_no}"
-                raise ValueError(f"{where} is not valid JSON ({error.msg} at column {error.colno})") from None
+    """The rows of a JSON array or JSON Lines file (`data_io.read_json_rows`, the records' reader);
+    a line that is not JSON is a ValueError naming the file and the line."""
+    rows = [row for _, row in read_json_rows(path)]
     if not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{path}: expected JSON objects, one per prompt")
     return rows

@@ -7,6 +7,7 @@ import pytest
 
 from specdecpp.data_io import (atomic_write, normalize_record, read_complete_lines, read_records, to_json_line,
                                write_json, write_records)
+from specdecpp.prompts import load_prompts
 
 RECORD = {"prompt": "p", "prefix": [1, 7], "continuation": "a b", "tokens": [4, 5, 2], "draft": [4, 9, 2],
           "log_p_draft": [-0.1, -0.5, -0.2], "log_p_target": [-0.2, float("-inf"), -0.1], "p_acc": [1.0, 0.0, 0.5]}
@@ -18,6 +19,24 @@ def test_jsonl_round_trip(tmp_path):
     records = read_records(tmp_path / "d.jsonl")
     assert records == [RECORD, processed]
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_text_with_line_separators_round_trips_through_records_and_prompts(tmp_path):
+    """Records are written with ensure_ascii=False, so U+2028, U+2029 and U+0085, which
+    `str.splitlines()` takes for line ends, stand unescaped on a line (JSON escapes the ASCII
+    ones); one reader splits lines on "\\n" alone for records and prompts, and the records read
+    back as written, lines counted right."""
+    text = "a\u2028b\u2029c\x85d"
+    odd = RECORD | {"prompt": text, "continuation": text}
+    write_records(tmp_path / "d.jsonl", [odd, RECORD, odd])
+    assert text in (tmp_path / "d.jsonl").read_text(encoding="utf-8")  # written raw, not escaped
+    assert read_records(tmp_path / "d.jsonl") == [odd, RECORD, odd]
+    assert read_complete_lines(tmp_path / "d.jsonl")[0] == [odd, RECORD, odd]
+    assert load_prompts(str(tmp_path / "d.jsonl")) == [text, "p", text]  # a records file is a prompt source
+    with open(tmp_path / "d.jsonl", "a", encoding="utf-8") as f:
+        f.write(to_json_line(odd)[:-5])
+    with pytest.raises(ValueError, match="line 4 is not valid JSON"):
+        read_records(tmp_path / "d.jsonl")
 
 
 def test_reference_format_loads_as_ours(tmp_path):
