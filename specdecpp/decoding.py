@@ -20,6 +20,7 @@ from specdecpp.compat import cache_kwargs
 from specdecpp.compiled import CompiledDraft, StaticModel, compiled_models, recompiles_forbidden
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
+from specdecpp.online import OnlineAcceptanceEstimator
 from specdecpp.processing import Processing, build_processing
 from specdecpp.sampling import residual_distribution, sample
 from specdecpp.schedules import DraftStep, Schedule, make_schedule, proposed_step
@@ -136,6 +137,8 @@ def speculative_generate(
     bound: tuple[int, int] = (2, 20),
     num_assistant_tokens: int = 5,
     assistant_confidence_threshold: float = 0.4,
+    online: bool = False,
+    estimator: OnlineAcceptanceEstimator | None = None,
     max_new_tokens: int = 128,
     do_sample: bool = False,
     temperature: float = 1.0,
@@ -151,11 +154,15 @@ def speculative_generate(
     **processing,
 ) -> SpeculativeOutput:
     """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
-    `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `oracle`; see
+    `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `online`, `oracle`; see
     `specdecpp.schedules`); `ada` reads `head` and takes `stop_threshold="auto"` for the threshold
-    stored in the head. Greedy output equals `target.generate(do_sample=False)` token for
-    token; sampled output (temperature, top-k, top-p applied to both models) follows the
-    target's distribution, reproducibly given `generator`. `processing`: `generate`'s fields that
+    stored in the head, and with `online=True` recalibrates the head's logit from the rounds'
+    outcomes; `online` is vLLM's online acceptance estimator under the same stop rule. Both learn
+    in `estimator` (a `specdecpp.online.OnlineAcceptanceEstimator`, which then carries what it
+    learned to the next call) or, without one, in a fresh one for this generation. Greedy output
+    equals `target.generate(do_sample=False)` token for token; sampled output (temperature, top-k,
+    top-p applied to both models) follows the target's distribution, reproducibly given
+    `generator`. `processing`: `generate`'s fields that
     add logits processors (`repetition_penalty`, `no_repeat_ngram_size`, `min_new_tokens`,
     `min_length`, `bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `sequence_bias`,
     `forced_eos_token_id`) or stopping criteria (`stop_strings`, which needs `tokenizer`,
@@ -174,7 +181,8 @@ def speculative_generate(
     settings = DecodingSettings(
         schedule=schedule, head=head, stop_threshold=stop_threshold, bound=bound,
         num_assistant_tokens=num_assistant_tokens, assistant_confidence_threshold=assistant_confidence_threshold,
-        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+        online=online, estimator=estimator, max_new_tokens=max_new_tokens, do_sample=do_sample,
+        temperature=temperature, top_k=top_k, top_p=top_p,
         eos_token_id=eos_token_id, compile=compile, logits_processor=logits_processor,
         stopping_criteria=stopping_criteria, **processing)
     return decode(target, draft, input_ids, settings, attention_mask=attention_mask, generator=generator,

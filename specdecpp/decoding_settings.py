@@ -15,9 +15,10 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
 from specdecpp.head import AcceptancePredictionHead
+from specdecpp.online import OnlineAcceptanceEstimator
 from specdecpp.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
 
-SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "oracle")
+SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "online", "oracle")
 K_SCHEDULES = ("constant", "heuristic", "dynamic")  # the schedules that read num_assistant_tokens
 
 
@@ -25,7 +26,10 @@ K_SCHEDULES = ("constant", "heuristic", "dynamic")  # the schedules that read nu
 class DecodingSettings:
     """How one generation decodes: the candidate-length `schedule` (see `SCHEDULES`; None picks
     one from the models, see `default_schedule`) and its knobs (`head`, `stop_threshold`, `bound`
-    for `ada`; `num_assistant_tokens`, `assistant_confidence_threshold` for the others), the
+    for `ada`, and `online` to recalibrate its head online; `stop_threshold`, `bound` for
+    `online`; `estimator`, the `OnlineAcceptanceEstimator` that `online` and `ada` with `online`
+    learn in, None for a fresh one per generation; `num_assistant_tokens`,
+    `assistant_confidence_threshold` for the others), the
     length limit, greedy or sampling (`temperature`, `top_k`, `top_p`) and the EOS ids (None: the
     target's generation config's), and whether to run the compiled engine (`compile`). The
     processing fields (`PROCESSOR_FIELDS`, `CRITERIA_FIELDS`; None: off) mean what they mean to
@@ -38,6 +42,8 @@ class DecodingSettings:
     bound: tuple[int, int] = (2, 20)
     num_assistant_tokens: int = 5
     assistant_confidence_threshold: float = 0.4
+    online: bool = False
+    estimator: OnlineAcceptanceEstimator | None = None
     max_new_tokens: int = 128
     do_sample: bool = False
     temperature: float = 1.0
@@ -62,7 +68,9 @@ class DecodingSettings:
     def validate(self, name: Callable[[str], str] = str) -> None:
         """Raise ValueError, naming the setting, on a value the loop cannot honour: an unknown
         schedule, a negative length, a threshold outside [0, 1] (or `"auto"` for `stop_threshold`),
-        a bound out of order, K < 1 for a schedule that reads K, the oracle with sampling. `name`
+        a bound out of order, K < 1 for a schedule that reads K, the oracle with sampling, `online`
+        without a numeric threshold, `online=True` for a schedule without a head, an estimator
+        shorter than the bound. `name`
         spells a setting's name in the messages (a command passes `lambda s: "--" + s`)."""
         schedule, bound = self.schedule, self.bound
         if schedule is not None and schedule not in SCHEDULES:
@@ -84,6 +92,15 @@ class DecodingSettings:
                              f"got {self.num_assistant_tokens}")
         if schedule == "oracle" and self.do_sample:
             raise ValueError("the oracle schedule is defined for greedy decoding only (do_sample=False)")
+        if schedule == "online" and threshold == "auto":
+            raise ValueError(f"schedule 'online' has no stored threshold: give {name('stop_threshold')} a number "
+                             "(calibration --choose_threshold reports the best one on records)")
+        if self.online and schedule not in (None, "ada"):
+            raise ValueError(f"{name('online')} recalibrates ada's head; schedule {schedule!r} has none")
+        estimator = self.estimator
+        if estimator is not None and schedule in ("online", "ada", None) and estimator.num_positions < bound[1]:
+            raise ValueError(f"the estimator has {estimator.num_positions} positions and {name('bound')} lets a round "
+                             f"draft {bound[1]}: make it with num_positions >= {bound[1]}")
 
     def check_models(self, target: PreTrainedModel, draft: PreTrainedModel | None) -> None:
         """Raise ValueError unless the models (and the head) fit the schedule: a draft for every

@@ -7,16 +7,21 @@ schedule's name and a new schedule is one class:
 - `stop_after(step)` — after each drafted token, whether to stop drafting now;
 - `end_round(num_drafted, num_accepted)` — after verification, to adapt for the next round.
 
-A schedule object holds the state of one generation; `make_schedule` builds a fresh one.
+A schedule object holds the state of one generation; `make_schedule` builds a fresh one. The
+online schedules (`online`, and `ada` with `online=True`) also hold an `OnlineAcceptanceEstimator`
+(`specdecpp.online`) that learns from `end_round`'s outcomes: fresh per generation unless the
+settings pass one in, which then carries its learning across generations.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from specdecpp.decoding_settings import SCHEDULES, DecodingSettings
 from specdecpp.head import AcceptancePredictionHead, LeanJudge, step_features
+from specdecpp.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, clamp_log_odds, log_odds
 from specdecpp.processing import Processing
 from specdecpp.sampling import sample, widened
 
@@ -113,44 +118,110 @@ class Dynamic(Constant):
         return step.token_prob < self.threshold
 
 
-class Ada(Schedule):
-    """`ada`, SpecDec++: keep `P(all accepted) = prod p_hat_i` over the drafted tokens the head has
-    judged and stop once `1 - P(all accepted) > stop_threshold`, within `bound = (min, max)`.
-    Which tokens are judged when is the head's alignment: a `proposer` head judges `y_j` from the
-    forward that proposed it (its state plus features of its logits), right after drafting it; a
-    `reader` head judges `y_{j-1}` from the state that proposes `y_j`, and the last verified
-    token's state (seen at `j == 1`) counts as accepted with probability 1."""
+class ProductRule(Schedule):
+    """The stop rule of `ada` and `online`: keep `P(all accepted) = prod p_hat_i` over the drafted
+    tokens judged so far and stop once `1 - P(all accepted) > stop_threshold`, within
+    `bound = (min, max)`. With an `estimator`, the `p_hat_i` it gives (`learned`) are recorded
+    with their features, and `end_round` teaches it the round's outcomes."""
 
-    needs_hidden_states = True
-
-    def __init__(self, head: AcceptancePredictionHead, stop_threshold: float, bound: tuple[int, int]):
-        self.features = head.features
-        self.needs_hidden_states = head.reads_hidden_states
-        self.judge_state = LeanJudge(head)
+    def __init__(self, stop_threshold: float, bound: tuple[int, int],
+                 estimator: OnlineAcceptanceEstimator | None = None):
         self.stop_threshold = stop_threshold
         self.min_draft, self.max_k = bound
-        self.judges_proposed_token = head.alignment == "proposer"
+        self.estimator = estimator
         self.p_all_accepted = 1.0
+        self.features: list[float] = []
+        self.predictions: list[float] = []
 
     def max_draft(self) -> int:
         self.p_all_accepted = 1.0
+        self.features, self.predictions = [], []
         return self.max_k
+
+    def learned(self, feature: float) -> float:
+        """The estimator's P(accept) of the next judged token (its position: how many this round
+        judged before it) given its `feature`, recorded for `end_round`."""
+        p = self.estimator.predict(len(self.features), feature)
+        self.features.append(feature)
+        self.predictions.append(p)
+        return p
+
+    def judged(self, p_accept: float, num_drafted: int) -> bool:
+        """Fold one judgement into the product; whether to stop after `num_drafted` tokens."""
+        self.p_all_accepted *= p_accept
+        return num_drafted >= self.min_draft and 1.0 - self.p_all_accepted > self.stop_threshold
+
+    def end_round(self, num_drafted: int, num_accepted: int) -> None:
+        if self.estimator is not None:
+            self.estimator.observe(self.features, self.predictions, num_drafted, num_accepted)
+
+
+class Ada(ProductRule):
+    """`ada`, SpecDec++: the product rule (`ProductRule`) over the head's judgements. Which
+    tokens are judged when is the head's alignment: a `proposer` head judges `y_j` from the
+    forward that proposed it (its state plus features of its logits), right after drafting it; a
+    `reader` head judges `y_{j-1}` from the state that proposes `y_j`, and the last verified
+    token's state (seen at `j == 1`) counts as accepted with probability 1. With a `recalibration`
+    estimator (`online=True`) the head's logit `z` becomes `sigmoid(s * z + b_k)`, `s` and `b_k`
+    learned online from the rounds' outcomes (`OnlineAcceptanceEstimator.recalibration`)."""
+
+    needs_hidden_states = True
+
+    def __init__(self, head: AcceptancePredictionHead, stop_threshold: float, bound: tuple[int, int],
+                 recalibration: OnlineAcceptanceEstimator | None = None):
+        super().__init__(stop_threshold, bound, recalibration)
+        self.head_features = head.features
+        self.needs_hidden_states = head.reads_hidden_states
+        self.judge_state = LeanJudge(head)
+        self.judges_proposed_token = head.alignment == "proposer"
 
     def stop_after(self, step: DraftStep) -> bool:
         if self.judges_proposed_token:
-            self.p_all_accepted *= self.judge(step)
+            p_accept = self.judge(step)
         elif step.num_drafted >= 2:
-            self.p_all_accepted *= self.judge_state(step.hidden) if step.accept_prob is None else step.accept_prob
-        return step.num_drafted >= self.min_draft and 1.0 - self.p_all_accepted > self.stop_threshold
+            p_accept = self.judge_state(step.hidden) if step.accept_prob is None else step.accept_prob
+        else:
+            return self.judged(1.0, step.num_drafted)
+        if self.estimator is not None:
+            p_accept = self.learned(log_odds(p_accept))
+        return self.judged(p_accept, step.num_drafted)
 
     def judge(self, step: DraftStep) -> float:
         """A proposer head's P(accept) of the token `step` just drafted, its features taken from
         the softmax the draft step already computed (or the judgement the step made itself)."""
         if step.accept_prob is not None:
             return step.accept_prob
-        features = step_features(step.logits, step.raw_probs, step.token, self.features,
-                                 None if step.warped else step.token_prob) if self.features else ()
+        features = step_features(step.logits, step.raw_probs, step.token, self.head_features,
+                                 None if step.warped else step.token_prob) if self.head_features else ()
         return self.judge_state(step.hidden, features)
+
+
+class Online(ProductRule):
+    """`online`: vLLM 0.32's `OnlineAcceptanceEstimator` (`specdecpp.online`) under our product
+    rule. Each drafted token is judged `sigmoid(w * f + b_k)` from `f = draft_log_odds(step)`,
+    the log-odds of the draft's top probability (a function of the prefix, not of the drawn
+    token), and the estimator learns from every round's outcome."""
+
+    def __init__(self, estimator: OnlineAcceptanceEstimator, stop_threshold: float, bound: tuple[int, int],
+                 temperature: float = 1.0):
+        super().__init__(stop_threshold, bound, estimator)
+        self.temperature = temperature
+
+    def stop_after(self, step: DraftStep) -> bool:
+        return self.judged(self.learned(draft_log_odds(step, self.temperature)), step.num_drafted)
+
+
+def draft_log_odds(step: DraftStep, temperature: float = 1.0) -> float:
+    """vLLM's feature: `logit(max q)`, q the draft's distribution at `temperature` (1 for greedy),
+    as `m - log(sum over the other tokens of exp(l - m))` of the scaled logits `l` (max `m`),
+    clamped to +-40. From the step's raw logits when it has them; the compiled step hands only its
+    distribution (`probs`: equal unless top-k or top-p filtered it), whose top probability then
+    gives it."""
+    if step.logits is not None:
+        scaled = step.logits.double() / temperature
+        others = float(torch.exp(scaled - scaled.max()).sum()) - 1.0
+        return clamp_log_odds(-math.log(others)) if others > 0.0 else MAX_LOG_ODDS
+    return log_odds(float(step.probs.max()) if step.probs is not None else step.token_prob)
 
 
 class Oracle(Schedule):
@@ -178,9 +249,11 @@ def make_schedule(settings: DecodingSettings | str, *, draft_correct: list[bool]
                   **knobs) -> Schedule:
     """A fresh policy for one generation: the schedule of `settings` (a `DecodingSettings`, or a
     schedule name with the knobs as keyword arguments: `head`, `stop_threshold`, `bound`,
-    `num_assistant_tokens`, `assistant_confidence_threshold`; see `SCHEDULES`). Knobs a schedule
-    does not use are ignored; `oracle` needs `draft_correct` (see `Oracle`); `ada` takes
-    `stop_threshold="auto"` for the threshold stored in the head."""
+    `num_assistant_tokens`, `assistant_confidence_threshold`, `online`, `estimator`; see
+    `SCHEDULES`). Knobs a schedule does not use are ignored; `oracle` needs `draft_correct` (see
+    `Oracle`); `ada` takes `stop_threshold="auto"` for the threshold stored in the head, and with
+    `online=True` recalibrates the head online (`settings.estimator`, else a fresh
+    recalibration); `online` learns in `settings.estimator`, else in a fresh estimator."""
     if isinstance(settings, str):
         settings = DecodingSettings(schedule=settings, **knobs)
     name = settings.schedule
@@ -192,9 +265,17 @@ def make_schedule(settings: DecodingSettings | str, *, draft_correct: list[bool]
         return Heuristic(settings.num_assistant_tokens)
     if name == "dynamic":
         return Dynamic(settings.num_assistant_tokens, settings.assistant_confidence_threshold)
+    bound = tuple(settings.bound)
     if name == "ada":
         head = settings.head
-        return Ada(head, head.resolve_stop_threshold(settings.stop_threshold), tuple(settings.bound))
+        recalibration = None
+        if settings.online:
+            recalibration = settings.estimator if settings.estimator is not None \
+                else OnlineAcceptanceEstimator.recalibration(bound[1])
+        return Ada(head, head.resolve_stop_threshold(settings.stop_threshold), bound, recalibration)
+    if name == "online":
+        estimator = settings.estimator if settings.estimator is not None else OnlineAcceptanceEstimator(bound[1])
+        return Online(estimator, settings.stop_threshold, bound, settings.temperature if settings.do_sample else 1.0)
     if name == "oracle":
         return Oracle(draft_correct, settings.bound[1])
     raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTCon
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.decoding import CachedModel
+from specdecpp.online import OnlineAcceptanceEstimator
 from specdecpp.sampling import logits_to_probs, make_warpers
 from specdecpp.schedules import SCHEDULES
 
@@ -87,6 +88,24 @@ def test_greedy_equals_target_generate_with_a_proposer_head(tiny_pair, random_pr
             assert torch.equal(out.sequences, expected), (prompt, max_new_tokens, bound)
             lengths.update(out.stats.draft_lengths)
     assert len(lengths) > 2  # the head's judgements really varied the rounds
+
+
+def test_greedy_equals_target_generate_while_estimators_learn_across_generations(tiny_pair, random_proposer_head):
+    """`online` and `ada` with online recalibration, each with one estimator carried over every
+    generation and refitting often, so that its coefficients (hence the rounds) keep changing."""
+    target, draft = tiny_pair
+    for schedule in ("online", "ada"):
+        estimator = OnlineAcceptanceEstimator.recalibration(6, refit_interval=3) if schedule == "ada" \
+            else OnlineAcceptanceEstimator(6, refit_interval=3)
+        lengths = set()
+        for prompt, max_new_tokens in itertools.product(prompts(6), (9, 40)):
+            out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_proposer_head,
+                                       stop_threshold=0.5, bound=(1, 6), online=schedule == "ada",
+                                       estimator=estimator, max_new_tokens=max_new_tokens)
+            assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens)), (schedule, prompt)
+            lengths.update(out.stats.draft_lengths)
+        assert estimator.refits > 10 and len(lengths) > 2, schedule
+        assert estimator.intercepts != OnlineAcceptanceEstimator.recalibration(6).intercepts
 
 
 @pytest.mark.parametrize("draft_kind", ["identical", "unrelated"])
@@ -170,7 +189,7 @@ def test_eos_from_the_generation_config(tiny_pair):
     assert out.sequences[0, -1] == eos and eos not in out.sequences[0, prompt.shape[1]:-1].tolist()
 
 
-@pytest.mark.parametrize("schedule", ["constant", "heuristic", "dynamic", "ada", "oracle", "none"])
+@pytest.mark.parametrize("schedule", ["constant", "heuristic", "dynamic", "ada", "online", "oracle", "none"])
 def test_stats_add_up(tiny_pair, random_head, schedule):
     target, draft = tiny_pair
     for prompt in prompts(3, seed=5):
@@ -329,6 +348,8 @@ def chi_square_pvalue(samples: list[tuple[int, int]], expected_probs: torch.Tens
     ("ada-proposer", dict(top_k=5)),
     ("ada-proposer", dict()),  # unwarped: the head's features reuse the draft step's softmax
     ("ada-features-alone", dict(temperature=0.8)),
+    ("online", dict(temperature=0.8)),
+    ("ada-online", dict(top_k=5)),
 ])
 def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, settings):
     target, draft = small_vocab_pair
@@ -338,13 +359,22 @@ def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, se
         schedule, head = "ada", AcceptancePredictionHead(HIDDEN, 1, alignment="proposer", features=["log_q", "entropy"])
     if schedule == "ada-features-alone":
         schedule, head = "ada", random_proposer(0, ("log_q", "entropy", "margin"), seed=0)
+    online = schedule == "ada-online"
+    if online:
+        schedule, head = "ada", AcceptancePredictionHead(HIDDEN, 1, alignment="proposer", features=["log_q", "entropy"])
+    # One estimator learns over all the generations, refitting often: its rounds depend on the outcomes so far.
+    estimator = (OnlineAcceptanceEstimator.recalibration(4, refit_interval=5) if online
+                 else OnlineAcceptanceEstimator(4, refit_interval=5))
     generator = torch.Generator().manual_seed(0)
     samples = []
     for _ in range(2000):
         out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, bound=(1, 4),
-                                   num_assistant_tokens=3, max_new_tokens=2, do_sample=True,
+                                   num_assistant_tokens=3, max_new_tokens=2, do_sample=True, stop_threshold=0.5,
+                                   online=online, estimator=estimator if online or schedule == "online" else None,
                                    generator=generator, **settings)
         samples.append(tuple(out.sequences[0, 3:5].tolist()))
+    if online or schedule == "online":
+        assert estimator.refits > 100
     warpers = make_warpers(**settings)
     assert chi_square_pvalue(samples, exact_first_two_token_distribution(target, prompt, warpers)) > 1e-3
     # The test has power: the draft's own distribution is rejected by it.

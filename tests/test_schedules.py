@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from specdecpp.head import AcceptancePredictionHead
-from specdecpp.schedules import SCHEDULES, Ada, DraftStep, Heuristic, make_schedule
+from specdecpp.online import OnlineAcceptanceEstimator, log_odds, sigmoid
+from specdecpp.schedules import SCHEDULES, Ada, DraftStep, Heuristic, draft_log_odds, make_schedule
 
 
 def test_heuristic_grows_by_two_after_full_acceptance_and_shrinks_by_one_otherwise():
@@ -101,4 +102,56 @@ def test_oracle_drafts_the_run_of_correct_proposals():
 def test_unknown_schedule():
     with pytest.raises(ValueError, match="unknown schedule"):
         make_schedule("fastest")
-    assert set(SCHEDULES) == {"none", "constant", "heuristic", "dynamic", "ada", "oracle"}
+    assert set(SCHEDULES) == {"none", "constant", "heuristic", "dynamic", "ada", "online", "oracle"}
+
+
+def test_draft_log_odds_is_the_log_odds_of_the_top_probability_at_the_temperature():
+    logits = torch.tensor([2.0, 0.5, -1.0, 0.0], dtype=torch.float64)
+    for temperature in (1.0, 0.7):
+        q = (logits / temperature).softmax(-1)
+        expected = float(torch.log(q.max() / (1 - q.max())))
+        assert draft_log_odds(DraftStep(1, 0.0, logits=logits), temperature) == pytest.approx(expected)
+        # the compiled step hands its distribution only
+        assert draft_log_odds(DraftStep(1, 0.0, probs=q), temperature) == pytest.approx(expected)
+    assert draft_log_odds(DraftStep(1, 0.0, logits=torch.tensor([0.0, -1e4]))) == 40.0  # clamped
+    assert draft_log_odds(DraftStep(1, 0.9)) == pytest.approx(log_odds(0.9))  # nothing but the token's probability
+
+
+def test_online_judges_with_the_estimator_and_teaches_it_the_rounds_outcomes():
+    estimator = OnlineAcceptanceEstimator(4, refit_interval=2)
+    policy = make_schedule("online", estimator=estimator, stop_threshold=0.6, bound=(1, 4))
+    assert policy.estimator is estimator
+    p = sigmoid(0.5 * log_odds(0.9) - 0.2)
+    assert policy.max_draft() == 4
+    stops = [policy.stop_after(DraftStep(j, 0.9)) for j in (1, 2, 3)]
+    assert stops == [1 - p ** j > 0.6 for j in (1, 2, 3)]
+    assert policy.predictions == pytest.approx([p] * 3)
+    policy.end_round(3, 1)
+    assert [s[5] for s in estimator.window] == [1, 1, 0, 0] and estimator.steps == 1
+    policy.max_draft()
+    policy.stop_after(DraftStep(1, 0.9))
+    policy.end_round(1, 0)
+    assert estimator.refits == 1 and estimator.intercepts != [-0.2] * 4  # it learned
+    fresh = make_schedule("online", stop_threshold=0.6, bound=(1, 4))  # no estimator given: a fresh one
+    assert fresh.estimator is not estimator and fresh.estimator.intercepts == [-0.2] * 4
+
+
+def test_ada_online_starts_at_no_correction_and_learns():
+    head = constant_head(0.8, alignment="proposer")
+    plain = make_schedule("ada", head=head, stop_threshold=0.45, bound=(1, 10))
+    online = make_schedule("ada", head=head, stop_threshold=0.45, bound=(1, 10), online=True)
+    assert online.estimator.slope == 1.0 and online.estimator.intercepts == [0.0] * 10
+    for policy in (plain, online):
+        policy.max_draft()
+    hidden = torch.zeros(4)
+    for j in (1, 2, 3):
+        assert plain.stop_after(DraftStep(j, 1.0, hidden)) == online.stop_after(DraftStep(j, 1.0, hidden))
+    assert online.p_all_accepted == pytest.approx(plain.p_all_accepted)
+    assert online.features == pytest.approx([log_odds(0.8)] * 3)  # the head's logit is the feature
+    for _ in range(100):  # the head says 0.8, the target rejects every first token
+        online.max_draft()
+        online.stop_after(DraftStep(1, 1.0, hidden))
+        online.end_round(1, 0)
+    online.max_draft()
+    online.stop_after(DraftStep(1, 1.0, hidden))
+    assert online.estimator.refits == 1 and online.p_all_accepted < 0.5
