@@ -1,0 +1,1 @@
+"""Serving heads: the vLLM proposer (`specdecpp.serving.vllm`)."""
