@@ -224,7 +224,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     with torch.inference_mode(), recompiles_forbidden(settings.compile):
         while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
             # A round emits up to k + 1 tokens, so never draft past the length limit.
-            drafted, draft_probs = _draft(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
+            drafted, draft_probs = draft_round(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
                                           processing.do_sample, generator, stats)
             verify_start = time.perf_counter()
             num_accepted, next_token = verify(target_model, seq, drafted, draft_probs, processing, generator)
@@ -267,11 +267,12 @@ def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings
     return compiled_models(target, draft, settings, max_length, processing, hidden_states)
 
 
-def _draft(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], policy: Schedule, max_tokens: int,
-           do_sample: bool, generator: torch.Generator | None, stats: GenerationStats
-           ) -> tuple[list[int], list[torch.Tensor]]:
+def draft_round(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], policy: Schedule, max_tokens: int,
+                do_sample: bool, generator: torch.Generator | None, stats: GenerationStats
+                ) -> tuple[list[int], list[torch.Tensor]]:
     """Draft up to `max_tokens` tokens after `seq`, one draft forward each, until the policy
-    stops. Returns the tokens and, when sampling, the draft's distribution for each."""
+    stops: the drafting half of a round, shared by the loop and the vLLM proposer
+    (`specdecpp.serving.vllm`). Returns the tokens and, when sampling, the draft's distribution for each."""
     drafted: list[int] = []
     draft_probs: list[torch.Tensor] = []
     for num_drafted in range(1, max_tokens + 1):
