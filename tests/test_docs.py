@@ -1,0 +1,215 @@
+"""The documents against what they describe, so that they cannot drift: the README's facts about
+the shipped heads against the heads' `card.json` and `config.json`, the signature it shows for
+`speculative_generate` against the function's, and every flag docs/design.md names for a script
+against that script's `--help`."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import io
+import json
+import re
+import runpy
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from specdecpp import speculative_generate
+from specdecpp.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO = ROOT / "checkpoints" / "zoo"
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+HEAD_PATH = re.compile(r"`checkpoints/zoo/(head[\w-]*)`")
+FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+
+
+# -- the README's facts about the shipped heads ----------------------------------------------------
+
+def shipped_heads() -> list[str]:
+    return sorted(path.parent.name for path in ZOO.glob("head*/config.json"))
+
+
+def head_files(name: str) -> tuple[dict, dict]:
+    """(config.json, card.json) of the shipped head `name`."""
+    return tuple(json.loads((ZOO / name / file).read_text(encoding="utf-8")) for file in ("config.json", "card.json"))
+
+
+def values_of(tree, key: str) -> list:
+    """Every value stored under `key` anywhere in the JSON `tree`."""
+    if isinstance(tree, dict):
+        return [v for k, v in tree.items() if k == key] + [x for v in tree.values() for x in values_of(v, key)]
+    if isinstance(tree, list):
+        return [x for v in tree for x in values_of(v, key)]
+    return []
+
+
+def section(text: str, title: str) -> str:
+    """The text of the markdown section `## title`, up to the next `## `."""
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def table_rows(text: str, first_header: str) -> list[dict[str, str]]:
+    """The rows of the first markdown table in `text` whose first header is `first_header`, each as
+    {header: cell}."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(rf"\|\s*{re.escape(first_header)}\s*\|", line))
+
+    def cells(line: str) -> list[str]:
+        return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+    header = cells(lines[start])
+    rows = []
+    for line in lines[start + 2:]:  # past the header and its --- row
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, cells(line))))
+    return rows
+
+
+def stated_facts(name: str) -> dict[str, str]:
+    """What a shipped head's card and config say, in the words of the README's table of heads."""
+    config, card = head_files(name)
+    reads = (["hidden state"] if config["hidden_size"] else []) + [f.replace("_", " ") for f in config.get("features", [])]
+    selection = config.get("threshold_selection", {})
+    mode = selection.get("mode") or card["data"]["mode"].split()[0]
+    temperature = re.search(r"temperature ([\d.]+)", card["data"]["mode"])
+    records = f"{card['data']['train']['records']:,} " + ("sampled" if mode.startswith("sampling") else "greedy")
+    threshold = (f"{config['stop_threshold']} for bound ({selection['bound'][0]}, {selection['bound'][1]})"
+                 if config.get("stop_threshold") is not None else "none")
+    return {"alignment": config.get("alignment", "reader"), "reads": ", ".join(reads),
+            "training records": records + (f" (temperature {temperature.group(1)})" if temperature else ""),
+            "dev AUROC": sorted({f"{auroc:.3f}" for auroc in values_of(card["calibration"], "auroc")}),
+            "stored threshold": threshold}
+
+
+def test_the_readme_table_of_heads_is_their_cards_and_configs():
+    rows = table_rows(section(README, "The embedded pair"), "head")
+    named = [HEAD_PATH.fullmatch(row["head"]).group(1) for row in rows]
+    assert sorted(named) == shipped_heads(), "the table lists every shipped head, and only those"
+    for name, row in zip(named, rows):
+        facts = stated_facts(name)
+        aurocs = facts.pop("dev AUROC")
+        assert {key: row[key] for key in facts} == facts, name
+        assert row["dev AUROC"] in aurocs, (name, aurocs)
+
+
+def prose_claims(text: str) -> list[tuple[str, str, str]]:
+    """(head, kind, value) for each number the README's prose states beside a head's path: from the
+    path to the end of its sentence or the next head's path, `N [word [word]] records`, `AUROC X`,
+    a threshold (`threshold X` or `` `auto` = X``)."""
+    claims = []
+    for match in HEAD_PATH.finditer(text):
+        rest = text[match.end():]
+        stop = re.search(r"\.(\s|$)|\n\s*\n|\n\||`checkpoints/zoo/", rest)
+        span = rest[:stop.start() if stop else None]
+        claims += [(match.group(1), "records", m.group(1)) for m in re.finditer(r"([\d,]+)\s+(?:[\w-]+\s+){0,2}records", span)]
+        claims += [(match.group(1), "auroc", m.group(1)) for m in re.finditer(r"AUROC\s+([\d.]+)", span)]
+        claims += [(match.group(1), "threshold", m.group(1))
+                   for m in re.finditer(r"(?:threshold|`auto`\s+=)\s+([\d.]*\d)", span)]
+    return claims
+
+
+def test_the_readme_prose_about_the_heads_is_their_cards_and_configs():
+    claims = prose_claims(README)
+    assert {kind for _, kind, _ in claims} >= {"records", "threshold"}  # the scan still finds what it checks
+    for name, kind, value in claims:
+        config, card = head_files(name)
+        truth = {"records": [f"{card['data']['train']['records']:,}"],
+                 "auroc": [f"{auroc:.3f}" for auroc in values_of(card["calibration"], "auroc")],
+                 "threshold": [str(config.get("stop_threshold"))]}[kind]
+        assert value in truth, f"README says {name} has {kind} {value}; its card/config say {truth}"
+
+
+def test_the_prose_scan_reads_what_the_readme_writes():
+    text = ("with the head (`checkpoints/zoo/head`: 6,188 training records, log q) at its stored threshold "
+            "(`auto` = 0.5, chosen). Then `checkpoints/zoo/head-reference` (AUROC 0.847) and "
+            "`checkpoints/zoo/head-sampling`: 800 sampled records. Unrelated: 12 records, threshold 0.9.")
+    assert prose_claims(text) == [("head", "records", "6,188"), ("head", "threshold", "0.5"),
+                                  ("head-reference", "auroc", "0.847"), ("head-sampling", "records", "800")]
+
+
+def test_the_readme_shows_speculative_generate_s_signature():
+    shown = re.search(r"`(speculative_generate\(target, draft, input_ids, \*,.*?\))` —", README, re.DOTALL)
+    assert shown, "the README shows speculative_generate's signature"
+    signature = inspect.signature(speculative_generate)
+    bare = signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+                             return_annotation=signature.empty)
+    assert re.sub(r"\s+", " ", shown.group(1)) == f"speculative_generate{bare}"
+
+
+# -- docs/design.md's flags ------------------------------------------------------------------------
+
+MODULES = {module.rpartition(".")[2]: module for module, _ in COMMANDS.values()}
+
+
+def script_of(span: str) -> str | None:
+    """The script a backticked span of docs/design.md names, as a module or a file under the
+    repository: `specdecpp <command> ...`, `<command module> ...` (`calibration --threads`) or
+    `benchmarks/<name>.py`; None for any other span."""
+    words = span.split()
+    if not words:
+        return None
+    if words[0] == "specdecpp" and len(words) > 1 and words[1].replace("_", "-") in COMMANDS:
+        return COMMANDS[words[1].replace("_", "-")][0]
+    if re.fullmatch(r"benchmarks/\w+\.py", words[0]):
+        return words[0]
+    return MODULES.get(words[0])
+
+
+def design_flags(text: str) -> dict[str, set[str]]:
+    """{flag: the scripts docs/design.md names it for}. A flag belongs to the script in its own
+    backticked span (`calibration --threads`) or else to every script its clause (a sentence, or
+    a part of one between semicolons) names; a flag whose clause names none maps to an empty set,
+    unless another clause names it with one."""
+    flags: dict[str, set[str]] = {}
+    for sentence in re.split(r"\.\s+(?=[A-Z`(])|;\s|\n\s*\n|\n\s*- ", text):
+        spans = re.findall(r"`([^`]+)`", sentence)
+        named = {script for span in spans if (script := script_of(span))}
+        for span in spans:
+            own = script_of(span)
+            for flag in FLAG.findall(span):
+                flags.setdefault(flag, set()).update({own} if own else named)
+    return flags
+
+
+def test_design_flags_are_read_per_script():
+    text = ("`build_data` and `evaluate` take `--repetition_penalty`: more. `calibration --threads` sets "
+            "threads, as in `demo`. The timing says so (`--step_times_from`).\n\n`benchmarks/time_breakdown.py` "
+            "takes `--engine compiled`; `specdecpp head` passes it on.")
+    assert design_flags(text) == {"--repetition_penalty": {"specdecpp.build_data", "specdecpp.evaluate"},
+                                  "--threads": {"specdecpp.calibration"}, "--step_times_from": set(),
+                                  "--engine": {"benchmarks/time_breakdown.py"}}
+
+
+@cache
+def help_flags(script: str) -> frozenset[str]:
+    """The flags `script --help` lists (a command module's `main` or a benchmark file, run in this
+    process)."""
+    argv = ["build", "--help"] if script == "specdecpp.zoo" else ["--help"]  # zoo's flags are its build's
+    shown, saved_argv = io.StringIO(), sys.argv
+    try:
+        with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
+            if script.endswith(".py"):
+                sys.argv = [str(ROOT / script), *argv]
+                runpy.run_path(str(ROOT / script), run_name="__main__")
+            else:
+                importlib.import_module(script).main(argv)
+    finally:
+        sys.argv = saved_argv
+    return frozenset(FLAG.findall(shown.getvalue()))
+
+
+def test_every_flag_docs_design_names_is_in_its_scripts_help():
+    flags = design_flags(DESIGN)
+    assert "--compile" in flags and "--engine" in flags  # the reading still finds flags with their scripts
+    for flag, scripts in sorted(flags.items()):
+        assert scripts, f"docs/design.md names {flag} without the script that takes it (write `script {flag}`)"
+        for script in sorted(scripts):
+            assert flag in help_flags(script), f"docs/design.md names {flag} for {script}, whose --help lacks it"
