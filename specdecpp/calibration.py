@@ -17,7 +17,8 @@ acceptance probability the head implies, which is what should match the labels.
 
 `--choose_threshold --target TARGET` also picks the head's stop threshold for `stop_threshold="auto"`
 (`specdecpp.threshold`): rounds on the records (greedy or sampled, as the head will decode) are
-replayed with the head's predictions and priced with the pair's measured step times (timed with
+replayed with the head's predictions (and, on greedy records, with vLLM's online estimator, whose
+best threshold is reported as `dynamic`'s is) and priced with the pair's measured step times (timed with
 `--threads` torch threads, the count decoding will use); the threshold, the times and the cost curve go into
 the head folder's `config.json` and model card, and the curve into `--threshold_plot_path`.
 """
@@ -240,11 +241,14 @@ def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target
     best_k = min(selection["constant_k_cost_per_token"].items(), key=lambda kv: kv[1])
     dynamic = selection.get("dynamic_cost_per_token")
     best_dynamic = min(dynamic.items(), key=lambda kv: kv[1]) if dynamic else None
+    online = selection.get("online_cost_per_token")
+    best_online = min(online.items(), key=lambda kv: kv[1]) if online else None
     flat = flat_costs(selection.get("calls_per_token") or {}, StepTimes(**selection["step_times"]))
     flat_text = f"; {FLAT_COST} {flat[f'ada@{threshold:g}']:.3f}" if f"ada@{threshold:g}" in flat else ""
     print(f"stop threshold {threshold:g}: replayed {MEASURED_COST} {min(selection['cost_per_token']):.3f}{flat_text} "
           f"({selection['mode']}; best constant K={best_k[0]}: {best_k[1]:.3f}"
           + (f"; best dynamic ({best_dynamic[0]}): {best_dynamic[1]:.3f}" if best_dynamic else "")
+          + (f"; best online, vLLM's estimator ({best_online[0]}): {best_online[1]:.3f}" if best_online else "")
           + f"{oracle_text(selection)}); stored in {head_dir}/config.json; plot: {args.threshold_plot_path}")
     if best_dynamic and best_dynamic[1] < min(selection["cost_per_token"]):
         print(f"note: on these records and this machine our dynamic schedule (assistant_confidence_threshold="
@@ -269,6 +273,9 @@ def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
     if selection.get("dynamic_cost_per_token"):
         confidence, dynamic_cost = min(selection["dynamic_cost_per_token"].items(), key=lambda kv: kv[1])
         ax.axhline(dynamic_cost, color="C3", linestyle="-.", label=f"best dynamic (confidence {confidence})")
+    if selection.get("online_cost_per_token"):
+        threshold_online, online_cost = min(selection["online_cost_per_token"].items(), key=lambda kv: kv[1])
+        ax.axhline(online_cost, color="C4", linestyle=(0, (5, 2)), label=f"best online (threshold {threshold_online})")
     if selection["oracle_cost_per_token"] is not None:
         ax.axhline(selection["oracle_cost_per_token"], color="gray", linestyle=":", label="oracle")
     ax.axvline(threshold, color="C2", alpha=0.5, label=f"chosen {threshold:g}")

@@ -157,12 +157,14 @@ class StepTimes:
     def __post_init__(self):
         self._drafting_ms = [0.0] + list(itertools.accumulate(self.draft_ms))
 
-    def round_ms(self, drafted: int, judged: int = 0) -> float:
+    def round_ms(self, drafted: int, judged: int = 0, verified: int | None = None) -> float:
         """The time of one round that drafts `drafted` tokens of which the head judges `judged`
-        (steps past the longest measured round cost as much as its last)."""
+        and the target verifies the first `verified` (default: all drafted; fewer under adaptive
+        verification, `verify-budget`); steps past the longest measured round cost as much as its last."""
         longest = len(self.draft_ms)
         drafting = self._drafting_ms[min(drafted, longest)] + max(drafted - longest, 0) * (self.draft_ms or [0.0])[-1]
-        return self.verify_ms[min(drafted, len(self.verify_ms) - 1)] + drafting + judged * self.judge_ms \
+        verified = drafted if verified is None else verified
+        return self.verify_ms[min(verified, len(self.verify_ms) - 1)] + drafting + judged * self.judge_ms \
             + self.round_overhead_ms
 
     def predicted_ms(self, draft_lengths: list[int], judged: int = 0, with_draft: bool = True) -> float:

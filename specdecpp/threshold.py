@@ -32,12 +32,14 @@ from specdecpp.checks import read_head_config
 from specdecpp.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_data import predict
+from specdecpp.online import OnlineAcceptanceEstimator, best_verify_length, log_odds, log_odds_from_log
 from specdecpp.step_timing import measure_costs
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed beside the head
-# How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k.
-RoundLength = Callable[[np.ndarray, np.ndarray, int, int], int]
+# How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k,
+# or (verified, drafted) for a round whose verification takes only the first `verified` (`budget_length`).
+RoundLength = Callable[[np.ndarray, np.ndarray, int, int], int | tuple[int, int]]
 
 
 def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length: RoundLength, max_draft: int,
@@ -45,7 +47,8 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
     """Replay rounds over records (`accept[r][i]`: the probability that the target accepts
     `draft[i]`, 0 or 1 for greedy records), each drafting `round_length(...)` tokens, at most
     `max_draft` and never past the record's end (a round emits up to `k + 1` tokens), every drafted
-    token judged by the head when `judged`. Returns the expected counts, time per token
+    token judged by the head when `judged` (a round that verifies fewer than it drafted pays
+    every draft step and the verification of those it verifies). Returns the expected counts, time per token
     (`StepTimes.round_ms` per round) and both views of `specdecpp.costs`: `cost_per_token` (measured,
     in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
     verifications, `c` from `times`), summing over the positions a round can
@@ -59,8 +62,9 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
             if starts[pos] == 0.0:
                 continue
             k = round_length(pred, acc, pos, min(max_draft, n - pos - 1))
-            target_calls, draft_calls = target_calls + starts[pos], draft_calls + starts[pos] * k
-            total_ms += starts[pos] * times.round_ms(k, k if judged else 0)
+            k, drafted = k if isinstance(k, tuple) else (k, k)
+            target_calls, draft_calls = target_calls + starts[pos], draft_calls + starts[pos] * drafted
+            total_ms += starts[pos] * times.round_ms(drafted, drafted if judged else 0, k)
             reached = starts[pos]  # P(the round's first m proposals are accepted)
             for m in range(k):
                 starts[pos + m + 1] += reached * (1.0 - acc[pos + m])
@@ -103,6 +107,42 @@ def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
     return [m / marginal[0] if marginal[0] > 0 else 1.0 for m in marginal]
 
 
+def online_length(estimator: OnlineAcceptanceEstimator, rule: RoundLength) -> RoundLength:
+    """A round of `rule` (`ada_length`, `budget_length`) on `estimator`'s predictions from the
+    record's features (the values replayed: `greedy_log_odds` for `online`, the head's logits for
+    `ada` recalibrated online), after which the estimator learns the round's outcome, as in the
+    engine. Greedy records only, replayed in order: their one path is the sequence it learns from."""
+    def length(features: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int | tuple[int, int]:
+        window = features[pos:pos + limit]
+        predictions = np.array([estimator.predict(j, float(f)) for j, f in enumerate(window)])
+        k = rule(predictions, ok[pos:pos + limit], 0, limit)
+        verified = k[0] if isinstance(k, tuple) else k
+        estimator.observe(list(window[:verified]), list(predictions[:verified]), verified,
+                          oracle_length(None, ok, pos, verified))
+        return k
+    return length
+
+
+def budget_length(max_draft: int, times: StepTimes, judged: bool = False) -> RoundLength:
+    """vLLM's adaptive verification at batch 1 (`online.best_verify_length`): draft `max_draft`
+    tokens (fewer near the record's end), score each by its survival (the running product of the
+    predictions) and verify the prefix that maximises the expected tokens per round time, each
+    length priced with `times` (the whole block's draft steps, its judgements when `judged`, the
+    verification of the prefix). Returns `(verified, drafted)`."""
+    def length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> tuple[int, int]:
+        drafted = min(max_draft, limit)
+        survival = np.cumprod(pred[pos:pos + drafted]).tolist()
+        costs = [times.round_ms(drafted, drafted if judged else 0, n) for n in range(drafted + 1)]
+        return best_verify_length(survival, costs), drafted
+    return length
+
+
+def greedy_log_odds(record: dict) -> np.ndarray:
+    """vLLM's feature, `logit(max q)`, at every position of a greedy record: its proposal is the
+    draft's top token, so `log_p_draft` is `log max q`."""
+    return np.array([log_odds_from_log(x) for x in record["log_p_draft"]])
+
+
 def dynamic_length(confidence: float) -> RoundLength:
     """Our `dynamic` rule, replayed with the draft's probability of each proposal in place of the
     head's predictions: stop after drafting a token whose probability is below `confidence`."""
@@ -137,7 +177,9 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
     as the head will decode) is lowest, and the record of the choice (measured times, the cost
     curve, constant K = 1..6, our `dynamic` at `CONFIDENCES` (from the draft's probability of each
-    proposal, `log_p_draft`), for greedy records the oracle replayed alike, and the logits
+    proposal, `log_p_draft`), for greedy records the oracle and the online rules (`online_costs`:
+    vLLM's estimator at each threshold, the head recalibrated online, adaptive verification)
+    replayed alike, and the logits
     processing the records were built under, `records_processing`), ready to store with
     `head.with_threshold`. `predictions`: the head's predictions over the records
     (`head_data.predict`) when the caller already has them; `times`: the step times `(plain,
@@ -178,10 +220,41 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                  "dynamic_cost_per_token": {f"{c:g}": cost(f"dynamic@{c:g}", dynamic_length(c), values=draft_probs)
                                             for c in CONFIDENCES},
                  "oracle_cost_per_token": cost("oracle", oracle_length) if greedy else None,
+                 **(online_costs(records, predictions, cost, thresholds, bound, plain, judged) if greedy
+                    else dict.fromkeys(ONLINE_KEYS)),
                  "cost_unit": "one target-alone step through the loop (1 / cost = replayed speedup)"}
     selection["calls_per_token"] = calls
     check_replayed_costs(selection, plain)
     return thresholds[int(np.argmin(curve))], selection
+
+
+ONLINE_KEYS = ("online_cost_per_token", "ada_online_cost_per_token", "verify_budget_cost_per_token",
+               "ada_budget_cost_per_token")
+BUDGET_KS = tuple(range(1, 7))  # the blocks verify-budget and ada-budget draft, as constant K's
+
+
+def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Callable, thresholds: tuple[float, ...],
+                 bound: tuple[int, int], plain: StepTimes, judged: StepTimes) -> dict:
+    """The online rules replayed on greedy records, in order (each from its cold start, learning
+    over all of them; `cost(method, round_length, times, values)` replays one): vLLM's estimator
+    under the product rule at each threshold (`online`), the head recalibrated online at each
+    threshold (`ada` with `online=True`), and adaptive verification of blocks of `BUDGET_KS`
+    tokens with the online estimator's survival scores (`verify-budget`) and with the head's
+    (`ada-budget`), priced with these step times."""
+    features = [greedy_log_odds(r) for r in records]
+    head_logits = [np.array([log_odds(float(p)) for p in values]) for values in predictions]
+    return {
+        "online_cost_per_token": {f"{t:g}": cost(f"online@{t:g}", online_length(
+            OnlineAcceptanceEstimator(bound[1]), ada_length(t, bound[0])), plain, features) for t in thresholds},
+        "ada_online_cost_per_token": [
+            cost(f"ada-online@{t:g}", online_length(OnlineAcceptanceEstimator.recalibration(bound[1]),
+                                                    ada_length(t, bound[0])), judged, head_logits)
+            for t in thresholds],
+        "verify_budget_cost_per_token": {str(k): cost(f"verify-budget@K={k}", online_length(
+            OnlineAcceptanceEstimator(bound[1]), budget_length(k, plain)), plain, features) for k in BUDGET_KS},
+        "ada_budget_cost_per_token": {str(k): cost(f"ada-budget@K={k}", budget_length(k, judged, judged=True), judged)
+                                      for k in BUDGET_KS},
+    }
 
 
 def records_processing(records: list[dict]) -> dict:
@@ -203,7 +276,8 @@ def check_replayed_costs(selection: dict, times: StepTimes) -> None:
     greedy records, the oracle costing more than a causal rule. The oracle drafts exactly the
     tokens that will be accepted, and no rule that must guess can beat it while one more drafted
     token (its draft step and the verification's growth) costs less than a verification's fixed
-    part; that holds for any pair worth speculating with, and the oracle is checked only then."""
+    part; that holds for any pair worth speculating with, and the oracle is checked only then
+    (the causal rules: constant K, `dynamic`, `ada` and, when replayed, `online`)."""
     way_out = ("time the steps again on a quieter machine, or pass --step_times_from a head folder whose step "
                "times are sound")
     for k in map(int, selection["constant_k_cost_per_token"]):
@@ -217,7 +291,8 @@ def check_replayed_costs(selection: dict, times: StepTimes) -> None:
     oracle = selection["oracle_cost_per_token"]
     causal = {f"K={k}": cost for k, cost in selection["constant_k_cost_per_token"].items()} \
         | {f"dynamic@{c}": cost for c, cost in selection["dynamic_cost_per_token"].items()} \
-        | {f"ada@{t:g}": cost for t, cost in zip(selection["thresholds"], selection["cost_per_token"])}
+        | {f"ada@{t:g}": cost for t, cost in zip(selection["thresholds"], selection["cost_per_token"])} \
+        | {f"online@{t}": cost for t, cost in (selection.get("online_cost_per_token") or {}).items()}
     cheapest = min(causal, key=causal.get)
     slope = verify_slope(times.verify_ms)
     unbeatable = max(times.draft_ms, default=0.0) + slope \

@@ -15,8 +15,9 @@ from specdecpp.calibration import main as calibration_main
 from specdecpp.costs import StepTimes, fit_verify_ms
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head_data import predict
-from specdecpp.threshold import (ada_length, choose_threshold, constant_length, dynamic_length, marginal_scale,
-                                 oracle_length, replay)
+from specdecpp.online import OnlineAcceptanceEstimator, log_odds
+from specdecpp.threshold import (ada_length, budget_length, choose_threshold, constant_length, dynamic_length,
+                                 greedy_log_odds, marginal_scale, online_length, oracle_length, replay)
 
 TIMES = StepTimes(draft_ms=[1.0] * 20, verify_ms=[10.0 + k for k in range(21)], target_alone_ms=10.0)
 CORRECT = [np.array([1, 1, 0, 1, 1, 1, 0, 0], dtype=bool)]
@@ -146,18 +147,58 @@ def test_replay_reproduces_the_engine_counts(tiny_pair, proposer_head):
              ("ada", ada_length(0.4, 1), dict(head=proposer_head, stop_threshold=0.4, bound=(1, 20))),
              ("ada", ada_length(0.7, 2), dict(head=proposer_head, stop_threshold=0.7, bound=(2, 20))),
              ("oracle", oracle_length, dict(bound=(2, 20)))]
+    # The online rules learn over the records in order, in the replay as in the engine (refitting often here).
+    learners = {"online": (OnlineAcceptanceEstimator(20, refit_interval=4), OnlineAcceptanceEstimator(20, refit_interval=4)),
+                "ada-online": (OnlineAcceptanceEstimator.recalibration(20, refit_interval=4),
+                               OnlineAcceptanceEstimator.recalibration(20, refit_interval=4))}
+    cases += [("online", online_length(learners["online"][0], ada_length(0.5, 1)),
+               dict(stop_threshold=0.5, bound=(1, 20), estimator=learners["online"][1])),
+              ("ada-online", online_length(learners["ada-online"][0], ada_length(0.5, 1)),
+               dict(head=proposer_head, online=True, stop_threshold=0.5, bound=(1, 20),
+                    estimator=learners["ada-online"][1]))]
+    values = {"dynamic": draft_probs, "online": [greedy_log_odds(r) for r in records],
+              "ada-online": [np.array([log_odds(p) for p in values]) for values in predictions]}
     for schedule, length, settings in cases:
-        replayed = replay(correct, draft_probs if schedule == "dynamic" else predictions, length, 20, TIMES)
+        replayed = replay(correct, values.get(schedule, predictions), length, 20, TIMES)
+        schedule = schedule.removesuffix("-online")
         target_calls = draft_calls = 0
         for r in records:
             stats = speculative_generate(target, draft, torch.tensor([r["prefix"]]), schedule=schedule,
                                          max_new_tokens=len(r["tokens"]), **settings).stats
             target_calls, draft_calls = target_calls + stats.target_calls, draft_calls + stats.draft_calls
         assert replayed["target_calls"] == target_calls, schedule
-        if schedule in ("ada", "dynamic"):
+        if schedule in ("ada", "dynamic", "online"):
             assert abs(replayed["draft_calls"] - draft_calls) <= 0.1 * draft_calls
         else:
             assert replayed["draft_calls"] == draft_calls, schedule
+    # They learned the same labels (the features agree to rounding: the head's batched and per-step arithmetic).
+    for replayed_estimator, engine_estimator in learners.values():
+        assert replayed_estimator.refits == engine_estimator.refits > 3
+        assert replayed_estimator.slope == pytest.approx(engine_estimator.slope, abs=1e-5)
+        assert replayed_estimator.intercepts == pytest.approx(engine_estimator.intercepts, abs=1e-5)
+
+
+def test_budget_rounds_verify_the_prefix_a_brute_force_search_chooses():
+    """verify-budget and ada-budget: every round drafts the block and verifies the prefix whose
+    expected tokens per round time is highest, as a search over every prefix length finds it."""
+    times = StepTimes(draft_ms=[1.0, 0.8, 0.7, 0.6, 0.6, 0.6], verify_ms=[10, 11, 12.5, 14.5, 17, 20, 24],
+                      target_alone_ms=10.0, judge_ms=0.1)
+    rng = np.random.default_rng(3)
+    accept, predictions = [rng.random(80) < 0.7], [rng.uniform(0.2, 1.0, 80)]
+    replayed = replay(accept, predictions, budget_length(5, times, judged=True), 20, times, judged=True)
+    pos, target_calls, draft_calls, total_ms, verified = 0, 0, 0, 0.0, []
+    while pos < 80:
+        drafted = min(5, 80 - pos - 1)
+        survival = np.cumprod(predictions[0][pos:pos + drafted])
+        rates = [(1 + survival[:n].sum()) / times.round_ms(drafted, drafted, n) for n in range(drafted + 1)]
+        n = int(np.argmax(rates))
+        accepted = oracle_length(None, accept[0], pos, n)
+        total_ms += times.round_ms(drafted, drafted, n)
+        target_calls, draft_calls, pos = target_calls + 1, draft_calls + drafted, pos + accepted + 1
+        verified.append(n)
+    assert (replayed["target_calls"], replayed["draft_calls"]) == (target_calls, draft_calls)
+    assert replayed["ms_per_token"] * 80 == pytest.approx(total_ms)
+    assert len(set(verified)) > 2  # the verified prefix really varied
 
 
 def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, pair_dirs, tmp_path):
@@ -172,6 +213,11 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
     assert len(measured) == 9 and fitted == fit_verify_ms(measured) and fitted == sorted(fitted)
     assert selection["oracle_cost_per_token"] <= min(selection["cost_per_token"])
     assert set(selection["dynamic_cost_per_token"]) == {"0.2", "0.3", "0.4", "0.5", "0.6"}
+    assert list(selection["online_cost_per_token"]) == [f"{t:g}" for t in selection["thresholds"]]
+    assert len(selection["ada_online_cost_per_token"]) == len(selection["thresholds"])
+    assert set(selection["verify_budget_cost_per_token"]) == set(selection["ada_budget_cost_per_token"]) \
+        == {"1", "2", "3", "4", "5", "6"}
+    assert "online@0.5" in selection["calls_per_token"] and "verify-budget@K=3" in selection["calls_per_token"]
 
     head_dir, data = tmp_path / "head", tmp_path / "dev.jsonl"
     copy.deepcopy(proposer_head).float().save_pretrained(head_dir)
@@ -246,6 +292,7 @@ def test_choosing_needs_a_proposer_head_and_replays_sampled_records_in_expectati
     times = (TIMES, replace(TIMES, judge_ms=0.1))  # given: the modes are under test, not the timing
     threshold, selection = choose_threshold(proposer_head, draft, target, soft, bound=(1, 8), times=times)
     assert selection["mode"] == "sampling" and selection["oracle_cost_per_token"] is None
+    assert selection["online_cost_per_token"] is None  # sampled records hold no draft top probability
     assert threshold in selection["thresholds"]
     _, greedy = choose_threshold(proposer_head, draft, target, records, bound=(1, 8), times=times)
     assert greedy["mode"] == "greedy" and greedy["oracle_cost_per_token"] is not None
