@@ -38,9 +38,9 @@ from specdecpp.costs import StepTimes
 from specdecpp.data_io import read_records
 from specdecpp.head import FEATURES, AcceptancePredictionHead
 from specdecpp.head_data import predict, record_features
+from specdecpp.objective import acceptance_loss
 from specdecpp.threshold import (CONFIDENCES, THRESHOLDS, ada_length, constant_length, dynamic_length,
                                  replay)
-from specdecpp.train import acceptance_loss
 
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 DEPLOYABLE = ["log_q", "entropy", "margin", "log_rank"]

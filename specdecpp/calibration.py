@@ -34,6 +34,7 @@ import torch
 from matplotlib.figure import Figure  # not pyplot: files only, and no backend chosen for the process
 from transformers import HfArgumentParser
 
+from specdecpp.checks import check_data_fits_draft
 from specdecpp.cli import common_field, input_errors
 from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 from specdecpp.data_io import atomic_write, read_records
@@ -41,9 +42,9 @@ from specdecpp.head import AcceptancePredictionHead
 from specdecpp.head_folder import REPLAYED_ROUNDS
 from specdecpp.head_data import predict
 from specdecpp.models import HeadPairArguments, load_head, load_model
+from specdecpp.objective import binary_kl
 from specdecpp.step_timing import torch_threads
 from specdecpp.threshold import choose_threshold, stored_step_times
-from specdecpp.train import binary_kl, check_data_fits_draft
 
 
 @dataclass

@@ -21,6 +21,15 @@ def vocab_size(model: PreTrainedModel) -> int:
     return output.weight.shape[0] if output is not None else model.config.vocab_size
 
 
+def check_data_fits_draft(records: list[dict], draft: PreTrainedModel) -> None:
+    """ValueError when the records hold token ids the draft has no embedding for (they were built
+    with another tokenizer)."""
+    top_id = max(max(r["prefix"] + r["tokens"] + r["draft"]) for r in records)
+    if top_id >= vocab_size(draft):
+        raise ValueError(f"the data holds token id {top_id} but the draft's vocabulary has {vocab_size(draft)} "
+                         "tokens: the data was built with another tokenizer")
+
+
 def check_same_vocab(target_vocab: int, draft_vocab: int) -> None:
     """Raise ValueError unless target and draft score vocabularies of the same size: speculative
     decoding compares their distributions token by token."""

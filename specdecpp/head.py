@@ -22,7 +22,6 @@ import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants
 from torch import nn
 
-from specdecpp.head_folder import LIBRARY_NAME, PAPER_URL, TAGS, record_card_facts, render_card, write_head_files
 
 
 ALIGNMENTS = ("proposer", "reader")
@@ -138,6 +137,12 @@ class ResBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.act(self.linear(x))
+
+
+# What the Hub shows for the class (the mixin's card data), and the card `head_folder` renders.
+LIBRARY_NAME = "specdecpp"
+TAGS = ["speculative-decoding", "specdecpp", "acceptance-prediction-head"]
+PAPER_URL = "https://arxiv.org/abs/2405.19715"
 
 
 class AcceptancePredictionHead(
@@ -295,10 +300,15 @@ class AcceptancePredictionHead(
         return model.eval()
 
     # -- custom_generate and the model card: a saved folder runs from transformers' generate ----------
+    # The folder's other files are `specdecpp.head_folder`'s, which renders the card with the cost
+    # model; it is imported where a folder is written, so that the module (what the engine loads)
+    # stands on neither.
     def save_pretrained(self, save_directory: str | Path, *, model_card_kwargs: dict | None = None, **kwargs):
         """The mixin's `save_pretrained` (and `push_to_hub`, which calls it); `model_card_kwargs`, the
         card's facts (`draft`, `target`, `training_data`, `eval_metrics`, see `head_folder`), are
         kept in the folder's `card.json`, so that the card renders from the folder alone, now and later."""
+        from specdecpp.head_folder import record_card_facts
+
         if model_card_kwargs:
             record_card_facts(save_directory, model_card_kwargs)
         return super().save_pretrained(save_directory, model_card_kwargs=model_card_kwargs, **kwargs)
@@ -307,10 +317,14 @@ class AcceptancePredictionHead(
         """Save the weights (the mixin's way) and `config.json` (now, so that the card renders from
         it; the mixin then keeps it), then `custom_generate/` and the model card rendered from the
         folder (`head_folder.write_head_files`), so `generate(custom_generate=FOLDER)` runs SpecDec++."""
+        from specdecpp.head_folder import write_head_files
+
         super()._save_pretrained(save_directory)
         (Path(save_directory) / constants.CONFIG_NAME).write_text(json.dumps(self.config, sort_keys=True, indent=2))
         write_head_files(save_directory)
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
         """The model card of this head's config with the facts `kwargs` (see `head_folder.render_card`)."""
+        from specdecpp.head_folder import render_card
+
         return ModelCard(render_card(self.config, kwargs))

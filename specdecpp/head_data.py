@@ -21,8 +21,8 @@ from transformers import PreTrainedModel
 from specdecpp.checks import check_head_fits_draft, hidden_size
 from specdecpp.head import AcceptancePredictionHead, logit_features
 from specdecpp.models import last_hidden_states, model_device, positions_from_mask
+from specdecpp.objective import IGNORE
 
-IGNORE = -100.0  # label of positions the loss skips (Trainer also pads predictions with -100)
 NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
 
 

@@ -27,6 +27,7 @@ import yaml
 from huggingface_hub import ModelCardData
 
 from specdecpp.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
+from specdecpp.head import LIBRARY_NAME, PAPER_URL, TAGS
 
 # `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
 # published head keeps working as specdecpp improves and the file stays a few lines.
@@ -47,9 +48,6 @@ REQUIREMENTS = "specdecpp\n"
 CUSTOM_GENERATE_FILES = {"custom_generate/generate.py": SHIM, "custom_generate/requirements.txt": REQUIREMENTS}
 
 CARD_FACTS = "card.json"
-LIBRARY_NAME = "specdecpp"
-TAGS = ["speculative-decoding", "specdecpp", "acceptance-prediction-head"]
-PAPER_URL = "https://arxiv.org/abs/2405.19715"
 # The tags `PyTorchModelHubMixin` adds to the cards it writes; ours carry them too.
 MIXIN_TAGS = ["model_hub_mixin", "pytorch_model_hub_mixin"]
 PLACEHOLDER_REPO = "this-repo-or-folder"

@@ -37,14 +37,15 @@ from torch import nn
 from tqdm import tqdm
 from transformers import HfArgumentParser, PreTrainedModel, Trainer, TrainingArguments, set_seed
 from transformers.trainer import SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalPrediction
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from specdecpp.checks import check_head_fits_draft, hidden_size, text_config, vocab_size
+from specdecpp.checks import check_data_fits_draft, check_head_fits_draft, hidden_size, text_config
 from specdecpp.cli import common_field, input_errors
 from specdecpp.data_io import read_records
 from specdecpp.head import ALIGNMENTS, FEATURES, AcceptancePredictionHead
-from specdecpp.head_data import IGNORE, examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
+from specdecpp.head_data import examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
 from specdecpp.models import PairArguments, load_head, load_model
+from specdecpp.objective import IGNORE, acceptance_loss, compute_metrics
 from specdecpp.publish import push_head
 
 
@@ -125,7 +126,7 @@ def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], exampl
                                  for r in range(state.num_processes)]).with_format("numpy")
 
 
-# -- model and loss ---------------------------------------------------------------------------------
+# -- model ------------------------------------------------------------------------------------------
 class HeadOnDraft(nn.Module):
     """What the Trainer trains: the head, on hidden states it is given (cached) or that the frozen
     draft computes from `input_ids`. Returns the head's logits over (reject, accept)."""
@@ -151,33 +152,6 @@ class HeadOnDraft(nn.Module):
                 hidden_states, features = head_inputs(self.draft, self.head.features, input_ids, attention_mask,
                                                       candidates)
         return self.head(hidden_states, features)
-
-
-def acceptance_loss(logits: torch.Tensor, labels: torch.Tensor, weight_mismatch: float) -> torch.Tensor:
-    """`sum[w (1-y) (-log(1-s)) + y (-log s)] / sum[w (1-y) + y]` over positions whose label is not
-    IGNORE, `s` the predicted accept probability, computed from log-softmax for stability."""
-    keep = labels != IGNORE
-    y = labels[keep].float()
-    log_probs = logits[keep].float().log_softmax(-1)  # [:, 0] = log(1 - s), [:, 1] = log s
-    weights = weight_mismatch * (1 - y)
-    return (weights * -log_probs[:, 0] + y * -log_probs[:, 1]).sum() / (weights + y).sum().clamp_min(1e-12)
-
-
-def binary_kl(labels: np.ndarray, predictions: np.ndarray, eps: float = 1e-7) -> float:
-    """Mean binary KL(label || prediction) over the positions whose label is not IGNORE."""
-    keep = labels != IGNORE
-    y, s = labels[keep].astype(np.float64), np.clip(predictions[keep].astype(np.float64), eps, 1 - eps)
-    kl = (np.where(y > 0, y * np.log(np.maximum(y, eps) / s), 0.0)
-          + np.where(y < 1, (1 - y) * np.log(np.maximum(1 - y, eps) / (1 - s)), 0.0))
-    return float(kl.mean())
-
-
-def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
-    """Trainer's eval metrics: binary KL and the mean predicted / labelled accept rates."""
-    labels, predictions = np.asarray(prediction.label_ids), np.asarray(prediction.predictions)
-    keep = labels != IGNORE
-    return {"binary_kl": binary_kl(labels, predictions), "mean_prediction": float(predictions[keep].mean()),
-            "mean_label": float(labels[keep].mean())}
 
 
 class HeadTrainer(Trainer):
@@ -241,14 +215,6 @@ class HeadTrainer(Trainer):
 
     def _hub_repo_id(self) -> str:
         return self.hub_model_id or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
-
-
-def check_data_fits_draft(records: list[dict], draft: PreTrainedModel) -> None:
-    """ValueError when the records hold token ids the draft has no embedding for."""
-    top_id = max(max(r["prefix"] + r["tokens"] + r["draft"]) for r in records)
-    if top_id >= vocab_size(draft):
-        raise ValueError(f"the data holds token id {top_id} but the draft's vocabulary has {vocab_size(draft)} "
-                         "tokens: the data was built with another tokenizer")
 
 
 def check_head_fits(saved: dict, config: dict, where: str) -> None:

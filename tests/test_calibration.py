@@ -13,7 +13,7 @@ from specdecpp import calibration
 from specdecpp.calibration import calibration_report, main, predict, soft_auroc, unweight
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.models import load_model
-from specdecpp.train import acceptance_loss
+from specdecpp.objective import acceptance_loss
 
 
 def test_ece_brier_auroc_by_hand():

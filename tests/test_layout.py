@@ -100,3 +100,49 @@ def test_the_graph_sees_absolute_relative_and_package_imports():
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The package's modules that importing `start` loads at module level: itself and every module
+    it imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        if (node := todo.pop()) not in seen:
+            seen.add(node)
+            todo += graph[node]
+    return seen
+
+
+def outside_imports(path: Path) -> set[str]:
+    """What `path` imports at module level from outside the package, as written: `import a.b` ->
+    `a.b`, `from a.b import c` -> `a.b` and `a.b.c` (so that a class such as `transformers.Trainer`
+    can be looked for by name)."""
+    found = set()
+    for node in _module_level(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.split(".")[0] != "specdecpp"}
+
+
+TRAINING = ("accelerate", "datasets", "transformers.Trainer", "transformers.TrainingArguments", "transformers.trainer")
+
+
+def test_the_head_stands_on_neither_its_card_nor_the_cost_model():
+    """The nn.Module the engine loads does not load the card renderer (`head_folder`) or the cost
+    model it prices with; saving a folder imports them when it is called."""
+    assert not reach(import_graph(), "specdecpp.head") & {"specdecpp.head_folder", "specdecpp.costs"}
+
+
+def test_the_loss_and_the_metric_load_no_training():
+    """`objective` (the loss, the binary KL) loads none of accelerate, datasets or the Trainer, and
+    what measures a head (calibration, the benchmarks) does not import `train`."""
+    graph = import_graph()
+    files = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    loaded = {name for module in reach(graph, "specdecpp.objective") for name in outside_imports(files[module])}
+    assert not {name for name in loaded if name.startswith(TRAINING)}, loaded
+    assert "specdecpp.train" not in reach(graph, "specdecpp.calibration")
+    for benchmark in sorted((PACKAGE.parent / "benchmarks").glob("*.py")):
+        uses = imports_of(benchmark.stem, False, benchmark.read_text(encoding="utf-8"), set(graph))
+        assert not any("specdecpp.train" in reach(graph, module) for module in uses), benchmark.name
