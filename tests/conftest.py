@@ -47,6 +47,29 @@ _unguarded_warn = warnings.warn
 warnings.warn = _guarded_warn
 
 
+# -- no test leaves torch's compiler configuration changed ----------------------------------------
+# torch._dynamo.config is process-wide: a test that leaves an entry changed changes every later compile,
+# and one that deletes an entry hides it, so every later compile fails ("... does not exist"). pytest >=
+# 9.2's monkeypatch.setattr undoes by deleting on torch's config modules; use torch's config.patch(...).
+@pytest.fixture(autouse=True)
+def _dynamo_config_left_as_found():
+    config = torch._dynamo.config
+    before = config.get_config_copy()
+    yield
+    after = config.get_config_copy()
+    changed = [name for name, value in before.items() if after[name] != value]
+    # A hidden entry still shows its default in the copy; only reading it, as torch does, fails.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # reading a deprecated entry warns
+        hidden = [name for name in before if not hasattr(config, name)]
+    if changed or hidden:
+        for name in changed + hidden:  # put it back, so that the tests after this one are not failed too
+            setattr(config, name, before[name])
+        left = [f"{name} changed" for name in changed] + [f"{name} hidden (deleted)" for name in hidden]
+        pytest.fail(f"the test left torch._dynamo.config with {', '.join(left)}: patch it with "
+                    f"torch._dynamo.config.patch(...), which puts it back as it was")
+
+
 def tiny_llama(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2, seed: int = 0,
                dtype: torch.dtype = torch.float64, initializer_range: float = 0.3) -> LlamaForCausalLM:
     """A tiny random Llama in eval mode. A wide initializer makes the logits peaked enough that

@@ -222,18 +222,19 @@ def test_a_model_class_built_after_compiling_recompiles_before_a_generation_not_
 
 
 @needs_static_crop
-def test_warming_up_again_compiles_new_graphs_within_the_recompile_budget(tiny_pair, monkeypatch):
+def test_warming_up_again_compiles_new_graphs_within_the_recompile_budget(tiny_pair):
     """Each re-warm-up (after a model class is built) compiles graphs of its own, so a long process
     that builds many model classes never exhausts a graph's recompile budget (here lowered to the
     two entries the verification's warm-up makes)."""
     target, draft = tiny_pair
     prompt = prompts(1, seed=3)[0]
     compiled_generate(target, draft, prompt, max_new_tokens=5)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
-    for n in range(3):
-        type(f"FreshLlamaForCausalLM{n}", (type(target),), {})(target.config)
-        out = compiled_generate(target, draft, prompt, max_new_tokens=6)
-        assert out.stats.compile_time > 0 and torch.equal(out.sequences, target_greedy(target, prompt, 6))
+    # torch's own patch: monkeypatch (pytest >= 9.2) undoes by delattr, which hides the entry for good
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for n in range(3):
+            type(f"FreshLlamaForCausalLM{n}", (type(target),), {})(target.config)
+            out = compiled_generate(target, draft, prompt, max_new_tokens=6)
+            assert out.stats.compile_time > 0 and torch.equal(out.sequences, target_greedy(target, prompt, 6))
 
 
 def test_a_transformers_without_static_crop_is_refused(tiny_pair, monkeypatch):
