@@ -36,6 +36,7 @@ from specdecpp.compat import CACHE_NAMES, cache_in
 from specdecpp.decoding import GenerationStats, decode
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead
+from specdecpp.online import RECALIBRATION_FILE, OnlineAcceptanceEstimator
 from specdecpp.processing import PROCESSOR_FIELDS, Processing
 
 
@@ -68,6 +69,8 @@ def hf_generate(
     stop_threshold: float | str | None = None,
     bound: tuple[int, int] | None = None,
     compile: bool = False,
+    online: bool = False,
+    estimator: OnlineAcceptanceEstimator | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """The SpecDec++ decoding loop in the shape `generate` calls a `custom_generate` callable:
@@ -76,6 +79,10 @@ def hf_generate(
     `speculative_generate` untouched; left out, they are the head's stored threshold (`"auto"`) and
     the bound it was chosen for, or `speculative_generate`'s defaults for a head that stores none.
     `schedule` defaults to `ada`; `compile=True` runs the compiled engine (`specdecpp.compiled`).
+    `online=True` recalibrates the head online (`ada`), and `estimator` is the state `online` or
+    that recalibration learns in, carried across calls when the caller passes the same one (see
+    `speculative_generate`); without one, a recalibration saved in the head folder `head` names
+    (`OnlineAcceptanceEstimator.save(head_dir)`, `saved_recalibration`) is where it starts.
     Length, EOS, sampling (temperature, top-k, top-p), `num_assistant_tokens` and
     `assistant_confidence_threshold` come from the generation config transformers prepared, and
     the logits processors and stopping criteria are the very ones it built (a repetition penalty,
@@ -88,6 +95,8 @@ def hf_generate(
     processing = Processing(logits_processor or LogitsProcessorList(), stopping_criteria or StoppingCriteriaList(),
                             bool(config.do_sample))
     if isinstance(head, (str, os.PathLike)):
+        if online and estimator is None:
+            estimator = saved_recalibration(head)
         head = AcceptancePredictionHead.from_pretrained(head)
     if head is not None and draft is not None:
         head = head.to(draft.device)
@@ -95,7 +104,7 @@ def hf_generate(
         raise ValueError("SpecDec++ needs the draft model: pass draft=... with custom_generate=hf_generate "
                          "(transformers does not hand assistant_model to a custom_generate callable), or "
                          "assistant_model=... with custom_generate=<head folder or Hub id>")
-    if stop_threshold is None and head is not None and head.stop_threshold is not None:
+    if stop_threshold is None and head is not None and head.stop_threshold is not None and schedule in (None, "ada"):
         # the head's publisher chose a threshold, for a bound: both are the defaults here
         stop_threshold = "auto"
         bound = bound if bound is not None else (head.threshold_selection or {}).get("bound")
@@ -106,7 +115,8 @@ def hf_generate(
         do_sample=bool(config.do_sample), temperature=1.0 if config.temperature is None else config.temperature,
         top_k=config.top_k or 0, top_p=1.0 if config.top_p is None else config.top_p,
         eos_token_id=[] if eos is None else eos, num_assistant_tokens=config.num_assistant_tokens,
-        assistant_confidence_threshold=config.assistant_confidence_threshold, compile=compile,
+        assistant_confidence_threshold=config.assistant_confidence_threshold, compile=compile, online=online,
+        estimator=estimator,
         **{name: value for name, value in knobs.items() if value is not None},
         # what a head's stored threshold is compared with; the processors themselves come built
         **{name: getattr(config, name) for name in PROCESSOR_FIELDS})
@@ -154,11 +164,21 @@ def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedMod
         stop = StopStringCriteria(tokenizer=kwargs.pop("tokenizer"), stop_strings=kwargs.pop("stop_strings"))
         kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), stop])
     if head is None or isinstance(head, (str, os.PathLike)):
-        head = AcceptancePredictionHead.from_pretrained(head or _custom_generate_location(), **hub_options)
+        location = head or _custom_generate_location()
+        if kwargs.get("online") and kwargs.get("estimator") is None:
+            kwargs["estimator"] = saved_recalibration(location)
+        head = AcceptancePredictionHead.from_pretrained(location, **hub_options)
     decode = functools.partial(hf_generate, draft=assistant_model, head=head, streamer=streamer)
     # GenerationMixin's own generate: `model.generate` may be this very function when the target was
     # loaded from a repo that carries custom_generate/ itself.
     return GenerationMixin.generate(model, custom_generate=decode, **kwargs)
+
+
+def saved_recalibration(location: str | os.PathLike) -> OnlineAcceptanceEstimator | None:
+    """The online recalibration saved in the local head folder `location` (`RECALIBRATION_FILE`,
+    written by `OnlineAcceptanceEstimator.save(head_dir)`), or None: a folder without one, or a Hub id."""
+    path = os.path.join(location, RECALIBRATION_FILE)
+    return OnlineAcceptanceEstimator.load(path) if os.path.isfile(path) else None
 
 
 def _custom_generate_location() -> str:

@@ -86,6 +86,9 @@ class OnlineAcceptanceEstimator:
     # The current window's IRLS statistics per position: [a_k, b_k, c_k, g0_k, g1_k, n_k] =
     # sums of w f^2, w f, w, (y - p) f, (y - p) and the count of labelled tokens.
     window: list[list[float]] = field(default_factory=list)
+    # When a list, every labelled observation is kept in it as (position, feature, label): the data
+    # an estimator saw, for `fit_offline`.
+    history: list[tuple[int, float, float]] | None = None
 
     def __post_init__(self):
         if self.num_positions < 1 or self.refit_interval < 1:
@@ -125,6 +128,8 @@ class OnlineAcceptanceEstimator:
 
     def _add(self, position: int, feature: float, prediction: float, label: float) -> None:
         """Fold one labelled token into the window (vLLM's `_accumulate_kernel`)."""
+        if self.history is not None:
+            self.history.append((position, feature, label))
         w, r = prediction * (1.0 - prediction), label - prediction
         for i, value in enumerate((w * feature * feature, w * feature, w, r * feature, r, 1.0)):
             self.window[position][i] += value

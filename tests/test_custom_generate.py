@@ -15,6 +15,7 @@ import specdecpp
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.custom_generate import SpeculativeGenerateOutput
 from specdecpp.head_folder import CUSTOM_GENERATE_FILES
+from specdecpp.online import OnlineAcceptanceEstimator
 from specdecpp.schedules import SCHEDULES
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
@@ -183,6 +184,30 @@ def test_callable_form_with_all_processing_equals_target_generate_for_every_sche
         out = target.generate(**inputs, custom_generate=specdecpp.hf_generate, draft=draft, head=HEAD_DIR,
                               schedule=schedule, max_new_tokens=30, do_sample=False, **settings)
         assert torch.equal(out, expected), (prompt, schedule)
+
+
+def test_online_recalibration_starts_from_the_state_saved_in_the_head_folder(zoo, tmp_path):
+    target, draft, tokenizer = zoo
+    head_dir = tmp_path / "head"
+    shutil.copytree(HEAD_DIR, head_dir)
+    # a saved correction that judges every token hopeless: every round stops after its first token
+    OnlineAcceptanceEstimator(20, slope=1.0, intercepts=[-30.0] * 20).save(head_dir)
+    inputs = tokenizer(PROMPTS[1], return_tensors="pt")
+    expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    runs = {online: target.generate(**inputs, assistant_model=draft, custom_generate=str(head_dir),
+                                    trust_remote_code=True, max_new_tokens=30, do_sample=False, bound=(1, 8),
+                                    online=online, return_dict_in_generate=True) for online in (False, True)}
+    for out in runs.values():
+        assert torch.equal(out.sequences, expected)
+    assert max(runs[True].stats.draft_lengths) == 1 < max(runs[False].stats.draft_lengths)
+    # the callable form: the estimator passed in is the one that learns, across calls
+    estimator = OnlineAcceptanceEstimator.recalibration(8)
+    for _ in range(2):
+        out = target.generate(**inputs, custom_generate=specdecpp.hf_generate, draft=draft, head=HEAD_DIR, online=True,
+                              estimator=estimator, bound=(1, 8), max_new_tokens=30, do_sample=False,
+                              return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+    assert estimator.steps == 2 * len(out.stats.draft_lengths)
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -76,6 +76,39 @@ def test_several_heads_thresholds_and_confidences_are_methods_of_their_own():
     assert specs[1].assistant_confidence_threshold == 0.2 and specs[3].stop_threshold == "auto"
 
 
+def test_online_and_recalibrated_ada_are_methods_of_their_own():
+    pair, grid, *_ = ev.parse_args(["--schedule", "ada", "online", "--stop_threshold", "auto", "--online",
+                                    "--online_threshold", "0.4", "0.6", "--baselines", "target", "--head", "heads/v2"])
+    specs = ev.method_specs(grid, pair.head)
+    assert [spec.name for spec in specs] == ["target", "specdecpp:ada@auto", "specdecpp:ada-online@auto",
+                                             "specdecpp:online@0.4", "specdecpp:online@0.6"]
+    assert [spec.online for spec in specs] == [False, False, True, False, False]
+    assert specs[3].stop_threshold == 0.4 and specs[3].schedule == "online"
+
+
+def test_online_methods_learn_over_the_evaluated_prompts_in_order(eval_dirs, tmp_path, monkeypatch):
+    """One estimator per method: it learns over every evaluated prompt, and what the warm-up taught
+    it is forgotten (`Method.restart`); the outputs still equal the target's."""
+    made = []
+
+    class Estimator(methods.OnlineAcceptanceEstimator):
+        def __post_init__(self):
+            super().__post_init__()
+            made.append(self)
+
+    monkeypatch.setattr(methods, "OnlineAcceptanceEstimator", Estimator)
+    args = make_args(eval_dirs, tmp_path, schedule=["ada", "online"], stop_threshold=[0.5], online=True,
+                     online_threshold=[0.4], baselines=["target"], n_end=3, bound=[1, 6])
+    document = args.evaluate()
+    assert document["greedy_check"].startswith("greedy check passed")
+    records = json.loads((Path(args.run.output) / "results_0to3.json").read_text())
+    for name in ("specdecpp:ada-online@0.5", "specdecpp:online@0.4"):
+        rounds = sum(r["num_LM_call"] for r in records if r["method"] == name)
+        learning = [estimator for estimator in made if estimator.steps == rounds]
+        assert len(learning) == 1 and learning[0].num_positions == 6, name
+    assert len(made) == 4  # each: one made with its method, one after the warm-up
+
+
 def test_target_alone_always_runs_and_none_means_baselines_only():
     pair, grid, *_ = ev.parse_args(["--schedule", "none", "--baselines", "draft"])
     assert [spec.name for spec in ev.method_specs(grid, pair.head)] == ["target", "draft"]

@@ -18,6 +18,7 @@ from specdecpp.decoding import decode
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.evaluation.settings import MethodGrid, Prompt, may_store_threshold
 from specdecpp.head import AcceptancePredictionHead
+from specdecpp.online import OnlineAcceptanceEstimator
 
 
 @dataclass
@@ -31,6 +32,7 @@ class MethodSpec:
     stop_threshold: float | str | None = None  # "auto" until the head is loaded (see `build_method`)
     head: str | None = None  # the ada head's folder or Hub id
     assistant_confidence_threshold: float | None = None
+    online: bool = False  # ada with online recalibration
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Method:
 
     spec: MethodSpec
     generate: Callable[[Prompt, int], Counts]  # (prompt, seed) -> counts
+    restart: Callable[[], None] = lambda: None  # forget what it learned (after the warm-up)
 
 
 def method_specs(grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
@@ -69,7 +72,8 @@ def method_specs(grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
 
 
 def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
-    """One spec per K (constant), per head and threshold (ada), or a single one."""
+    """One spec per K (constant), per head and threshold (ada; twice with `grid.online`, once
+    recalibrated online), per threshold (online), or a single one."""
     if schedule == "constant":
         return [MethodSpec(f"{engine}:constant@K={k}", engine, schedule, num_assistant_tokens=k)
                 for k in dict.fromkeys(grid.num_assistant_tokens)]
@@ -79,11 +83,15 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
     if schedule == "ada":
         heads = list(dict.fromkeys(heads))
         # "auto" runs with every head that stores a threshold (see `may_store_threshold`)
-        return [MethodSpec(f"{engine}:ada" + (f"[{head_label(head)}]" if len(heads) > 1 else "")
+        return [MethodSpec(f"{engine}:ada" + ("-online" if online else "")
+                           + (f"[{head_label(head)}]" if len(heads) > 1 else "")
                            + f"@{t if t == 'auto' else format(float(t), 'g')}", engine, schedule,
-                           stop_threshold=t if t == "auto" else float(t), head=head)
-                for head in heads for t in dict.fromkeys(grid.stop_threshold)
-                if t != "auto" or may_store_threshold(head)]
+                           stop_threshold=t if t == "auto" else float(t), head=head, online=online)
+                for online in (False, True)[:1 + grid.online] for head in heads
+                for t in dict.fromkeys(grid.stop_threshold) if t != "auto" or may_store_threshold(head)]
+    if schedule == "online":
+        return [MethodSpec(f"{engine}:online@{t:g}", engine, schedule, stop_threshold=t)
+                for t in dict.fromkeys(grid.online_threshold)]
     if schedule == "dynamic":
         confidences = list(dict.fromkeys(grid.assistant_confidence_threshold))
         if engine == "hf":  # it moves its threshold itself: one starting point is enough
@@ -114,16 +122,25 @@ def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
     knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
                                ("stop_threshold", spec.stop_threshold),
                                ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
-    return replace(decoding, schedule=spec.schedule, head=head, **knobs)
+    return replace(decoding, schedule=spec.schedule, head=head, online=spec.online, **knobs)
 
 
 def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,
                     head: AcceptancePredictionHead | None,
-                    decoding: DecodingSettings) -> Callable[[Prompt, int], Counts]:
+                    decoding: DecodingSettings) -> tuple[Callable[[Prompt, int], Counts], Callable[[], None]]:
     """Our engine with `spec`'s schedule; a model alone (`schedule="none"`) runs through the same
-    loop, its forward passes counted as target calls for the target and draft calls for the draft."""
+    loop, its forward passes counted as target calls for the target and draft calls for the draft.
+    Returns the generating function and a `restart` that makes the method forget what it learned:
+    `online` and `ada` recalibrated online keep one estimator over all the prompts they generate
+    for, in the order they are given (as a server would), from its cold start at `restart`."""
     settings = method_settings(spec, head, decoding)
     alone_is_draft = spec.engine is None and spec.name == "draft"
+
+    def restart() -> None:
+        if settings.schedule == "online":
+            settings.estimator = OnlineAcceptanceEstimator(settings.bound[1])
+        elif settings.online:
+            settings.estimator = OnlineAcceptanceEstimator.recalibration(settings.bound[1])
 
     def generate(prompt: Prompt, seed: int) -> Counts:
         device = target.get_input_embeddings().weight.device
@@ -138,5 +155,6 @@ def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrained
         return Counts(tokens, stats.target_calls, stats.draft_calls, stats.discarded_tokens,
                       list(stats.accepted_lengths), stats.compile_time)
 
-    return generate
+    restart()
+    return generate, restart
 

@@ -39,11 +39,11 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
         return Method(spec, hf_assisted_generate(spec, pair, decoding))
     if spec.engine is None:
         model = pair.target if spec.name == "target" else pair.draft
-        return Method(spec, engine_generate(spec, model, None, None, decoding))
+        return Method(spec, *engine_generate(spec, model, None, None, decoding))
     head = pair.heads.get(spec.head)
     if head is not None:
         spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold))
-    return Method(spec, engine_generate(spec, pair.target, pair.draft, head, decoding))
+    return Method(spec, *engine_generate(spec, pair.target, pair.draft, head, decoding))
 
 
 # -- the measurement loop -----------------------------------------------------------------------
@@ -51,15 +51,19 @@ def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int
     """Run each method once, untimed, so that first-call costs (allocation, lazy initialisation)
     stay out of the measurement: `tokens` tokens after the first prompt, or, when `compile`, all
     the tokens of the longest prompt (the compiled engine then compiles graphs for caches that
-    hold every prompt, here rather than in a timed run). Returns the seconds spent compiling."""
+    hold every prompt, here rather than in a timed run). The methods that learn online then
+    `restart`, so that they learn from the evaluated prompts alone. Returns the seconds spent compiling."""
+    seconds = 0.0
     if compile:
         longest = max(prompts, key=lambda prompt: len(prompt.ids) + prompt.max_new_tokens)
-        return sum(method.generate(longest, seed).compile_time for method in methods)
-    if tokens > 0:
+        seconds = sum(method.generate(longest, seed).compile_time for method in methods)
+    elif tokens > 0:
         short = Prompt(prompts[0].id, prompts[0].text, prompts[0].ids, min(tokens, prompts[0].max_new_tokens))
         for method in methods:
             method.generate(short, seed)
-    return 0.0
+    for method in methods:
+        method.restart()
+    return seconds
 
 
 def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions, probe: metrics.CostProbe,

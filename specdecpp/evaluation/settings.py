@@ -60,6 +60,13 @@ class MethodGrid:
     stop_threshold: list[str] = field(default_factory=lambda: ["0.3"], metadata={
         "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
                 "head that has one"})
+    online: bool = field(default=False, metadata={
+        "help": "ada also with online recalibration (one more method per head and threshold, 'ada-online'): "
+                "the head's logit corrected from the rounds' outcomes, one correction learning over the prompts "
+                "in order"})
+    online_threshold: list[float] = field(default_factory=lambda: [0.5], metadata={
+        "help": "the online schedule's stop thresholds (vLLM's estimator under ada's stop rule; one method per "
+                "value, each one estimator learning over the prompts in order)"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
         "choices": BASELINES, "help": "baselines run next to the schedules (the target alone always runs)"})
 
@@ -144,6 +151,8 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
     target_config = _model_config(pair.target)
     if draft_config is not None and target_config is not None:
         check_same_vocab(target_config.vocab_size, draft_config.vocab_size)
+    if grid.online and "ada" not in grid.schedule:
+        raise ValueError("--online recalibrates ada's head online: add ada to --schedule")
     if "ada" in grid.schedule:
         if not pair.head:
             raise ValueError("schedule 'ada' needs --head (a trained acceptance prediction head)")
@@ -167,13 +176,14 @@ def may_store_threshold(head_dir: str) -> bool:
 
 def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
     """Validate every decoding setting of the grid with `DecodingSettings.validate` (one per
-    schedule, K, threshold and confidence, every K also as constant's), naming the flags in its
-    messages."""
-    thresholds = [_as_threshold(t) for t in grid.stop_threshold]
+    schedule, K, threshold (`online`'s own) and confidence, every K also as constant's), naming the
+    flags in its messages."""
     for schedule in dict.fromkeys(["constant", *grid.schedule]):
+        thresholds = grid.online_threshold if schedule == "online" else [_as_threshold(t) for t in grid.stop_threshold]
         for k, t, c in itertools.product(grid.num_assistant_tokens, thresholds, grid.assistant_confidence_threshold):
             replace(decoding, schedule=schedule, stop_threshold=t, num_assistant_tokens=k,
-                    assistant_confidence_threshold=c).validate(_flag)
+                    assistant_confidence_threshold=c).validate(lambda name: _flag(
+                        "online_threshold" if schedule == "online" and name == "stop_threshold" else name))
     replace(decoding, schedule="dynamic", num_assistant_tokens=grid.dynamic_num_assistant_tokens).validate(
         lambda name: _flag("dynamic_" + name if name == "num_assistant_tokens" else name))
 
