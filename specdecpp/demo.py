@@ -1,10 +1,11 @@
 """`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command.
 
-Five methods on the same prompts, interleaved per prompt (see `specdecpp.evaluation`): the target
+Six methods on the same prompts, interleaved per prompt (see `specdecpp.evaluation`): the target
 alone, Hugging Face's own dynamic schedule (`generate(assistant_model=...)`), speculative decoding
 with the best constant K, our `dynamic` schedule (the draft's own confidence, the strongest rival
-that needs no training) at its best confidence threshold, and SpecDec++ (`ada`, our engine with the
-trained head). The best K, confidence (and ada threshold, when several are given) are chosen
+that needs no training) at its best confidence threshold, vLLM's online acceptance estimator
+(`online`, learning over the evaluated prompts in order) and SpecDec++ (`ada`, our engine with the
+trained head). The best K, confidence (and ada and online thresholds, when several are given) are chosen
 beforehand on separate tuning prompts, by the lowest flat cost per token (`specdecpp.costs`, in target
 verifications: `(target calls + c * draft calls) / token`, with the draft/target cost ratio `c` measured
 in the same run). The evaluated prompts play no part in
@@ -47,6 +48,8 @@ class DemoArguments:
     stop_threshold: list[str] = field(default_factory=lambda: ["auto"], metadata={
         "help": "ada thresholds to choose from; 'auto' (the default) is the one stored in the head, chosen from "
                 "the pair's costs when the head was calibrated"})
+    online_thresholds: list[float] = field(default_factory=lambda: [0.5], metadata={
+        "help": "stop thresholds of vLLM's online acceptance estimator (the online schedule) to choose from"})
     output: str = common_field("output", default="outputs/demo", help="folder for records, summary and figures")
     seed: int = common_field("seed", default=47, help="seeds each prompt's sampling")
     threads: int = field(default=1, metadata={
@@ -59,18 +62,18 @@ class DemoArguments:
 
 def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
     """The evaluation the demo runs on `pair` (one head): greedy, the target and Hugging Face's
-    dynamic schedule as baselines, our constant, dynamic and ada schedules over the demo's K
-    values, confidences and thresholds."""
+    dynamic schedule as baselines, our constant, dynamic, online and ada schedules over the demo's
+    K values, confidences and thresholds."""
     if demo.num_prompts < 1 or demo.tune_prompts < 0:
         raise ValueError(f"need --num_prompts >= 1 and --tune_prompts >= 0, got {demo.num_prompts} and "
                          f"{demo.tune_prompts}")
     if demo.tune_prompts == 0 and max(len(demo.constant_ks), len(demo.confidence_thresholds),
-                                      len(demo.stop_threshold)) > 1:
-        raise ValueError("choosing among several --constant_ks, --confidence_thresholds or --stop_threshold values "
-                         "needs --tune_prompts >= 1")
-    grid = MethodGrid(schedule=["constant", "dynamic", "ada"], num_assistant_tokens=demo.constant_ks,
+                                      len(demo.stop_threshold), len(demo.online_thresholds)) > 1:
+        raise ValueError("choosing among several --constant_ks, --confidence_thresholds, --stop_threshold or "
+                         "--online_thresholds values needs --tune_prompts >= 1")
+    grid = MethodGrid(schedule=["constant", "dynamic", "online", "ada"], num_assistant_tokens=demo.constant_ks,
                       assistant_confidence_threshold=demo.confidence_thresholds, stop_threshold=demo.stop_threshold,
-                      baselines=["target", "hf:dynamic"])
+                      online_threshold=demo.online_thresholds, baselines=["target", "hf:dynamic"])
     source = PromptSource(prompts=demo.prompts, n_end=demo.tune_prompts + demo.num_prompts)
     run = RunOptions(output=demo.output, seed=demo.seed, progress=demo.progress)
     pair.single_head()  # the demo compares one head with the baselines
@@ -98,7 +101,7 @@ def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec
 
 
 def run_demo(demo: DemoArguments, pair: HeadPairArguments | None = None) -> dict:
-    """Choose K, the confidence (and the threshold) on the tuning prompts, then evaluate the five
+    """Choose K, the confidence (and the thresholds) on the tuning prompts, then evaluate the six
     methods on the others with `pair` (default: the embedded pair); print and save the table.
     Returns the summary document (see `specdecpp.evaluation.report`)."""
     run = evaluation(demo, pair or HeadPairArguments())
@@ -109,7 +112,7 @@ def run_demo(demo: DemoArguments, pair: HeadPairArguments | None = None) -> dict
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
     best, tuning_summary, tuning_cost = choose(run, tuning)
     by_name = {spec.name: spec for spec in run.specs}
-    final = [by_name["target"], by_name["hf:dynamic"], best["constant"], best["dynamic"], best["ada"]]
+    final = [by_name["target"], by_name["hf:dynamic"], best["constant"], best["dynamic"], best["online"], best["ada"]]
     records, cost = run.measure(final, evaluated, save=True)
     how = how_chosen(best, tuning, evaluated, demo, tuning_cost)
     print(how)
@@ -123,30 +126,35 @@ def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: lis
     """One paragraph saying which K, confidence and threshold were picked, and how; `tuning_cost` is
     the cost measurement on the tuning prompts (None when there was nothing to choose)."""
     picked = (f"constant K = {best['constant'].num_assistant_tokens}, dynamic confidence = "
-              f"{best['dynamic'].assistant_confidence_threshold:g}, ada threshold = {best['ada'].name.split('@')[-1]}")
+              f"{best['dynamic'].assistant_confidence_threshold:g}, online threshold = "
+              f"{best['online'].stop_threshold:g}, ada threshold = {best['ada'].name.split('@')[-1]}")
     if not tuning or tuning_cost is None:
         return f"{picked} (given)."
-    return (f"{picked} (of K {demo.constant_ks}, confidences {demo.confidence_thresholds} and thresholds "
-            f"{demo.stop_threshold}) were chosen by the lowest {FLAT_COST}, "
+    return (f"{picked} (of K {demo.constant_ks}, confidences {demo.confidence_thresholds}, online thresholds "
+            f"{demo.online_thresholds} and ada thresholds {demo.stop_threshold}) were chosen by the lowest {FLAT_COST}, "
             f"(target calls + c * draft calls) / token, on {len(tuning)} tuning prompts "
             f"({demo.prompts} {tuning[0].id}-{tuning[-1].id}; c = {tuning_cost['cost_ratio']:.3f} measured there) "
             f"that are not among the {len(evaluated)} evaluated ({evaluated[0].id}-{evaluated[-1].id}).")
 
 
 def headline(summary: list[dict]) -> str:
-    """SpecDec++ against the best constant K, our dynamic schedule and Hugging Face's: flat cost
-    per token first (`costs.FLAT_COST`; it does not drift with the machine), then the measured speedup."""
+    """SpecDec++ against the best constant K, our dynamic schedule, vLLM's online estimator and
+    Hugging Face's dynamic: flat cost per token first (`costs.FLAT_COST`; it does not drift with the
+    machine), then the measured speedup."""
     rows = {row["schedule"] if row["engine"] == "specdecpp" else row["method"]: row for row in summary}
-    ada, constant, dynamic, hf = rows["ada"], rows["constant"], rows["dynamic"], rows["hf:dynamic"]
+    ada, constant, dynamic, online, hf = (rows[name] for name in ("ada", "constant", "dynamic", "online",
+                                                                   "hf:dynamic"))
 
     def change(row: dict) -> str:
         return f"{100 * (ada['cost_per_token'] / row['cost_per_token'] - 1):+.1f}%"
 
     return (f"SpecDec++ ({ada['method']}): {FLAT_COST} {ada['cost_per_token']:.3f}, {change(constant)} against the "
             f"best constant K ({constant['cost_per_token']:.3f}), {change(dynamic)} against our dynamic at its best "
-            f"confidence ({dynamic['cost_per_token']:.3f}), Hugging Face dynamic {hf['cost_per_token']:.3f}; "
+            f"confidence ({dynamic['cost_per_token']:.3f}), {change(online)} against vLLM's online estimator "
+            f"({online['method']}, {online['cost_per_token']:.3f}), Hugging Face dynamic {hf['cost_per_token']:.3f}; "
             f"speedup over the target alone {ada['speedup']:.2f}x against {constant['speedup']:.2f}x, "
-            f"{dynamic['speedup']:.2f}x and {hf['speedup']:.2f}x (medians over prompts of paired times, this run).")
+            f"{dynamic['speedup']:.2f}x, {online['speedup']:.2f}x and {hf['speedup']:.2f}x (medians over prompts of "
+            "paired times, this run).")
 
 
 FLAGS = (HeadPairArguments, DemoArguments)  # the command's flags, in --help's order

@@ -1,4 +1,4 @@
-"""The demo: K, confidence and threshold chosen on tuning prompts only, then five methods on the others."""
+"""The demo: K, confidence and thresholds chosen on tuning prompts only, then six methods on the others."""
 from __future__ import annotations
 
 import json
@@ -31,28 +31,31 @@ def flags(dirs, *extra: str) -> list[str]:
             "--no_progress", "--threads", "0", *extra]  # 0: leave the test session's threads alone
 
 
-def test_demo_tunes_on_other_prompts_then_prints_five_methods(demo_dirs, capsys):
+def test_demo_tunes_on_other_prompts_then_prints_six_methods(demo_dirs, capsys):
     demo.main(flags(demo_dirs, "--num_prompts", "2", "--tune_prompts", "2", "--constant_ks", "1", "3",
-                    "--confidence_thresholds", "0.4", "0.6", "--stop_threshold", "0.2", "0.9"))
+                    "--confidence_thresholds", "0.4", "0.6", "--stop_threshold", "0.2", "0.9",
+                    "--online_thresholds", "0.3", "0.7"))
     out = capsys.readouterr().out
     summary = json.loads((demo_dirs["out"] / "summary.json").read_text())
     methods = [row["method"] for row in summary["summary"]]
     assert methods[:2] == ["target", "hf:dynamic"]
     assert methods[2].startswith("specdecpp:constant@K=") and methods[3].startswith("specdecpp:dynamic@")
-    assert methods[4].startswith("specdecpp:ada@")
+    assert methods[4].startswith("specdecpp:online@") and methods[5].startswith("specdecpp:ada@")
     tuning = summary["tuning_summary"]
     assert [row["method"] for row in tuning] == ["target", "specdecpp:constant@K=1", "specdecpp:constant@K=3",
                                                  "specdecpp:dynamic@0.4", "specdecpp:dynamic@0.6",
+                                                 "specdecpp:online@0.3", "specdecpp:online@0.7",
                                                  "specdecpp:ada@0.2", "specdecpp:ada@0.9"]
-    for schedule, chosen in (("constant", methods[2]), ("dynamic", methods[3]), ("ada", methods[4])):
+    for schedule, chosen in (("constant", methods[2]), ("dynamic", methods[3]), ("online", methods[4]),
+                             ("ada", methods[5])):
         rows = [row for row in tuning if row["schedule"] == schedule]
         assert chosen == min(rows, key=lambda row: row["cost_per_token"])["method"]
     records = json.loads((demo_dirs["out"] / "results_2to4.json").read_text())
     assert sorted({r["id"] for r in records}) == [2, 3]  # the tuning prompts 0 and 1 are not scored
     assert f"chosen by the lowest {FLAT_COST}" in summary["chosen"] and "0-1" in summary["chosen"]
     assert summary["greedy_check"].startswith("greedy check passed")
-    for line in (summary["table"], summary["chosen"], summary["greedy_check"], f"SpecDec++ ({methods[4]}): {FLAT_COST} ",
-                 "against our dynamic at its best confidence"):
+    for line in (summary["table"], summary["chosen"], summary["greedy_check"], f"SpecDec++ ({methods[5]}): {FLAT_COST} ",
+                 "against our dynamic at its best confidence", f"against vLLM's online estimator ({methods[4]}, "):
         assert line in out
 
 
@@ -60,7 +63,7 @@ def test_the_stored_threshold_needs_no_tuning(demo_dirs):
     demo.main(flags(demo_dirs, "--num_prompts", "2", "--tune_prompts", "1", "--constant_ks", "2",
                     "--confidence_thresholds", "0.4"))
     summary = json.loads((demo_dirs["out"] / "summary.json").read_text())
-    ada = summary["summary"][4]
+    ada = summary["summary"][5]
     assert ada["method"] == "specdecpp:ada@auto" and ada["stop_threshold"] == 0.5
     assert summary["tuning_summary"] == [] and "ada threshold = auto" in summary["chosen"]
 
