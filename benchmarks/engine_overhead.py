@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from harness import DRAFT, TARGET, load_pair
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdecpp import speculative_generate
-
-ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
 class ForwardTimer:
@@ -50,8 +48,8 @@ def random_llama(num_layers: int, hidden_size: int, vocab_size: int, seed: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=str(ZOO / "target"))
-    parser.add_argument("--draft", default=str(ZOO / "draft"))
+    parser.add_argument("--target", default=TARGET)
+    parser.add_argument("--draft", default=DRAFT)
     parser.add_argument("--random", action="store_true", help="random 8x256 target / 1x256 draft instead of the zoo")
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--prompt_length", type=int, default=64)
@@ -65,8 +63,7 @@ def main() -> None:
     if args.random:
         target, draft = random_llama(8, 256, 4096, seed=0), random_llama(1, 256, 4096, seed=1)
     else:
-        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
+        target, draft, _ = load_pair(args.target, args.draft)
     vocab = target.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, vocab, (1, args.prompt_length), generator=generator) for _ in range(args.prompts + 1)]

@@ -17,18 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
+from harness import DRAFT, HEAD, load_pair
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import PolynomialFeatures
-from transformers import AutoModelForCausalLM
 
 from specdecpp.costs import MEASURED_COST, StepTimes
 from specdecpp.data_io import read_records
 from specdecpp.head_data import record_features
 from specdecpp.threshold import ada_length, dynamic_length, replay
-
-ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
 def main() -> None:
@@ -37,7 +34,7 @@ def main() -> None:
     parser.add_argument("--dev", default="data/generated/stdlib-train-dev.jsonl")
     parser.add_argument("--judge_ms", type=float, default=0.02)
     args = parser.parse_args()
-    draft = AutoModelForCausalLM.from_pretrained(ZOO / "draft", dtype=torch.float32).eval()
+    _, draft, _ = load_pair(None, DRAFT)
     train, dev = read_records(args.train), read_records(args.dev)
     poly = PolynomialFeatures(3)
     train_x = np.concatenate(record_features(draft, train, ["log_q", "entropy"]))
@@ -47,7 +44,7 @@ def main() -> None:
     accept = [np.asarray(r["p_acc"], dtype=np.float64) for r in dev]
     print(f"features-only AUROC on dev: {roc_auc_score(np.concatenate(accept) > 0.5, np.concatenate(predictions)):.3f}")
 
-    selection = json.loads((ZOO / "head" / "config.json").read_text())["threshold_selection"]
+    selection = json.loads((Path(HEAD) / "config.json").read_text())["threshold_selection"]
     plain = StepTimes(**selection["step_times"])
     unit = plain.target_alone_ms
     cheap = replace(plain, judge_ms=args.judge_ms)

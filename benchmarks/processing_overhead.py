@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 
 import torch
 
+from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, ms_per_token, rotated, summed, warm_up
+
 from specdecpp import speculative_generate
 from specdecpp.decoding import GenerationStats
-from specdecpp.models import load_head, load_model, load_tokenizer
-from specdecpp.prompts import load_prompts, tokenize_prompt
 
-ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 SCHEDULES = ("none", "constant", "dynamic", "ada")
 
 
@@ -40,19 +38,14 @@ def run_stats(target, draft, head, prompt: torch.Tensor, schedule: str, max_new_
                                 repetition_penalty=repetition_penalty, compile=compile, **knobs).stats
 
 
-def per_token_ms(stats: GenerationStats) -> float:
-    """A generation's wall time per generated token, in ms."""
-    return 1000 * stats.wall_time / max(stats.generated_length, 1)
-
-
 def step_figures(runs: list[GenerationStats]) -> dict[str, float]:
     """Over a method's generations: target and draft calls per token, and ms per verification and
     per draft step (its stop decision included), each total over total."""
-    tokens = max(sum(s.generated_length for s in runs), 1)
-    target_calls, draft_calls = sum(s.target_calls for s in runs), sum(s.draft_calls for s in runs)
-    return {"target_calls": target_calls / tokens, "draft_calls": draft_calls / tokens,
-            "verify_ms": 1000 * sum(s.verify_time for s in runs) / max(target_calls, 1),
-            "draft_ms": 1000 * sum(s.draft_time + s.schedule_time for s in runs) / max(draft_calls, 1)}
+    total = summed(runs)
+    tokens = max(total["generated_length"], 1)
+    return {"target_calls": total["target_calls"] / tokens, "draft_calls": total["draft_calls"] / tokens,
+            "verify_ms": 1000 * total["verify_time"] / max(total["target_calls"], 1),
+            "draft_ms": 1000 * (total["draft_time"] + total["schedule_time"]) / max(total["draft_calls"], 1)}
 
 
 def table(runs: dict[tuple[str, float | None], list[GenerationStats]], penalty: float) -> str:
@@ -63,20 +56,20 @@ def table(runs: dict[tuple[str, float | None], list[GenerationStats]], penalty: 
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for schedule in SCHEDULES:
         plain, penalized = runs[schedule, None], runs[schedule, penalty]
-        ratio = statistics.median(per_token_ms(p) / per_token_ms(n) for p, n in zip(penalized, plain))
+        ratio = statistics.median(ms_per_token(p) / ms_per_token(n) for p, n in zip(penalized, plain))
         before, after = step_figures(plain), step_figures(penalized)
         figures = [f"{before[key]:.3f} → {after[key]:.3f}" if before[key] else "-"
                    for key in ("target_calls", "draft_calls", "verify_ms", "draft_ms")]
-        rows.append(f"| {schedule} | {statistics.median(map(per_token_ms, plain)):.2f} | "
-                    f"{statistics.median(map(per_token_ms, penalized)):.2f} | {ratio:.3f} | " + " | ".join(figures) + " |")
+        rows.append(f"| {schedule} | {statistics.median(map(ms_per_token, plain)):.2f} | "
+                    f"{statistics.median(map(ms_per_token, penalized)):.2f} | {ratio:.3f} | " + " | ".join(figures) + " |")
     return "\n".join(rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=str(ZOO / "target"))
-    parser.add_argument("--draft", default=str(ZOO / "draft"))
-    parser.add_argument("--head", default=str(ZOO / "head"))
+    parser.add_argument("--target", default=TARGET)
+    parser.add_argument("--draft", default=DRAFT)
+    parser.add_argument("--head", default=HEAD)
     parser.add_argument("--prompts", default="stdlib-heldout")
     parser.add_argument("--n_begin", type=int, default=0)
     parser.add_argument("--n_end", type=int, default=12)
@@ -87,20 +80,19 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    target, draft = load_model(args.target), load_model(args.draft)
-    head = load_head(args.head)
-    tokenizer = load_tokenizer(args.target)
-    prompts = [torch.tensor([tokenize_prompt(text, tokenizer, "auto")[1]])
-               for text in load_prompts(args.prompts, None, args.n_begin, args.n_end)]
+    target, draft, head = load_pair(args.target, args.draft, args.head)
+    prompts = load_prompt_ids(args.prompts, args.target, args.n_begin, args.n_end)
     methods = [(schedule, penalty) for schedule in SCHEDULES for penalty in (None, args.repetition_penalty)]
     runs = {method: [] for method in methods}
+
+    def run(method: tuple[str, float | None], prompt: torch.Tensor, max_new_tokens: int) -> GenerationStats:
+        return run_stats(target, draft, head, prompt, method[0], max_new_tokens, method[1], args.compile)
+
     with torch.inference_mode():
-        for schedule, penalty in methods:  # warm-up, untimed
-            run_stats(target, draft, head, prompts[0], schedule, min(args.max_new_tokens, 8), penalty, args.compile)
+        warm_up(run, methods, prompts, args.max_new_tokens, compile=args.compile)
         for n, prompt in enumerate(prompts):
-            for schedule, penalty in methods[n % len(methods):] + methods[:n % len(methods)]:
-                runs[schedule, penalty].append(run_stats(target, draft, head, prompt, schedule, args.max_new_tokens,
-                                                         penalty, args.compile))
+            for method in rotated(methods, n):
+                runs[method].append(run(method, prompt, args.max_new_tokens))
     print(f"{len(prompts)} prompts ({args.prompts} {args.n_begin}-{args.n_end}), {args.max_new_tokens} new tokens, "
           f"{torch.get_num_threads()} thread(s), {'compiled' if args.compile else 'eager'} engine\n")
     print(table(runs, args.repetition_penalty))

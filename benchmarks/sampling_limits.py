@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
+from harness import DRAFT, load_pair
 
 from specdecpp.calibration import calibration_report
 from specdecpp.costs import StepTimes
@@ -42,7 +42,6 @@ from specdecpp.objective import acceptance_loss
 from specdecpp.threshold import (CONFIDENCES, THRESHOLDS, ada_length, constant_length, dynamic_length,
                                  replay)
 
-ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 DEPLOYABLE = ["log_q", "entropy", "margin", "log_rank"]
 INPUT_SETS = {  # name -> (draft features, reads the target's entropy)
     "log q, entropy": (["log_q", "entropy"], False),
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", required=True, help="sampled training records (JSON Lines)")
     parser.add_argument("--dev", required=True, help="sampled dev records (JSON Lines)")
-    parser.add_argument("--draft", default=str(ZOO / "draft"))
+    parser.add_argument("--draft", default=DRAFT)
     parser.add_argument("--heads", nargs="*", default=[], help="trained proposer heads to replay beside")
     parser.add_argument("--n_train", type=int, default=None, help="fit on the first N training records")
     parser.add_argument("--cost_ratio", type=float, default=0.2, help="c: a draft step over a verification")
@@ -172,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", default=None, help="folder for limits.md and limits.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
+    _, draft, _ = load_pair(None, args.draft)
     train, dev = read_records(args.train)[:args.n_train], read_records(args.dev)
     if any("target_entropy" not in r for r in train + dev):
         raise ValueError("the records lack target_entropy (built before it was recorded): rebuild them")

@@ -4,7 +4,7 @@ predict, for every schedule on one prompt set.
 The step times come from `specdecpp.step_timing.measure_costs` (the loop's own steps, timed in rounds as
 the loop takes them, without and with the head's judgement) on the context a generation sees
 halfway: the prompt nearest the mean length and the first half of the target's continuation. Then every method decodes every prompt,
-methods interleaved prompt by prompt, the first prompt a warm-up. For each method it prints:
+methods interleaved prompt by prompt (the first one rotating), the first prompt a warm-up. For each method it prints:
 measured ms/token (total time over total tokens), predicted ms/token (each round priced at its
 length, each judgement, the round overhead, and each prompt's prefill timed on its own), their
 ratio, and the counts behind the prediction. Greedy, no EOS (every method generates the same
@@ -25,14 +25,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, per_token, rotated, summed, warm_up
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.costs import judged_tokens, loop_overhead_ms
-from specdecpp.prompts import load_prompts
+from specdecpp.decoding import GenerationStats
 from specdecpp.step_timing import StepProbe, measure_round_overhead, prefill_extra_ms
-
-ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
 def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: list[str]) -> dict[str, dict]:
@@ -51,9 +49,9 @@ def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=str(ZOO / "target"))
-    parser.add_argument("--draft", default=str(ZOO / "draft"))
-    parser.add_argument("--head", default=str(ZOO / "head"))
+    parser.add_argument("--target", default=TARGET)
+    parser.add_argument("--draft", default=DRAFT)
+    parser.add_argument("--head", default=HEAD)
     parser.add_argument("--data_path", default="stdlib-heldout", help="a prompt set, file or Hub dataset")
     parser.add_argument("--n_begin", type=int, default=0)
     parser.add_argument("--n_end", type=int, default=13)
@@ -67,12 +65,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
-    head = AcceptancePredictionHead.from_pretrained(args.head)
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    texts = load_prompts(args.data_path, None, args.n_begin, args.n_end)
-    prompts = [torch.tensor([tokenizer(text)["input_ids"]]) for text in texts]
+    target, draft, head = load_pair(args.target, args.draft, args.head)
+    prompts = load_prompt_ids(args.data_path, args.target, args.n_begin, args.n_end)
     stored_bound = (head.threshold_selection or {}).get("bound")
     bound = tuple(args.bound or stored_bound or (2, 20))
     table = methods(head, bound, args.stop_threshold)
@@ -83,24 +77,27 @@ def main() -> None:
                                    eos_token_id=[]).sequences
     engines = list(dict.fromkeys(args.engine))
     compiled = {engine: engine == "compiled" for engine in engines}
+    grid = [(engine, name) for name in table for engine in engines]
+
+    def run(method: tuple[str, str], prompt: torch.Tensor, max_new_tokens: int) -> GenerationStats:
+        engine, name = method
+        settings = table[name]
+        return speculative_generate(target, None if settings["schedule"] == "none" else draft, prompt,
+                                    max_new_tokens=max_new_tokens, eos_token_id=[], compile=compiled[engine],
+                                    **settings).stats
+
     # Compiled graphs (and caches that hold the longest prompt) are built before anything is timed.
-    longest = max(prompts, key=lambda p: p.shape[1])
-    compile_seconds = sum(speculative_generate(target, None if s["schedule"] == "none" else draft, longest,
-                                               max_new_tokens=args.max_new_tokens, eos_token_id=[], compile=True,
-                                               **s).stats.compile_time
-                          for s in table.values()) if "compiled" in engines else 0.0
+    compile_seconds = warm_up(run, [m for m in grid if compiled[m[0]]], prompts, args.max_new_tokens, compile=True) \
+        if "compiled" in engines else 0.0
     probes = {(engine, kind): StepProbe(target, draft, context, bound[1], head=head if kind == "ada" else None,
                                         compile=compiled[engine])
               for engine in engines for kind in ("plain", "ada")}
     runs, overheads = [], {engine: [] for engine in engines}
     for i, prompt in enumerate(prompts):
-        for name, settings in table.items():
-            for engine in engines:
-                out = speculative_generate(target, None if settings["schedule"] == "none" else draft, prompt,
-                                           max_new_tokens=args.max_new_tokens, eos_token_id=[],
-                                           compile=compiled[engine], **settings)
-                if i > 0:  # the first prompt is a warm-up
-                    runs.append((engine, name, prompt, out.stats))
+        for engine, name in rotated(grid, i):
+            stats = run((engine, name), prompt, args.max_new_tokens)
+            if i > 0:  # the first prompt is a warm-up
+                runs.append((engine, name, prompt, stats))
         # Step times sampled between prompts, so that machine load hits them as it hits the methods.
         for probe in probes.values():
             probe.sample()
@@ -118,28 +115,24 @@ def main() -> None:
                   + f"\n  verify k=0..{len(step_times.verify_ms) - 1}: "
                   + " ".join(f"{v:.2f}" for v in step_times.verify_ms))
 
-    totals = {(engine, name): {"measured_ms": 0.0, "predicted_ms": 0.0, "tokens": 0, "target_calls": 0,
-                               "draft_calls": 0, "judged": 0, "schedule_ms": 0.0, "own_ms": 0.0}
-              for engine in engines for name in table}
+    # Counts and wall times pooled per method (`harness.summed`), beside what the step times predict.
+    measured = {method: [] for method in grid}
+    predicted, judged, own_ms = dict.fromkeys(grid, 0.0), dict.fromkeys(grid, 0), dict.fromkeys(grid, 0.0)
     prefills = {}
     for engine, name, prompt, stats in runs:
-        settings, total = table[name], totals[engine, name]
-        alone, is_ada = settings["schedule"] == "none", settings["schedule"] == "ada"
+        alone, is_ada = table[name]["schedule"] == "none", table[name]["schedule"] == "ada"
         plain, judged_times = times[engine]
         key = (engine, id(prompt), alone)
         if key not in prefills:
             prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain, compile=compiled[engine])
         step_times = judged_times if is_ada else plain
-        judged = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
-        total["measured_ms"] += 1000 * stats.wall_time
-        total["predicted_ms"] += step_times.predicted_ms(stats.draft_lengths, judged, with_draft=not alone) \
+        count = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
+        predicted[engine, name] += step_times.predicted_ms(stats.draft_lengths, count, with_draft=not alone) \
             + prefills[key]
-        total["tokens"] += stats.generated_length
-        total["target_calls"] += stats.target_calls
-        total["draft_calls"] += stats.draft_calls
-        total["judged"] += judged
-        total["schedule_ms"] += 1000 * stats.schedule_time
-        total["own_ms"] += loop_overhead_ms(stats) * stats.target_calls
+        judged[engine, name] += count
+        own_ms[engine, name] += loop_overhead_ms(stats) * stats.target_calls
+        measured[engine, name].append(stats)
+    totals = {method: summed(runs_of) for method, runs_of in measured.items()}
 
     print(f"\n{len(prompts) - 1} prompts of {args.data_path} (after one warm-up), {args.max_new_tokens} new tokens, "
           f"greedy; ada bound {bound}; compiling took {compile_seconds:.1f} s (not timed)")
@@ -147,20 +140,20 @@ def main() -> None:
           "| target calls/tok | draft calls/tok | stop decision ms/draft step | loop's own ms/round |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = []
-    for (engine, name), total in totals.items():
-        tokens = total["tokens"]
-        alone = totals[engine, "target alone"]
-        row = {"engine": engine, "method": name, "measured_ms_per_token": total["measured_ms"] / tokens,
-               "predicted_ms_per_token": total["predicted_ms"] / tokens,
-               "target_calls_per_token": total["target_calls"] / tokens,
-               "draft_calls_per_token": total["draft_calls"] / tokens, "judged_per_token": total["judged"] / tokens,
-               "stop_decision_ms_per_draft_step": total["schedule_ms"] / total["draft_calls"] if total["draft_calls"]
-               else None,
-               "loop_ms_per_round": total["own_ms"] / total["target_calls"]}
+    for engine, name in sorted(grid, key=lambda method: engines.index(method[0])):
+        total = totals[engine, name]
+        tokens, ms_per_token = total["generated_length"], 1000 * per_token(total, "wall_time")
+        row = {"engine": engine, "method": name, "measured_ms_per_token": ms_per_token,
+               "predicted_ms_per_token": predicted[engine, name] / tokens,
+               "target_calls_per_token": per_token(total, "target_calls"),
+               "draft_calls_per_token": per_token(total, "draft_calls"), "judged_per_token": judged[engine, name] / tokens,
+               "stop_decision_ms_per_draft_step": 1000 * total["schedule_time"] / total["draft_calls"]
+               if total["draft_calls"] else None,
+               "loop_ms_per_round": own_ms[engine, name] / total["target_calls"]}
         row["ratio"] = row["measured_ms_per_token"] / row["predicted_ms_per_token"]
-        row["speedup"] = alone["measured_ms"] / alone["tokens"] / row["measured_ms_per_token"]
+        row["speedup"] = 1000 * per_token(totals[engine, "target alone"], "wall_time") / ms_per_token
         eager = totals.get(("eager", name))
-        row["eager_over_this"] = eager["measured_ms"] / eager["tokens"] / row["measured_ms_per_token"] if eager else None
+        row["eager_over_this"] = 1000 * per_token(eager, "wall_time") / ms_per_token if eager else None
         rows.append(row)
         decision = "-" if row["stop_decision_ms_per_draft_step"] is None else f"{row['stop_decision_ms_per_draft_step']:.3f}"
         gain = "-" if row["eager_over_this"] is None else f"{row['eager_over_this']:.2f}x"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdecpp import compiled
 
@@ -14,6 +16,9 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def load_benchmark(name: str):
+    """The script `benchmarks/<name>.py` as a module, its sibling `harness` importable as when it runs."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -73,3 +78,37 @@ def test_results_tables_pool_seeds_by_summing_counts():
     other["summary"][0]["method"] = "target"
     with pytest.raises(ValueError, match="same methods"):
         tables.pooled([run(0, 100, 50, 100, 1.0), other])
+
+
+def test_the_harness_interleaves_warms_up_and_pools_as_the_evaluation_does(tmp_path, pair_dirs):
+    from conftest import tiny_tokenizer, write_prompts
+
+    from specdecpp.decoding import GenerationStats
+    harness = load_benchmark("harness")
+    methods = ["a", "b", "c"]
+    assert [harness.rotated(methods, n) for n in (0, 1, 4)] == [["a", "b", "c"], ["b", "c", "a"], ["b", "c", "a"]]
+
+    calls = []
+
+    def run(method, prompt, max_new_tokens):
+        calls.append((method, prompt.shape[1], max_new_tokens))
+        return GenerationStats(compile_time=0.5)
+
+    prompts = [torch.ones(1, length, dtype=torch.long) for length in (3, 7, 5)]
+    assert harness.warm_up(run, methods, prompts, 64) == 0.0 and calls == [(m, 3, 8) for m in methods]
+    calls.clear()
+    assert harness.warm_up(run, methods, prompts, 64, compile=True) == 1.5 and calls == [(m, 7, 64) for m in methods]
+
+    runs = [GenerationStats(target_calls=3, generated_length=10, wall_time=0.1, draft_lengths=[2]),
+            GenerationStats(target_calls=1, generated_length=30, wall_time=0.5)]
+    totals = harness.summed(runs)
+    assert totals["target_calls"] == 4 and totals["generated_length"] == 40 and "draft_lengths" not in totals
+    assert harness.per_token(totals, "target_calls") == pytest.approx(0.1)  # total over total, not a mean of ratios
+    assert harness.ms_per_token(runs[0]) == pytest.approx(10.0)
+
+    target, draft, head = harness.load_pair(*pair_dirs)
+    assert head is None and target.dtype == draft.dtype == torch.float32
+    source = write_prompts(tmp_path / "prompts.jsonl", 3)
+    texts = [json.loads(line)["prompt"] for line in open(source, encoding="utf-8")]
+    ids = harness.load_prompt_ids(source, pair_dirs[0], n_begin=1)
+    assert [t.tolist() for t in ids] == [[tiny_tokenizer()(text)["input_ids"]] for text in texts[1:]]  # BOS, raw

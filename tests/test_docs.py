@@ -193,16 +193,17 @@ def help_flags(script: str) -> frozenset[str]:
     """The flags `script --help` lists (a command module's `main` or a benchmark file, run in this
     process)."""
     argv = ["build", "--help"] if script == "specdecpp.zoo" else ["--help"]  # zoo's flags are its build's
-    shown, saved_argv = io.StringIO(), sys.argv
+    shown, saved_argv, saved_path = io.StringIO(), sys.argv, sys.path
     try:
         with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
             if script.endswith(".py"):
-                sys.argv = [str(ROOT / script), *argv]
+                # as `python benchmarks/x.py` runs it: its folder first on sys.path (for its siblings)
+                sys.argv, sys.path = [str(ROOT / script), *argv], [str((ROOT / script).parent), *saved_path]
                 runpy.run_path(str(ROOT / script), run_name="__main__")
             else:
                 importlib.import_module(script).main(argv)
     finally:
-        sys.argv = saved_argv
+        sys.argv, sys.path = saved_argv, saved_path
     return frozenset(FLAG.findall(shown.getvalue()))
 
 
