@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.cache_utils import DynamicLayer
 from transformers.utils import ModelOutput
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
@@ -123,6 +124,61 @@ class EagerDraft(CachedModel):
         """One draft forward after `tokens` and the token it proposes (`schedules.proposed_step`)."""
         logits, state = self.forward(tokens, num_logits=1, hidden=self.hidden)
         return proposed_step(self.processing, tokens, logits[0], state, num_drafted, generator)
+
+    def steps_together(self, tokens: list[int]) -> bool:
+        """Whether this draft's next step can join a batched one (`draft_steps`): its cache holds
+        all of `tokens` but the last, in plain full-attention layers, and the state a head reads
+        is its output layer's input (checked on an earlier step)."""
+        return (self.cache.get_seq_length() == len(tokens) - 1
+                and all(type(layer) is DynamicLayer for layer in self.cache.layers)
+                and (not self.hidden or self.output_input_is_hidden is True))
+
+
+def draft_steps(drafts: list[EagerDraft], seqs: list[list[int]], num_drafted: int,
+                generator: torch.Generator | None = None) -> list[DraftStep]:
+    """One draft step for several requests of one draft model (a vLLM batch), each after its own
+    tokens `seqs[i]`: one forward over their last tokens with their caches padded on the left to one
+    length, then each request's new keys and values appended to its own cache and its token proposed
+    as `EagerDraft.draft_step` proposes it (`schedules.proposed_step`). Drafts that cannot join
+    (`EagerDraft.steps_together`) step alone."""
+    together = [i for i, (draft, seq) in enumerate(zip(drafts, seqs)) if draft.steps_together(seq)]
+    steps = {i: drafts[i].draft_step(seqs[i], num_drafted, generator) for i in range(len(drafts)) if i not in together}
+    if len(together) == 1:
+        steps[together[0]] = drafts[together[0]].draft_step(seqs[together[0]], num_drafted, generator)
+    elif together:
+        logits, states = _forward_together([drafts[i] for i in together], [seqs[i] for i in together])
+        for row, i in enumerate(together):
+            state = states[row] if drafts[i].hidden else None
+            steps[i] = proposed_step(drafts[i].processing, seqs[i], logits[row], state, num_drafted, generator)
+    return [steps[i] for i in range(len(drafts))]
+
+
+def _forward_together(drafts: list[EagerDraft], seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's forward over each request's last token, batched: logits `[n, vocab]` and the
+    output layer's inputs `[n, hidden]`, each request's cache extended by its new position."""
+    model, device = drafts[0].model, drafts[0].device
+    lengths = [len(seq) - 1 for seq in seqs]
+    longest = max(lengths)
+    batch = DynamicCache(config=model.config)
+    for layer in range(len(drafts[0].cache.layers)):
+        keys, values = ([torch.nn.functional.pad(getattr(d.cache.layers[layer], part), (0, 0, longest - n, 0))
+                         for d, n in zip(drafts, lengths)] for part in ("keys", "values"))
+        batch.update(torch.cat(keys), torch.cat(values), layer)
+    mask = torch.arange(longest + 1, device=device)[None] >= torch.tensor(
+        [longest - n for n in lengths], device=device)[:, None]
+    captured = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+    try:
+        out = model(input_ids=torch.tensor([seq[-1:] for seq in seqs], device=device), attention_mask=mask.long(),
+                    position_ids=torch.tensor([[n] for n in lengths], device=device), logits_to_keep=1,
+                    **cache_kwargs(model, batch))
+    finally:
+        handle.remove()
+    for layer in range(len(batch.layers)):
+        new_keys, new_values = batch.layers[layer].keys[:, :, -1:], batch.layers[layer].values[:, :, -1:]
+        for row, draft in enumerate(drafts):
+            draft.cache.update(new_keys[row:row + 1], new_values[row:row + 1], layer)
+    return out.logits[:, -1], captured[-1][:, -1]
 
 
 def speculative_generate(
@@ -271,24 +327,44 @@ def draft_round(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], 
                 do_sample: bool, generator: torch.Generator | None, stats: GenerationStats
                 ) -> tuple[list[int], list[torch.Tensor]]:
     """Draft up to `max_tokens` tokens after `seq`, one draft forward each, until the policy
-    stops: the drafting half of a round, shared by the loop and the vLLM proposer
-    (`specdecpp.serving.vllm`). Returns the tokens and, when sampling, the draft's distribution for each."""
-    drafted: list[int] = []
-    draft_probs: list[torch.Tensor] = []
-    for num_drafted in range(1, max_tokens + 1):
+    stops: the drafting half of a round (`draft_rounds` for one request). Returns the tokens and,
+    when sampling, the draft's distribution for each."""
+    return draft_rounds([draft_model], [seq], [policy], [max_tokens], do_sample, generator, stats)[0]
+
+
+def draft_rounds(drafts: list[EagerDraft | CompiledDraft], seqs: list[list[int]], policies: list[Schedule],
+                 max_tokens: list[int], do_sample: bool, generator: torch.Generator | None, stats: GenerationStats
+                 ) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """The drafting half of the rounds of several requests at once (the loop's one request; a
+    vLLM batch, `specdecpp.serving.vllm`): request `i` drafts up to `max_tokens[i]` tokens after
+    `seqs[i]` with `drafts[i]`, until `policies[i]` stops it. Each request's first step runs alone
+    (it feeds what its draft has not seen yet); then the requests still drafting step together
+    (`draft_steps`). Returns, per request, the tokens and, when sampling, the draft's distribution
+    for each."""
+    rounds = [([], []) for _ in drafts]
+    drafting = [i for i in range(len(drafts)) if max_tokens[i] > 0]
+    num_drafted = 1
+    while drafting:
         start = time.perf_counter()
-        step = draft_model.draft_step(seq + drafted, num_drafted, generator)
+        contexts = [seqs[i] + rounds[i][0] for i in drafting]
+        if num_drafted == 1 or len(drafting) == 1:
+            steps = [drafts[i].draft_step(context, num_drafted, generator) for i, context in zip(drafting, contexts)]
+        else:
+            steps = draft_steps([drafts[i] for i in drafting], contexts, num_drafted, generator)
         drafted_at = time.perf_counter()
-        stop = policy.stop_after(step)
+        still = []
+        for i, step in zip(drafting, steps):
+            stop = policies[i].stop_after(step)
+            rounds[i][0].append(step.token)
+            if do_sample:
+                rounds[i][1].append(step.probs)
+            if not stop and num_drafted < max_tokens[i]:
+                still.append(i)
         stats.schedule_time += time.perf_counter() - drafted_at
         stats.draft_time += drafted_at - start
-        stats.draft_calls += 1
-        drafted.append(step.token)
-        if do_sample:
-            draft_probs.append(step.probs)
-        if stop:
-            break
-    return drafted, draft_probs
+        stats.draft_calls += len(drafting)
+        drafting, num_drafted = still, num_drafted + 1
+    return rounds
 
 
 def verify(target_model: CachedModel | StaticModel, seq: list[int], drafted: list[int],

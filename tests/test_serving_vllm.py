@@ -108,6 +108,22 @@ def test_a_request_alone_drafts_the_rounds_of_speculative_generate(folders, sche
         assert len(set(request.draft_lengths)) > 1 or schedule == "constant"
 
 
+def test_requests_drafted_together_draft_the_rounds_they_draft_alone(folders):
+    # Steps after a round's first run batched over the requests still drafting (decoding.draft_steps):
+    # the same proposals and, from the same states, the same judgements and round lengths.
+    knobs = {"head": str(folders["root"] / "head"), "stop_threshold": 0.5, "bound": (1, 20)}
+    together = make_proposer(folders, **knobs)
+    serve(together, folders["target"], folders["draft"], PROMPTS, [30] * len(PROMPTS))
+    lengths = [r.draft_lengths for r in together.caches.requests.values()]
+    alone = []
+    for prompt in PROMPTS:
+        proposer = make_proposer(folders, **knobs)
+        serve(proposer, folders["target"], folders["draft"], [prompt], [30])
+        alone += [r.draft_lengths for r in proposer.caches.requests.values()]
+    assert sorted(lengths) == sorted(alone)
+    assert together.stats.draft_calls == sum(map(sum, alone))
+
+
 @pytest.mark.parametrize("capacity", [256, 2])
 def test_reordered_preempted_and_dropped_requests_draft_from_their_own_context(folders, capacity):
     # Request 2 leaves the batch for steps 3-6 (preempted) and comes back; rows are shuffled every

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
-from specdecpp.decoding import EagerDraft, GenerationStats, draft_round
+from specdecpp.decoding import EagerDraft, GenerationStats, draft_rounds
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.models import load_head, load_model
 from specdecpp.processing import sampling_only
@@ -111,20 +111,21 @@ class RequestDraft:
         self.drafted: list[int] = []
         self.draft_lengths: list[int] = []  # per round, as `GenerationStats.draft_lengths`
 
-    def propose(self, tokens: np.ndarray, max_tokens: int, stats: GenerationStats) -> list[int]:
-        """A round's draft after the request's `tokens` (its verified prefix, the token vLLM just
-        sampled last), at most `max_tokens`: first the outcome of the last round goes to the
-        schedule and the cache is cropped to what the target kept, then the engine's round."""
+    def begin_round(self, tokens: np.ndarray) -> None:
+        """Before a round after the request's `tokens` (its verified prefix, the token vLLM just
+        sampled last): the outcome of the last round goes to the schedule, and the cache is cropped
+        to what the target kept."""
         seen = np.concatenate([self.context, np.asarray(self.drafted, dtype=np.int64)])
         kept = common_prefix(seen, tokens)
         if len(self.context) and kept >= len(self.context):  # the last round was verified: how much it kept
             self.policy.end_round(len(self.drafted), min(kept, len(seen)) - len(self.context))
         self.model.crop(min(kept, len(tokens) - 1))
         self.context = tokens
-        self.drafted, _ = draft_round(self.model, tokens.tolist(), self.policy,
-                                      min(self.policy.max_draft(), max_tokens), False, None, stats)
-        self.draft_lengths.append(len(self.drafted))
-        return self.drafted
+
+    def end_round(self, drafted: list[int]) -> None:
+        """Keep what the round proposed."""
+        self.drafted = drafted
+        self.draft_lengths.append(len(drafted))
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -226,16 +227,24 @@ class BatchProposer:
         that sampled nothing this step (a prefill chunk) or has no room left gets none."""
         start = time.perf_counter()
         claimed: set[int] = set()
-        proposals = []
+        rows, requests, contexts, rooms = [], [], [], []
         for i, sampled in enumerate(sampled_token_ids):
             length = int(num_tokens_no_spec[i])
             room = min(self.max_tokens, self.max_model_len - length - 1)
-            if not sampled or room < 1:
-                proposals.append([])
-                continue
-            tokens = np.asarray(token_ids_cpu[i, :length], dtype=np.int64)
-            request = self.caches.claim(tokens, claimed)
-            proposals.append(request.propose(tokens, room, self.stats))
+            if sampled and room >= 1:
+                tokens = np.asarray(token_ids_cpu[i, :length], dtype=np.int64)
+                request = self.caches.claim(tokens, claimed)
+                request.begin_round(tokens)
+                rows.append(i)
+                requests.append(request)
+                contexts.append(tokens.tolist())
+                rooms.append(min(request.policy.max_draft(), room))
+        rounds = draft_rounds([r.model for r in requests], contexts, [r.policy for r in requests], rooms, False, None,
+                              self.stats)
+        proposals = [[] for _ in sampled_token_ids]
+        for i, request, (drafted, _) in zip(rows, requests, rounds):
+            request.end_round(drafted)
+            proposals[i] = drafted
         for request_id in claimed:
             self.caches.rekey(request_id)
         self.propose_time += time.perf_counter() - start
