@@ -62,8 +62,9 @@ def compact_table(document: dict) -> str:
 
 
 def goals(document: dict) -> str:
-    """`ada` with the first head at `auto` against the rivals the goals name: its change in cost per
-    token, in percent (negative: cheaper)."""
+    """`ada` with the first head at `auto` against the rivals the goals name (the best constant K,
+    dynamic and vLLM's online estimator, Hugging Face's dynamic, other heads): its change in cost
+    per token, in percent (negative: cheaper)."""
     summary = document["summary"]
     best = best_rows(summary)
     auto = [r for r in summary if r["method"].endswith("@auto")]
@@ -76,7 +77,7 @@ def goals(document: dict) -> str:
         return f"{100 * (auto['cost_per_token'] / other['cost_per_token'] - 1):+.1f}% vs {other['method']} " \
                f"({other['cost_per_token']:.3f})"
 
-    rivals = [best.get("specdecpp:constant"), best.get("specdecpp:dynamic"),
+    rivals = [best.get("specdecpp:constant"), best.get("specdecpp:dynamic"), best.get("specdecpp:online"),
               next((r for r in summary if r["method"] == "hf:dynamic"), None)]
     rivals += [row for name, row in best.items() if name.startswith("specdecpp:ada") and name != ada_family]
     parts = [less(r) for r in rivals if r is not None]

@@ -112,3 +112,30 @@ def test_the_harness_interleaves_warms_up_and_pools_as_the_evaluation_does(tmp_p
     texts = [json.loads(line)["prompt"] for line in open(source, encoding="utf-8")]
     ids = harness.load_prompt_ids(source, pair_dirs[0], n_begin=1)
     assert [t.tolist() for t in ids] == [[tiny_tokenizer()(text)["input_ids"]] for text in texts[1:]]  # BOS, raw
+
+
+def test_online_estimators_compares_every_rule_on_greedy_records():
+    import numpy as np
+
+    from specdecpp.costs import StepTimes
+
+    benchmark = load_benchmark("online_estimators")
+
+    rng = np.random.default_rng(0)
+    records, predictions = [], []
+    for _ in range(12):  # greedy records: p_acc 0/1, the draft's top probability behind each proposal
+        q = rng.uniform(0.2, 1.0, 40)
+        records.append({"p_acc": (rng.random(40) < q).astype(float).tolist(), "log_p_draft": np.log(q).tolist()})
+        predictions.append(np.clip(q + rng.normal(0, 0.1, 40), 0.01, 0.99))
+    times = StepTimes(draft_ms=[1.0] * 20, verify_ms=[10.0 + 0.5 * k for k in range(21)], target_alone_ms=10.0)
+    rows = benchmark.study(records, predictions, 0.5, (1, 20), times, times, 0.2, logit_shift=2.0)
+    by_method = {row["method"]: row for row in rows}
+    assert rows[0]["method"] == "ada@auto" and "online, best threshold" in by_method
+    assert "online fitted offline, best threshold" in by_method and "verify-budget, best K" in by_method
+    assert by_method["oracle"]["flat_cost_per_token"] <= min(row["flat_cost_per_token"] for row in rows)
+    assert set(rows[0]["curve"]) == {"10"}  # 12 prompts: the first 10, and all
+    best = by_method["online, best threshold"]
+    assert best["flat_cost_per_token"] == min(best["grid"].values())
+    assert "| ada --online @auto, head logit +2 |" in benchmark.markdown(rows, 0.2, "tiny")
+    with pytest.raises(ValueError, match="greedy"):
+        benchmark.study([records[0] | {"p_acc": [0.5] * 40}], predictions[:1], 0.5, (1, 20), times, times, 0.2)
