@@ -15,7 +15,7 @@ in `propose`), and the time the counts predict (target steps at the plain engine
 that batch size, plus our proposer's time) beside the measured one. Greedy outputs are checked
 against vLLM without speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
 
-    VLLM_CPU_OMP_THREADS_BIND=0 python benchmarks/vllm_serving.py --num_prompts 16
+    python benchmarks/vllm_serving.py --num_prompts 16
 """
 from __future__ import annotations
 
@@ -28,8 +28,13 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engines in this process: the proposer's clock is readable
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# One thread, unbound. vLLM's CPU build binds its OpenMP threads to cores; binding to one core
+# (VLLM_CPU_OMP_THREADS_BIND=1) while torch keeps two threads there made a step 50x slower here.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
-ZOO = Path(__file__).resolve().parents[1] / "checkpoints" / "zoo"
+from harness import ZOO  # noqa: E402  (imports torch: after the thread settings)
+
 PROPOSER = "specdecpp.serving.vllm.SpecDecPPProposer"
 
 
@@ -43,12 +48,14 @@ def methods(zoo: Path) -> dict[str, dict]:
     for k in (2, 3, 4, 5):
         grid[f"vLLM draft_model K={k}"] = {"speculative_config": {"method": "draft_model", "model": draft,
                                                                   "num_speculative_tokens": k}}
-    grid["vLLM ngram K=5"] = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5,
-                                                     "prompt_lookup_max": 5, "prompt_lookup_min": 2}}
     grid["ours constant K=3"] = ours(3, schedule="constant", num_assistant_tokens=3)
     grid["ours dynamic@0.4 K<=5"] = ours(5, schedule="dynamic", num_assistant_tokens=5,
                                         assistant_confidence_threshold=0.4)
     grid["ours ada@auto"] = ours(20, head=str(zoo / "head"), stop_threshold="auto", bound=[1, 20])
+    # Built last: vLLM's ngram proposer imports numba, and once llvmlite is imported the CPU build's
+    # start-up scan of every module (its Triton kernel overrides) fails for the engines built after it.
+    grid["vLLM ngram K=5"] = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5,
+                                                     "prompt_lookup_max": 5, "prompt_lookup_min": 2}}
     return grid
 
 
@@ -181,34 +188,29 @@ def main() -> None:
     parser.add_argument("--output", default="results/vllm-serving")
     args = parser.parse_args()
 
-    from specdecpp.evaluation.settings import PromptSource, load_eval_prompts
-    from specdecpp.models import load_head, load_model, load_tokenizer
+    from harness import load_pair, load_prompt_ids, rotated
 
     zoo = Path(args.zoo)
     grid = {k: v for k, v in methods(zoo).items() if args.methods is None or k in args.methods}
     engine = {"distributed_executor_backend": "uni", "enforce_eager": True, "max_model_len": 1024, "dtype": "float32",
               "max_num_seqs": max(args.concurrency), "disable_log_stats": False, "seed": 0}
     engines = {name: counting_engine(model=str(zoo / "target"), **config, **engine) for name, config in grid.items()}
-    tokenizer = load_tokenizer(str(zoo / "target"))
     rows, report = [], []
     for prompt_set in args.prompt_sets:
-        prompts = [p.ids for p in load_eval_prompts(PromptSource(prompts=prompt_set, n_end=args.num_prompts),
-                                                    tokenizer, args.max_new_tokens)]
+        prompts = [ids[0].tolist() for ids in load_prompt_ids(prompt_set, str(zoo / "target"), n_end=args.num_prompts)]
         for served in engines.values():  # warm-up, untimed
             run_batch(served, prompts[:1], 16)
         for concurrency in args.concurrency:
             results = {name: [] for name in engines}
             for b, start in enumerate(range(0, len(prompts), concurrency)):
-                names = list(engines)
-                names = names[b % len(names):] + names[:b % len(names)]  # rotate the order per batch
-                for name in names:
+                for name in rotated(list(engines), b):
                     results[name].append(run_batch(engines[name], prompts[start:start + concurrency], args.max_new_tokens))
             plain = results["vLLM, no speculation"]
             for name, batches in results.items():
                 rows.append({"prompt_set": prompt_set, "concurrency": concurrency, **summarise(name, batches, plain)})
                 print(json.dumps(rows[-1]), flush=True)
-        target, draft = load_model(str(zoo / "target")), load_model(str(zoo / "draft"))
-        eager_ms = eager_draft_step_ms(target, draft, load_head(str(zoo / "head")), prompts[:4], args.max_new_tokens)
+        target, draft, head = load_pair(str(zoo / "target"), str(zoo / "draft"), str(zoo / "head"))
+        eager_ms = eager_draft_step_ms(target, draft, head, prompts[:4], args.max_new_tokens)
         report.append(f"## {prompt_set} (prompts 0-{len(prompts) - 1}, {args.max_new_tokens} tokens, greedy)\n\n"
                       + markdown([r for r in rows if r["prompt_set"] == prompt_set], eager_ms))
         rows.append({"prompt_set": prompt_set, "eager_draft_step_ms": eager_ms})

@@ -27,19 +27,17 @@ import types
 import weakref
 
 import torch
-from transformers import PreTrainedModel, StaticCache, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from specdecpp.checks import vocab_size
 from specdecpp.compat import STATIC_CACHE_CROPS, cache_kwargs, compile_guarded_state
 from specdecpp.decoding_settings import DecodingSettings
 from specdecpp.head import AcceptancePredictionHead, logit_features
-from specdecpp.processing import Processing, sampling_only
-from specdecpp.sampling import make_warpers, widened
+from specdecpp.processing import Processing
+from specdecpp.sampling import SAMPLING_WARPERS, make_warpers, widened
 from specdecpp.schedules import DraftStep, proposed_step
 
-# What the compiled draft step applies inside its graph (`sampling.make_warpers`).
-COMPILED_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
 
 # model -> {(role, settings..., capacity): its engine}; an engine lives as long as its model.
@@ -57,19 +55,18 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, sett
                     ) -> tuple[StaticModel, CompiledDraft | ProcessedDraft | None, float]:
     """The compiled engine's target and (unless `draft` is None) draft for `settings` (its
     sampling settings; the head when the schedule is `ada`), with empty caches holding at least
-    `max_length` tokens. Under `processing` beyond the warpers the draft's graph applies (a
-    repetition penalty, ...: processors that read the prefix) the draft is a `ProcessedDraft`,
-    whose steps return the `hidden_states` a head reads. Engines are built and warmed up on first
-    use and reused after; returns them and the seconds this call spent compiling (0 when both
-    were ready)."""
+    `max_length` tokens. Under `processing` beyond the sampling warpers the draft's graph applies
+    (`sampling.SAMPLING_WARPERS`: a repetition penalty, ...) the draft is this generation's
+    `ProcessedDraft` over a shared `DraftForward`, whose steps return the `hidden_states` a head
+    reads. Engines are built and warmed up on first use and reused after; returns them and the
+    seconds this call spent compiling (0 when both were ready)."""
     target_model, seconds = _engine(target, ("target",), max_length, lambda capacity: StaticModel(target, capacity))
     if draft is None:
         return target_model, None, seconds
-    if processing is not None and any(not isinstance(p, COMPILED_WARPERS) for p in processing.processors):
-        draft_model, draft_seconds = _engine(draft, ("processed draft", hidden_states), max_length,
-                                             lambda capacity: ProcessedDraft(draft, capacity, hidden_states))
-        draft_model.processing = processing
-        return target_model, draft_model, seconds + draft_seconds
+    if processing is not None and any(not isinstance(p, SAMPLING_WARPERS) for p in processing.processors):
+        forward, draft_seconds = _engine(draft, ("processed draft", hidden_states), max_length,
+                                         lambda capacity: DraftForward(draft, capacity, hidden_states))
+        return target_model, ProcessedDraft(forward, processing), seconds + draft_seconds
     head = settings.head if settings.schedule == "ada" else None
     sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
     draft_model, draft_seconds = _engine(draft, ("draft", sampling, head_shape(head)), max_length,
@@ -197,6 +194,14 @@ class StaticModel:
             self._logits(self._ids(tokens[self.length:]))
             self.length = len(tokens)
 
+    def _new_ids(self, tokens: list[int]) -> torch.Tensor:
+        """A draft step graph's input after `tokens`: the last one or two tokens the cache has not
+        seen (the last verified token, and the one before it when the round accepted everything),
+        earlier ones fed eagerly first."""
+        new = tokens[-2:] if len(tokens) - self.length == 2 else tokens[-1:]
+        self._feed(tokens[:-len(new)])
+        return self._ids(new)
+
     def _ids(self, tokens: list[int]) -> torch.Tensor:
         if self.length + len(tokens) > self.capacity:
             raise ValueError(f"the compiled engine's cache holds {self.capacity} tokens and this generation needs "
@@ -215,7 +220,8 @@ class StaticModel:
 class CompiledDraft(StaticModel):
     """The draft as the compiled engine steps it: `draft_step` runs one graph that proposes a
     token (greedy, or sampled with `sampling = (temperature, top_k, top_p)`) and, given an `ada`
-    `head`, judges it as the head's alignment says (`DraftStep.accept_prob`)."""
+    `head`, judges the step's state and the proposed token's features (`DraftStep.accept_prob`;
+    which drafted token that judgement covers is the head's alignment, `schedules.Ada.stop_after`)."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, sampling: tuple[float, int, float] | None,
                  head: AcceptancePredictionHead | None):
@@ -223,8 +229,9 @@ class CompiledDraft(StaticModel):
         self.warpers = make_warpers(*sampling) if sampling is not None else None
         # The engine's own copy, on the draft's device: the judgement runs inside the draft's graph.
         self.head = copy.deepcopy(head).to(self.device).eval() if head is not None else None
-        # A proposer judges the token it proposes, from its logits' features; a reader, the state.
-        self.features = head.features if head is not None and head.alignment == "proposer" else []
+        # What the head reads of the proposed token (a reader head reads none: whose judgement a
+        # step's is, is the schedule's rule, `schedules.Ada.stop_after`).
+        self.features = head.features if head is not None else []
         self.reads_hidden = head is not None and head.reads_hidden_states
         if self.reads_hidden:
             _check_last_hidden_state(model)
@@ -262,56 +269,80 @@ class CompiledDraft(StaticModel):
                 self.draft_step(tokens, 1, generator)
                 self.reset()
 
-    def _new_ids(self, tokens: list[int]) -> torch.Tensor:
-        """The graph's input after `tokens`: the last one or two tokens the cache has not seen (the
-        last verified token, and the one before it when the round accepted everything), earlier
-        ones fed eagerly first."""
-        new = tokens[-2:] if len(tokens) - self.length == 2 else tokens[-1:]
-        self._feed(tokens[:-len(new)])
-        return self._ids(new)
-
     def _step(self, input_ids: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
                          output_hidden_states=self.reads_hidden, **self.model_kwargs)
         logits = widened(out.logits[0, -1])
         if self.warpers is None:
-            probs = logits.softmax(-1)
+            probs = raw_probs = logits.softmax(-1)
             token = probs.argmax()
         else:
-            probs = self.warpers(None, logits[None])[0].softmax(-1)
+            probs, raw_probs = self.warpers(None, logits[None])[0].softmax(-1), None
             token = (probs / noise).argmax()  # an exact sample: argmax of p_i / E_i, E_i ~ Exp(1)
         values = [token.double(), probs.gather(0, token[None])[0].double()]  # gather: indexing by a tensor breaks the graph
-        if self.head is not None:
+        if self.head is not None:  # the head's features and judgement, as the eager step's (`schedules.Ada.judge`)
             hidden = out.hidden_states[-1][0, -1] if self.reads_hidden else None
-            features = logit_features(logits, token, self.features) if self.features else None
+            features = logit_features(logits, token, self.features, raw_probs) if self.features else None
             values.append(self.head.accept_prob(hidden, features).double())
         return torch.stack(values), probs
 
 
-class ProcessedDraft(CompiledDraft):
-    """The draft under logits processors that read the prefix (a repetition penalty, banned words,
-    ...), which a fixed graph cannot apply: its graph is the forward alone (the last position's
-    raw logits, and the hidden state when a head reads it); processing with the prefix, the choice
-    of token and the head's judgement then run as in the eager draft (`schedules.proposed_step`).
-    `processing` is set for each generation."""
+class DraftForward(StaticModel):
+    """The draft's forward alone as one graph, for drafts under logits processors that read the
+    prefix (a repetition penalty, banned words, ...), which a fixed graph cannot apply: `step` gives
+    the last position's raw logits and, when `hidden`, the hidden state a head reads. Shared
+    across generations; each generation drafts through its own `ProcessedDraft` over it."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, hidden: bool):
-        self.hidden, self.processing = hidden, sampling_only(False)  # greedy until a generation sets it
-        super().__init__(model, capacity, None, None)
+        self.hidden = hidden
+        super().__init__(model, capacity)
         if hidden:
             _check_last_hidden_state(model)
 
-    def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
-        """The draft's forward after `tokens` as one graph, then `schedules.proposed_step`."""
-        logits, state = self._run(self.step_graph, self._new_ids(tokens), None)
-        self.length = len(tokens)
-        return proposed_step(self.processing, tokens, logits, state if self.hidden else None, num_drafted, generator)
+    def build_graphs(self) -> None:
+        """New compiled graphs: the verification's (unused: a draft catches up eagerly) and the forward's."""
+        super().build_graphs()
+        self.step_graph = _compile(self._step, dynamic=False, cuda=self.cuda_graphs)
 
-    def _step(self, input_ids: torch.Tensor, noise: None) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The draft's raw logits `[vocab]` after `tokens`, and its hidden state there when `hidden`
+        (else None): one graph over the last one or two tokens the cache has not seen."""
+        logits, state = self._run(self.step_graph, self._new_ids(tokens))
+        self.length = len(tokens)
+        return logits, state if self.hidden else None
+
+    def warm_up(self) -> None:
+        """Compile the forward for 1 and 2 new tokens, then reset."""
+        with torch.inference_mode():
+            for tokens in ([0, 0], [0, 0, 0]):
+                self._feed([0])
+                self.step(tokens)
+                self.reset()
+
+    def _step(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
                          output_hidden_states=self.hidden, **self.model_kwargs)
         state = out.hidden_states[-1][0, -1] if self.hidden else out.logits.new_zeros(())
         return out.logits[0, -1], state
+
+
+class ProcessedDraft:
+    """One generation's draft under logits processors that read the prefix: the shared `forward`
+    engine (`DraftForward`) runs the forward as one graph; this generation's `processing` with the
+    prefix, the choice of token and the head's judgement then run as in the eager draft
+    (`schedules.proposed_step`)."""
+
+    def __init__(self, forward: DraftForward, processing: Processing):
+        self.forward, self.processing = forward, processing
+
+    def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
+        """The draft's forward after `tokens` as one graph, then `schedules.proposed_step`."""
+        logits, state = self.forward.step(tokens)
+        return proposed_step(self.processing, tokens, logits, state, num_drafted, generator)
+
+    def crop(self, length: int) -> None:
+        """Forget everything past the first `length` tokens."""
+        self.forward.crop(length)
 
 
 def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:

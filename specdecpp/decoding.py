@@ -18,7 +18,7 @@ from transformers.utils import ModelOutput
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
 from specdecpp.compat import cache_kwargs
-from specdecpp.compiled import CompiledDraft, StaticModel, compiled_models, recompiles_forbidden
+from specdecpp.compiled import CompiledDraft, ProcessedDraft, StaticModel, compiled_models, recompiles_forbidden
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.online import OnlineAcceptanceEstimator
@@ -310,8 +310,8 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
 
 
 def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
-                processing: Processing, hidden_states: bool, max_length: int) -> tuple[CachedModel | StaticModel, EagerDraft | CompiledDraft | None,
-                                                               float]:
+                processing: Processing, hidden_states: bool, max_length: int
+                ) -> tuple[CachedModel | StaticModel, EagerDraft | CompiledDraft | ProcessedDraft | None, float]:
     """The target and (unless None) the draft as the loop steps them, with empty caches for a
     generation of up to `max_length` tokens: eager (`CachedModel`, and an `EagerDraft` proposing
     under `processing` whose steps return `hidden_states` for a head), or with `settings.compile`
@@ -323,8 +323,8 @@ def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings
     return compiled_models(target, draft, settings, max_length, processing, hidden_states)
 
 
-def draft_round(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], policy: Schedule, max_tokens: int,
-                do_sample: bool, generator: torch.Generator | None, stats: GenerationStats
+def draft_round(draft_model: EagerDraft | CompiledDraft | ProcessedDraft | None, seq: list[int], policy: Schedule,
+                max_tokens: int, do_sample: bool, generator: torch.Generator | None, stats: GenerationStats
                 ) -> tuple[list[int], list[torch.Tensor]]:
     """Draft up to `max_tokens` tokens after `seq`, one draft forward each, until the policy
     stops: the drafting half of a round (`draft_rounds` for one request). Returns the tokens and,
@@ -332,9 +332,9 @@ def draft_round(draft_model: EagerDraft | CompiledDraft | None, seq: list[int], 
     return draft_rounds([draft_model], [seq], [policy], [max_tokens], do_sample, generator, stats)[0]
 
 
-def draft_rounds(drafts: list[EagerDraft | CompiledDraft], seqs: list[list[int]], policies: list[Schedule],
-                 max_tokens: list[int], do_sample: bool, generator: torch.Generator | None, stats: GenerationStats
-                 ) -> list[tuple[list[int], list[torch.Tensor]]]:
+def draft_rounds(drafts: list[EagerDraft | CompiledDraft | ProcessedDraft], seqs: list[list[int]],
+                 policies: list[Schedule], max_tokens: list[int], do_sample: bool, generator: torch.Generator | None,
+                 stats: GenerationStats) -> list[tuple[list[int], list[torch.Tensor]]]:
     """The drafting half of the rounds of several requests at once (the loop's one request; a
     vLLM batch, `specdecpp.serving.vllm`): request `i` drafts up to `max_tokens[i]` tokens after
     `seqs[i]` with `drafts[i]`, until `policies[i]` stops it. Each request's first step runs alone

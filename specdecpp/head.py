@@ -13,7 +13,6 @@ id loads with `AcceptancePredictionHead.from_pretrained` and `push_to_hub` publi
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -27,103 +26,100 @@ from torch import nn
 ALIGNMENTS = ("proposer", "reader")
 
 
-def _log_q(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    # clamped so that a token the draft rules out (-inf) stays a finite input
-    return log_probs.gather(-1, tokens[..., None])[..., 0].clamp_min(-50.0)
+# The features a head may read of the token it judges, all from the draft's raw logits
+# (`logit_features`).
+FEATURES = ("log_q", "entropy", "margin", "log_rank")
 
 
-def _entropy(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return -(log_probs.exp() * log_probs.clamp_min(-1e4)).sum(-1)
-
-
-def _margin(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    # log q(y) - the best other token's log q: top-1 minus top-2 for a greedy proposal, negative
-    # for a sampled token that is not the draft's top one; clamped like log q
-    top2 = log_probs.topk(2, dim=-1)
-    best_other = torch.where(top2.indices[..., 0] == tokens, top2.values[..., 1], top2.values[..., 0])
-    return (_log_q(log_probs, tokens) - best_other.clamp_min(-50.0)).clamp(-50.0, 50.0)
-
-
-def _log_rank(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    # log(1 + the number of tokens the draft rates higher): 0 for its top token; a sampled token far
-    # down the draft's list is one the target rarely rates as highly (sampling's rejections)
-    higher = (log_probs > log_probs.gather(-1, tokens[..., None])).sum(-1)
-    return torch.log1p(higher.to(log_probs.dtype))
-
-
-# Features of the judged token under the logits that proposed it: name -> f(log_probs, tokens).
-FEATURES = {"log_q": _log_q, "entropy": _entropy, "margin": _margin, "log_rank": _log_rank}
-
-
-def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str]) -> torch.Tensor:
+def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
+                   probs: torch.Tensor | None = None) -> torch.Tensor:
     """The named features (`FEATURES`) of `tokens` `[...]` under the draft's raw `logits`
     `[..., vocab]` (temperature 1, no filtering, so greedy and sampled decoding, training and the
-    engine all see the same values), as float32 `[..., len(names)]`."""
-    log_probs = logits.float().log_softmax(-1)
-    return torch.stack([FEATURES[name](log_probs, tokens) for name in names], dim=-1)
+    engine all see the same values), as float32 `[..., len(names)]`: `log_q`, log q(y); `entropy`,
+    the entropy of q; `margin`, log q(y) minus the best other token's log q (top-1 minus top-2 for a
+    greedy proposal, negative for a sampled token that is not the draft's top one); `log_rank`,
+    log(1 + the number of tokens the draft rates higher). The one code of the head's features:
+    training runs it on batches, the eager step on one token (`step_features`) and the compiled
+    draft step inside its graph. `probs`, the softmax of `logits` when the caller already computed
+    it, spares one; no log-softmax over the vocabulary is taken."""
+    logits = logits.float()
+    probs = logits.softmax(-1) if probs is None else probs.float()
+    index = tokens[..., None]
+    token_logit = logits.gather(-1, index)
+    if "entropy" in names or "margin" in names:
+        top_logits, top_index = logits.topk(2, dim=-1)
+    columns = []
+    for name in names:
+        if name == "log_q":  # clamped so that a token the draft rules out (-inf) stays a finite input
+            column = probs.gather(-1, index).log().clamp_min(-50.0)
+        elif name == "entropy":
+            # log Z - E_q[logit], log Z read at the top token, whose probability (at least 1 / vocab)
+            # is well resolved; logits ruled out (-inf, probability 0) add nothing to the mean.
+            log_z = top_logits[..., :1] - probs.gather(-1, top_index[..., :1]).log()
+            column = log_z - (probs * logits.clamp_min(torch.finfo(logits.dtype).min)).sum(-1, keepdim=True)
+        elif name == "margin":  # a difference of log-probabilities is one of logits
+            best_other = torch.where(top_index[..., :1] == index, top_logits[..., 1:], top_logits[..., :1])
+            column = (token_logit - best_other).clamp(-50.0, 50.0)
+        elif name == "log_rank":  # ties count as not higher: 0 for the top token
+            column = (logits > token_logit).sum(-1, keepdim=True).to(logits.dtype).log1p()
+        else:
+            raise ValueError(f"unknown head feature {name!r}; choose from {', '.join(FEATURES)}")
+        columns.append(column)
+    return torch.cat(columns, -1)
 
 
-def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, names: list[str],
-                  q_token: float | None = None) -> list[float]:
-    """`logit_features` of one drafted `token` from the softmax its draft step already computed,
-    as Python floats: `logits` `[vocab]` are the draft's raw logits (float32 or wider) and `probs`
-    their softmax at temperature 1 without filtering (None when the step's distribution was warped;
-    it is then computed here; `q_token`, `probs[token]` when the step already read it). No log-softmax over the vocabulary: log q(y) is the log of one
-    probability, and the entropy is `log Z - sum(q * logits)`, with `log Z = logit(a) - log q(a)`
-    read at a token `a` of high probability; logits the draft rules out (-inf) take the exact path."""
-    if probs is None:
-        probs, q_token = logits.softmax(-1), None
-    if q_token is None:
-        q_token = float(probs[token])
-    values = {}
-    if "log_q" in names:
-        values["log_q"] = max(math.log(q_token), -50.0) if q_token > 0.0 else -50.0  # as `_log_q` clamps
-    if "entropy" in names:
-        anchor = token if q_token > 1e-6 else int(probs.argmax())  # log Z from a well-resolved probability
-        q_anchor = q_token if anchor == token else float(probs[anchor])
-        entropy = float(logits[anchor]) - math.log(q_anchor) - float(torch.dot(probs, logits))
-        if not math.isfinite(entropy):  # -inf logits: 0 * -inf in the dot product
-            entropy = float(_entropy(logits.log_softmax(-1), None))
-        values["entropy"] = entropy
-    if "margin" in names:  # from the raw logits: a difference of log-probabilities is one of logits
-        top2 = logits.topk(2)
-        best_other = top2.values[1] if int(top2.indices[0]) == token else top2.values[0]
-        values["margin"] = min(max(float(logits[token] - best_other), -50.0), 50.0)
-    if "log_rank" in names:  # ties as `_log_rank` counts them: strictly higher logits only
-        values["log_rank"] = math.log1p(int((logits > logits[token]).sum()))
-    return [values[name] for name in names]
+def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, names: list[str]) -> list[float]:
+    """`logit_features` of one drafted `token` as Python floats, as the eager draft step judges it:
+    `logits` `[vocab]` are the draft's raw logits and `probs` their softmax at temperature 1 without
+    filtering when the step computed it (None when its distribution was warped)."""
+    return logit_features(logits, torch.tensor(token, device=logits.device), names, probs).tolist()
+
+
+def head_logits(hidden: torch.Tensor | None, features: torch.Tensor | None,
+                blocks: list[tuple[torch.Tensor, torch.Tensor]], output: tuple[torch.Tensor, torch.Tensor]
+                ) -> torch.Tensor:
+    """A head's logits over (reject, accept) from what it reads, the hidden states `[..., hidden]`
+    and/or the features `[..., len(features)]` (None for what it does not read), and its weight
+    tensors: the residual blocks' `(weight, bias)` and the output layer's. The one code of the head's
+    computation: its `forward` (training), `accept_prob`, the eager step's `LeanJudge` and the
+    compiled draft step's graph all run it."""
+    weight = output[0]
+    parts = [part.to(weight.device, weight.dtype) for part in (hidden, features) if part is not None]
+    x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    for block_weight, block_bias in blocks:
+        x = residual_block(x, block_weight, block_bias)
+    return torch.nn.functional.linear(x, *output)
+
+
+def accept_probability(logits: torch.Tensor) -> torch.Tensor:
+    """P(accept) from a head's logits over (reject, accept) `[..., 2]` -> `[...]`, in float32."""
+    return logits.float().softmax(-1)[..., 1]
+
+
+def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`x + SiLU(x W^T + b)`: one residual block of a head."""
+    return x + torch.nn.functional.silu(torch.nn.functional.linear(x, weight, bias))
 
 
 class LeanJudge:
-    """A head's `accept_prob` for one draft state at a time, as the decode loop calls it once per
-    draft step: the same arithmetic on the head's own weight tensors (no module calls, no autograd,
-    the two output logits folded into one difference), returning a Python float. It shares the
-    head's weights, so it must be rebuilt after the head's weights are replaced."""
+    """A head's judgement of one draft state at a time, as the eager decode loop makes it once per
+    draft step: `head_logits` on the head's own weight tensors, detached (no module calls, nothing
+    for autograd to record), returning a Python float. It shares the head's weights, so it must be
+    rebuilt after the head's weights are replaced (an in-place copy is seen)."""
 
     def __init__(self, head: "AcceptancePredictionHead"):
-        output = head.model[-1]
-        self.blocks = [(block.linear.weight.detach(), block.linear.bias.detach()) for block in head.model[:-1]]
-        self.out_weight = (output.weight[1] - output.weight[0]).detach()
-        self.out_bias = float(output.bias[1].detach() - output.bias[0].detach())
-        self.dtype, self.device = output.weight.dtype, output.weight.device
-        self.num_features = len(head.features)
+        self.blocks = [(weight.detach(), bias.detach()) for weight, bias in head.blocks()]
+        self.output = tuple(t.detach() for t in head.output())
+        self.features = head.features
         self.reads_hidden_states = head.reads_hidden_states
 
     def __call__(self, hidden: torch.Tensor | None, features: list[float] = ()) -> float:
         """P(accept) from one hidden state `[hidden]` (None for a head of features alone) and the
         judged token's feature values."""
-        # Detached weights and a state without grad: nothing for autograd to record.
-        values = torch.tensor(features, dtype=self.dtype, device=self.device) if self.num_features else None
-        if not self.reads_hidden_states:
-            x = values
-        else:
-            x = hidden.to(self.device, self.dtype)
-            if self.num_features:
-                x = torch.cat((x, values))
-        for weight, bias in self.blocks:
-            x = x + torch.nn.functional.silu(torch.addmv(bias, weight, x), inplace=True)
-        logit = float(torch.dot(self.out_weight, x)) + self.out_bias
-        return 1.0 / (1.0 + math.exp(-logit)) if logit > -700 else 0.0
+        weight = self.output[0]
+        values = torch.tensor(features, dtype=weight.dtype, device=weight.device) if self.features else None
+        logits = head_logits(hidden if self.reads_hidden_states else None, values, self.blocks, self.output)
+        return float(accept_probability(logits))
 
 
 class ResBlock(nn.Module):
@@ -133,10 +129,9 @@ class ResBlock(nn.Module):
         super().__init__()
         self.linear = nn.Linear(hidden_size, hidden_size)
         nn.init.zeros_(self.linear.weight)
-        self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.act(self.linear(x))
+        return residual_block(x, self.linear.weight, self.linear.bias)
 
 
 # What the Hub shows for the class (the mixin's card data), and the card `head_folder` renders.
@@ -242,24 +237,28 @@ class AcceptancePredictionHead(
         features alone (`hidden_size = 0`) fits any draft."""
         return self.hidden_size > 0
 
+    def blocks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The residual blocks' `(weight, bias)`, in order (what `head_logits` takes)."""
+        return [(block.linear.weight, block.linear.bias) for block in self.model[:-1]]
+
+    def output(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output layer's `(weight, bias)`: rows (reject, accept)."""
+        return self.model[-1].weight, self.model[-1].bias
+
     def forward(self, hidden_states: torch.Tensor | None, features: torch.Tensor | None = None) -> torch.Tensor:
         """Logits over (reject, accept) from hidden states `[..., hidden]` (ignored, and may be None,
         for a head of features alone) and, for a head with features, the matching
         `[..., len(features)]` values (see `logit_features`)."""
-        dtype = self.model[-1].weight.dtype
-        if not self.features:
-            return self.model(hidden_states.to(dtype))
-        if features is None:
+        if self.features and features is None:
             raise ValueError(f"this head also reads the features {self.features} of the judged token")
-        if not self.reads_hidden_states:
-            return self.model(features.to(dtype))
-        return self.model(torch.cat([hidden_states.to(dtype), features.to(dtype)], dim=-1))
+        return head_logits(hidden_states if self.reads_hidden_states else None, features if self.features else None,
+                           self.blocks(), self.output())
 
     @torch.no_grad()
     def accept_prob(self, hidden_states: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
         """P(accept) for each hidden state (`[..., hidden]` -> `[...]`), computed in the head's
         own dtype whatever the draft's, returned as float32."""
-        return self(hidden_states, features).float().softmax(-1)[..., 1]
+        return accept_probability(self(hidden_states, features))
 
     # -- loading: accept the reference's shared-block layout as well as ours ---------------------
     def _load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -18,7 +18,7 @@ from transformers.generation import (EosTokenCriteria, LogitsProcessorList, MaxL
                                      StoppingCriteriaList, StopStringCriteria)
 from transformers.generation import logits_process as lp
 
-from specdecpp.sampling import make_warpers, widened
+from specdecpp.sampling import SAMPLING_WARPERS, make_warpers, widened
 
 # The generation-config fields that add logits processors, and those that add stopping criteria.
 PROCESSOR_FIELDS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "min_length", "bad_words_ids",
@@ -28,9 +28,8 @@ CRITERIA_FIELDS = ("stop_strings", "max_time")
 NEUTRAL = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_new_tokens": 0, "min_length": 0}
 
 # transformers' processors that ignore the prefix: one call processes many positions at once.
-WARPERS = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,
-           lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper,
-           lp.InfNanRemoveLogitsProcessor, lp.LogitNormalization)
+WARPERS = SAMPLING_WARPERS + (lp.MinPLogitsWarper, lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper,
+                              lp.EtaLogitsWarper, lp.InfNanRemoveLogitsProcessor, lp.LogitNormalization)
 # transformers' processors that are a function of (prefix, logits) alone, hence exact per position.
 # Left out: guidance (a second forward), watermarks (keyed state), model-specific processors.
 PER_POSITION = WARPERS + (

@@ -8,6 +8,9 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+# The warpers `make_warpers` builds: all the compiled draft step applies inside its graph.
+SAMPLING_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
 
 def make_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> LogitsProcessorList:
     """The warpers `generate` would apply for these settings (none for the neutral values)."""

@@ -176,23 +176,21 @@ class Ada(ProductRule):
         self.judges_proposed_token = head.alignment == "proposer"
 
     def stop_after(self, step: DraftStep) -> bool:
-        if self.judges_proposed_token:
-            p_accept = self.judge(step)
-        elif step.num_drafted >= 2:
-            p_accept = self.judge_state(step.hidden) if step.accept_prob is None else step.accept_prob
-        else:
-            return self.judged(1.0, step.num_drafted)
+        if not self.judges_proposed_token and step.num_drafted == 1:
+            return self.judged(1.0, step.num_drafted)  # a reader's first state judges the last verified token
+        p_accept = self.judge(step)
         if self.estimator is not None:
             p_accept = self.learned(log_odds(p_accept))
         return self.judged(p_accept, step.num_drafted)
 
     def judge(self, step: DraftStep) -> float:
-        """A proposer head's P(accept) of the token `step` just drafted, its features taken from
-        the softmax the draft step already computed (or the judgement the step made itself)."""
+        """The head's P(accept) from what `step` computed: the judgement the step made itself (the
+        compiled draft graph), else the head's judgement of the step's state and, for a head with
+        features, of the features of the token it drafted (from the softmax the step computed)."""
         if step.accept_prob is not None:
             return step.accept_prob
-        features = step_features(step.logits, step.raw_probs, step.token, self.head_features,
-                                 None if step.warped else step.token_prob) if self.head_features else ()
+        features = step_features(step.logits, step.raw_probs, step.token, self.head_features) \
+            if self.head_features else ()
         return self.judge_state(step.hidden, features)
 
 

@@ -24,8 +24,7 @@ def test_every_feature_is_the_same_in_training_and_in_the_engine(do_sample):
         step = cached.draft_step(sequence[:length], 1, generator)
         candidates.append(step.token)
         engine_hidden.append(step.hidden.float())
-        engine_features.append(step_features(step.logits, step.raw_probs, step.token, names,
-                                             None if step.warped else step.token_prob))
+        engine_features.append(step_features(step.logits, step.raw_probs, step.token, names))
     ids = torch.tensor([sequence[:-1]])
     hidden, features = head_inputs(draft, names, ids, torch.ones_like(ids), torch.tensor([candidates]))
     torch.testing.assert_close(hidden[0].float(), torch.stack(engine_hidden).reshape(hidden.shape[1:]),
