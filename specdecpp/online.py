@@ -162,10 +162,10 @@ class OnlineAcceptanceEstimator:
                                          self.damping, self.ridge, learn=False)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the whole state (coefficients, counters, the current window) as JSON to `path`,
-        a file or a folder (a head folder: `RECALIBRATION_FILE` in it)."""
+        """Write the state (coefficients, counters, the current window; not the `history`) as
+        JSON to `path`, a file or a folder (a head folder: `RECALIBRATION_FILE` in it)."""
         with open(_state_file(path), "w", encoding="utf-8") as f:
-            json.dump(asdict(self), f, indent=1)
+            json.dump(asdict(self) | {"history": None}, f, indent=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> OnlineAcceptanceEstimator:
