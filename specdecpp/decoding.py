@@ -280,6 +280,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     with torch.inference_mode(), recompiles_forbidden(settings.compile):
         while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
             # A round emits up to k + 1 tokens, so never draft past the length limit.
+            policy.start_round()
             drafted, draft_probs = draft_round(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
                                           processing.do_sample, generator, stats)
             verify_start = time.perf_counter()
@@ -337,10 +338,10 @@ def draft_rounds(drafts: list[EagerDraft | CompiledDraft | ProcessedDraft], seqs
                  stats: GenerationStats) -> list[tuple[list[int], list[torch.Tensor]]]:
     """The drafting half of the rounds of several requests at once (the loop's one request; a
     vLLM batch, `specdecpp.serving.vllm`): request `i` drafts up to `max_tokens[i]` tokens after
-    `seqs[i]` with `drafts[i]`, until `policies[i]` stops it. Each request's first step runs alone
-    (it feeds what its draft has not seen yet); then the requests still drafting step together
-    (`draft_steps`). Returns, per request, the tokens and, when sampling, the draft's distribution
-    for each."""
+    `seqs[i]` with `drafts[i]`, until `policies[i]` stops it (the caller has started each policy's
+    round, `Schedule.start_round`). Each request's first step runs alone (it feeds what its draft
+    has not seen yet); then the requests still drafting step together (`draft_steps`). Returns,
+    per request, the tokens and, when sampling, the draft's distribution for each."""
     rounds = [([], []) for _ in drafts]
     drafting = [i for i in range(len(drafts)) if max_tokens[i] > 0]
     num_drafted = 1

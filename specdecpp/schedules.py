@@ -3,7 +3,8 @@
 Every schedule is a small policy behind one interface, so the decode loop never branches on a
 schedule's name and a new schedule is one class:
 
-- `max_draft()` — at round start, the most tokens this round may draft;
+- `start_round()` — where a round starts: the schedule begins the round's state;
+- `max_draft()` — the most tokens this round may draft (a query: it changes nothing);
 - `stop_after(step)` — after each drafted token, whether to stop drafting now;
 - `end_round(num_drafted, num_accepted)` — after verification, to adapt for the next round.
 
@@ -71,6 +72,9 @@ class Schedule:
 
     needs_hidden_states = False
 
+    def start_round(self) -> None:
+        """A round starts (before its `max_draft` and first `stop_after`)."""
+
     def max_draft(self) -> int:
         raise NotImplementedError
 
@@ -129,13 +133,14 @@ class ProductRule(Schedule):
         self.stop_threshold = stop_threshold
         self.min_draft, self.max_k = bound
         self.estimator = estimator
-        self.p_all_accepted = 1.0
-        self.features: list[float] = []
-        self.predictions: list[float] = []
+        self.start_round()
 
-    def max_draft(self) -> int:
+    def start_round(self) -> None:
+        """The product starts from certainty, and no token of the new round is judged yet."""
         self.p_all_accepted = 1.0
         self.features, self.predictions = [], []
+
+    def max_draft(self) -> int:
         return self.max_k
 
     def learned(self, feature: float) -> float:

@@ -123,7 +123,7 @@ class StepProbe:
         for k in range(self.max_draft + 1):
             drafted, draft_probs = [], []
             if judge is not None:
-                judge.max_draft()
+                judge.start_round()
             for j in range(1, k + 1):
                 start = time.perf_counter()
                 step = self.draft_model.draft_step(seq + drafted, j, generator)

@@ -41,7 +41,7 @@ def test_ada_keeps_a_running_product_of_the_judged_tokens():
     assert not policy.stop_after(DraftStep(3, 1.0, hidden))  # 1 - 0.64 = 0.36
     assert policy.stop_after(DraftStep(4, 1.0, hidden))      # 1 - 0.512 = 0.488 > 0.45
     assert policy.p_all_accepted == pytest.approx(0.8 ** 3)
-    policy.max_draft()  # a new round starts from certainty
+    policy.start_round()  # a new round starts from certainty
     assert policy.p_all_accepted == 1.0
 
 
@@ -128,7 +128,7 @@ def test_online_judges_with_the_estimator_and_teaches_it_the_rounds_outcomes():
     assert policy.predictions == pytest.approx([p] * 3)
     policy.end_round(3, 1)
     assert [s[5] for s in estimator.window] == [1, 1, 0, 0] and estimator.steps == 1
-    policy.max_draft()
+    policy.start_round()
     policy.stop_after(DraftStep(1, 0.9))
     policy.end_round(1, 0)
     assert estimator.refits == 1 and estimator.intercepts != [-0.2] * 4  # it learned
@@ -149,9 +149,9 @@ def test_ada_online_starts_at_no_correction_and_learns():
     assert online.p_all_accepted == pytest.approx(plain.p_all_accepted)
     assert online.features == pytest.approx([log_odds(0.8)] * 3)  # the head's logit is the feature
     for _ in range(100):  # the head says 0.8, the target rejects every first token
-        online.max_draft()
+        online.start_round()
         online.stop_after(DraftStep(1, 1.0, hidden))
         online.end_round(1, 0)
-    online.max_draft()
+    online.start_round()
     online.stop_after(DraftStep(1, 1.0, hidden))
     assert online.estimator.refits == 1 and online.p_all_accepted < 0.5

@@ -113,12 +113,13 @@ class RequestDraft:
 
     def begin_round(self, tokens: np.ndarray) -> None:
         """Before a round after the request's `tokens` (its verified prefix, the token vLLM just
-        sampled last): the outcome of the last round goes to the schedule, and the cache is cropped
-        to what the target kept."""
+        sampled last): the outcome of the last round goes to the schedule, which starts the new
+        round, and the cache is cropped to what the target kept."""
         seen = np.concatenate([self.context, np.asarray(self.drafted, dtype=np.int64)])
         kept = common_prefix(seen, tokens)
         if len(self.context) and kept >= len(self.context):  # the last round was verified: how much it kept
             self.policy.end_round(len(self.drafted), min(kept, len(seen)) - len(self.context))
+        self.policy.start_round()
         self.model.crop(min(kept, len(tokens) - 1))
         self.context = tokens
 
