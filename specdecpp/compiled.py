@@ -374,35 +374,3 @@ def _check_last_hidden_state(model: PreTrainedModel) -> None:
         raise ValueError(f"compile=True with a head that reads hidden states: this {model.config.model_type} draft's "
                          "last hidden state is not its output layer's input (the state the head reads); decode it "
                          "with compile=False")
-
-
-class TimedSteps:
-    """The compiled engine's steps on a fixed context, for timing (`metrics.CostProbe`): a draft
-    step of one token and a target verification of `k + 1`, each leaving the caches as it found
-    them. The engines are those generations use, which empty them: `load` puts the context back."""
-
-    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, k: int):
-        self.target, self.draft, self.seq, self.k = target, draft, input_ids[0].tolist(), k
-        self.load()
-
-    def load(self) -> None:
-        """The engines, with the context (all but its last token) in both caches."""
-        self.target_model, self.draft_model, _ = compiled_models(self.target, self.draft, DecodingSettings(),
-                                                                 len(self.seq) + self.k + 1)
-        with torch.inference_mode():
-            self.target_model.forward(self.seq, num_logits=1)
-            self.draft_model.draft_step(self.seq, 1, None)
-        self.target_model.crop(len(self.seq) - 1)
-        self.draft_model.crop(len(self.seq) - 1)
-
-    def draft_step(self) -> None:
-        """One draft step feeding the context's last token."""
-        with torch.inference_mode():
-            self.draft_model.draft_step(self.seq, 1, None)
-        self.draft_model.crop(len(self.seq) - 1)
-
-    def verify(self) -> None:
-        """One target verification of the context's last token and `k` drafted ones."""
-        with torch.inference_mode():
-            self.target_model.forward(self.seq + self.seq[-1:] * self.k, num_logits=self.k + 1)
-        self.target_model.crop(len(self.seq) - 1)

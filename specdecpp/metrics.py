@@ -19,38 +19,32 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from specdecpp.compat import cache_kwargs
-from specdecpp.compiled import TimedSteps
 from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, cost_ratio, flat_spent
+from specdecpp.step_timing import EngineSteps
 
 
 class CostProbe:
     """Times draft steps and target verifications on demand, so that an evaluation can sample the
     cost ratio between prompts all through a run (machine load then hits it as it hits the
-    methods) instead of once at the start. A draft step feeds one token, a target verification
-    the last verified token plus `k` drafted ones, both after the prompt `input_ids`
-    `[1, length]` is in the KV cache (as mid-generation); `warmup_steps` of each run untimed. With
-    `compile`, the compiled engine's steps (`compiled.TimedSteps`), as the methods then run them."""
+    methods) instead of once at the start. The steps are the engine's (`step_timing.EngineSteps`,
+    eager, or compiled with `compile`, as the methods then run them): a draft step feeds one
+    token, a target verification the last verified token plus `k` drafted ones, both after the
+    prompt `input_ids` `[1, length]` is in the KV cache (as mid-generation); `warmup_steps` of
+    each run untimed."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                  k: int = 4, warmup_steps: int = 10, compile: bool = False) -> None:
         self.k = k
-        if compile:
-            steps = TimedSteps(target, draft, input_ids, k)
-            self.load, self.draft_step, self.target_verify = steps.load, steps.draft_step, steps.verify
-        else:
-            self.load = lambda: None  # eager steps keep caches of their own
-            self.draft_step = cached_step(draft, input_ids, 1)
-            self.target_verify = cached_step(target, input_ids, k + 1)
+        self.steps = EngineSteps(target, draft, input_ids, k, compile)
         self.sample(warmup_steps)
 
     def sample(self, steps: int) -> tuple[list[float], list[float]]:
         """`steps` timings (ms) of each kind of step, alternating so that load on the machine
         hits both alike. Returns the draft step times and the target verification times."""
-        self.load()
-        draft_ms, (target_ms,) = time_alternately(self.draft_step, [self.target_verify], steps)
+        self.steps.load()
+        draft_ms, (target_ms,) = time_alternately(self.steps.draft_step, [self.steps.verify], steps)
         return draft_ms, target_ms
 
 
@@ -60,35 +54,6 @@ def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_id
     `costs.cost_ratio`. Returns its figures plus `"steps"`."""
     draft_ms, target_ms = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
     return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
-
-
-def cached_steps(model: PreTrainedModel, input_ids: torch.LongTensor,
-                 token_counts: list[int]) -> list[Callable[[], None]]:
-    """For each `n` in `token_counts`, a function that runs one forward of `n` new tokens on top
-    of the cached prompt, then crops the cache back, so every call does the same work. The
-    functions share one KV cache of the prompt (each leaves it as it found it)."""
-    device = model.get_input_embeddings().weight.device
-    input_ids = input_ids.to(device)
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=input_ids, **cache_kwargs(model, cache))
-
-    def step_of(num_tokens: int) -> Callable[[], None]:
-        new_tokens = input_ids[:, -1:].repeat(1, num_tokens)
-
-        def step() -> None:
-            with torch.inference_mode():
-                model(input_ids=new_tokens, **cache_kwargs(model, cache), logits_to_keep=num_tokens)
-            cache.crop(-num_tokens)  # transformers 5: a negative count removes that many positions
-
-        return step
-
-    return [step_of(n) for n in token_counts]
-
-
-def cached_step(model: PreTrainedModel, input_ids: torch.LongTensor, num_tokens: int) -> Callable[[], None]:
-    """`cached_steps` for one token count."""
-    return cached_steps(model, input_ids, [num_tokens])[0]
 
 
 def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[], None]],

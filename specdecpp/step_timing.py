@@ -1,10 +1,12 @@
-"""Timing the loop's steps on this machine: the measured `StepTimes` that price the cost model.
+"""Timing the loop's steps on this machine: the measured `StepTimes` that price the cost model,
+and the steps behind the flat view's cost ratio `c` (`EngineSteps`, which `metrics.CostProbe` times).
 
-Every figure is timed through the engine's own step functions (`EagerDraft.draft_step`,
-`decoding.verify`, the schedule's `stop_after`) in rounds laid out as the loop lays them out, so
-that the cache state each step meets is the loop's (see `specdecpp.costs` for what each figure
-prices). The first round of a generation also reads the prompt: its first draft step and its
-verification are prefill forwards, priced apart by `prefill_extra_ms`.
+Every figure is timed through the engine's own step functions, eager or compiled as the decoding
+will run (`decoding.step_models`: the draft's `draft_step`, `decoding.verify`, the schedule's
+`stop_after`); `StepProbe` lays them out in rounds as the loop does, so that the cache state each
+step meets is the loop's (see `specdecpp.costs` for what each figure prices). The first round of a
+generation also reads the prompt: its first draft step and its verification are prefill forwards,
+priced apart by `prefill_extra_ms`.
 """
 from __future__ import annotations
 
@@ -77,14 +79,8 @@ class StepProbe:
                 self._pass()
 
     def _load(self) -> None:
-        """The models with the context in their caches, as between rounds: everything but the last
-        verified token. The compiled engine's are shared with generations, which empty them."""
-        self.target_model, self.draft_model = self.models()
-        with torch.inference_mode():
-            self.target_model.forward(self.seq, num_logits=1)
-            self.draft_model.draft_step(self.seq, 1, self.generator)
-        self.target_model.crop(len(self.seq) - 1)
-        self.draft_model.crop(len(self.seq) - 1)
+        """The models with the context in their caches (`loaded_models`)."""
+        self.target_model, self.draft_model = loaded_models(self.models, self.seq, self.generator)
 
     def sample(self, passes: int = 1) -> None:
         """Time `passes` more passes."""
@@ -141,6 +137,53 @@ class StepProbe:
             self.draft_model.crop(len(seq) - 1)
             verified.append([1000 * (time.perf_counter() - start)])
         return alone, drafts, verified, judged
+
+
+def loaded_models(models, seq: list[int], generator: torch.Generator | None = None) -> tuple:
+    """The target and draft `models()` builds (`decoding.step_models`), with the context `seq` in
+    their caches as between rounds: everything but the last verified token, which the next step
+    feeds. The compiled engine's models are shared with generations, which empty them, so timing
+    loads them again before it samples."""
+    target_model, draft_model = models()
+    with torch.inference_mode():
+        target_model.forward(seq, num_logits=1)
+        draft_model.draft_step(seq, 1, generator)
+    target_model.crop(len(seq) - 1)
+    draft_model.crop(len(seq) - 1)
+    return target_model, draft_model
+
+
+class EngineSteps:
+    """The steps the flat view's cost ratio `c` divides (`metrics.CostProbe` times them): one draft
+    step feeding the context's last token and one verification of it and `k` drafted tokens,
+    greedy, through the engine the decoding runs (eager, or compiled when `compile`), each leaving
+    the caches as it found them. `load` puts the context back in the compiled engine's caches,
+    which generations empty (eager models keep theirs)."""
+
+    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, k: int,
+                 compile: bool = False):
+        self.seq, self.k, self.compiled = input_ids[0].tolist(), k, compile
+        self.processing = sampling_only(False)
+        self.models = lambda: step_models(target, draft, DecodingSettings(compile=compile), self.processing, False,
+                                          len(self.seq) + k + 1)[:2]
+        self.target_model, self.draft_model = loaded_models(self.models, self.seq)
+
+    def load(self) -> None:
+        """The context back in the compiled engine's caches (nothing to do for eager models)."""
+        if self.compiled:
+            self.target_model, self.draft_model = loaded_models(self.models, self.seq)
+
+    def draft_step(self) -> None:
+        """One draft step feeding the context's last token."""
+        with torch.inference_mode():
+            self.draft_model.draft_step(self.seq, 1, None)
+        self.draft_model.crop(len(self.seq) - 1)
+
+    def verify(self) -> None:
+        """One verification of the context's last token and `k` drafted ones (`decoding.verify`)."""
+        with torch.inference_mode():
+            verify(self.target_model, self.seq, self.seq[-1:] * self.k, [], self.processing, None)
+        self.target_model.crop(len(self.seq) - 1)
 
 
 @contextmanager
