@@ -21,7 +21,7 @@ import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants
 from torch import nn
 
-
+from specdecpp.hub_card_data import LIBRARY_NAME, PAPER_URL, TAGS
 
 ALIGNMENTS = ("proposer", "reader")
 
@@ -132,12 +132,6 @@ class ResBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return residual_block(x, self.linear.weight, self.linear.bias)
-
-
-# What the Hub shows for the class (the mixin's card data), and the card `head_folder` renders.
-LIBRARY_NAME = "specdecpp"
-TAGS = ["speculative-decoding", "specdecpp", "acceptance-prediction-head"]
-PAPER_URL = "https://arxiv.org/abs/2405.19715"
 
 
 class AcceptancePredictionHead(

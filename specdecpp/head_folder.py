@@ -27,7 +27,7 @@ import yaml
 from huggingface_hub import ModelCardData
 
 from specdecpp.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
-from specdecpp.head import LIBRARY_NAME, PAPER_URL, TAGS
+from specdecpp.hub_card_data import LIBRARY_NAME, PAPER_URL, TAGS
 
 # `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
 # published head keeps working as specdecpp improves and the file stays a few lines.
