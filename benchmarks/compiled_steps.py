@@ -3,7 +3,7 @@ download), timed on whatever device is given.
 
 Pairs: a SmolLM2-135M-like draft with a SmolLM2-1.7B-like target and, when `--pairs` includes it,
 a Llama-3-8B-like target (its shape, with the draft's vocabulary so that the pair can speculate).
-For each pair and engine (`specdecpp.step_timing.StepProbe`: the loop's own steps, rounds of every
+For each pair and engine (`specdecpp.measuring.step_timing.StepProbe`: the loop's own steps, rounds of every
 length as the loop takes them, engines interleaved pass by pass) it prints the draft step, the head's
 judgement, the target-alone step, the verification of k drafted tokens, and a whole round of k
 drafted tokens without and with a head judging each one (`StepTimes.round_ms`), eager beside
@@ -26,8 +26,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdecpp import AcceptancePredictionHead
-from specdecpp.costs import StepTimes
-from specdecpp.step_timing import StepProbe, measure_round_overhead
+from specdecpp.measuring.costs import StepTimes
+from specdecpp.measuring.step_timing import StepProbe, measure_round_overhead
 
 # Llama-family shapes: (hidden, intermediate, layers, attention heads, key-value heads).
 SHAPES = {

@@ -22,10 +22,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import PolynomialFeatures
 
-from specdecpp.costs import MEASURED_COST, StepTimes
-from specdecpp.data_io import read_records
-from specdecpp.head_data import record_features
-from specdecpp.threshold import ada_length, dynamic_length, replay
+from specdecpp.calibration.threshold import ada_length, dynamic_length, replay
+from specdecpp.data.io import read_records
+from specdecpp.measuring.costs import MEASURED_COST, StepTimes
+from specdecpp.training.head_data import record_features
 
 
 def main() -> None:

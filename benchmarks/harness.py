@@ -16,9 +16,9 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.decoding import GenerationStats
+from specdecpp.engine.decoding import GenerationStats
 from specdecpp.evaluation.settings import PromptSource, load_eval_prompts
-from specdecpp.head import AcceptancePredictionHead
+from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.models import load_head, load_model, load_tokenizer
 
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"

@@ -16,7 +16,7 @@
 # heads use results/sampling/flat_step_times.json, flat GPU-like prices).
 # Data (greedy, 128 tokens, all 6,338 stdlib-train prompts; train = prompts 0-800 and 950-6338, in that
 # order, so that the first N records are the same for every N; dev = 800-950):
-#   python -m specdecpp.build_data --target checkpoints/zoo/target --draft checkpoints/zoo/draft --torch_dtype float32 \
+#   python -m specdecpp.data.build_data --target checkpoints/zoo/target --draft checkpoints/zoo/draft --torch_dtype float32 \
 #     --prompts stdlib-train --max_new_tokens 128 --batch_size 16 --seed 0 --output data/generated/stdlib-train-all.jsonl
 #   sed -n '1,800p;951,6338p' data/generated/stdlib-train-all.jsonl > data/generated/stdlib-train-train6188.jsonl
 #   sed -n '801,950p' data/generated/stdlib-train-all.jsonl > data/generated/stdlib-train-dev.jsonl
@@ -52,7 +52,7 @@ for N in $SIZES; do
     --num_train_epochs 3 --lr_scheduler_type cosine --learning_rate ${LR:-1e-3} --warmup_steps 0.03 --weight_decay 0.0 \
     --per_device_train_batch_size 8 --per_device_eval_batch_size 16 --eval_strategy no --save_strategy no \
     --logging_steps 50 --report_to none --seed 42
-  python -m specdecpp.calibration --head "$OUT" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \
+  python -m specdecpp.calibration.report --head "$OUT" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \
     --torch_dtype float32 --data_path "$RECORDS_PREFIX-dev.jsonl" --choose_threshold --bound 1 20 \
     --batch_size 16 --plot_path "$OUT/reliability.png" --threshold_plot_path "$OUT/threshold.png" \
     --output_json "$OUT/calibration.json" --step_times_from "$STEP_TIMES"

@@ -24,7 +24,7 @@ import torch
 from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, ms_per_token, rotated, summed, warm_up
 
 from specdecpp import speculative_generate
-from specdecpp.decoding import GenerationStats
+from specdecpp.engine.decoding import GenerationStats
 
 SCHEDULES = ("none", "constant", "dynamic", "ada")
 

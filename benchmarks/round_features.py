@@ -1,6 +1,6 @@
 """Do inputs that depend on the round carry more than the head's own prediction? (issue 20)
 
-Replays `ada` with a head at its stored threshold over greedy dev records (`specdecpp.threshold`)
+Replays `ada` with a head at its stored threshold over greedy dev records (`specdecpp.calibration.threshold`)
 and, for every token a round drafts, collects the head's prediction and the inputs a decode loop
 knows for free: the token's position in the round, the running log P(all accepted) before it, the
 previous round's accepted length, and the target's entropy at the last verified token (the
@@ -19,9 +19,9 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from specdecpp.data_io import read_records
-from specdecpp.head_data import predict
+from specdecpp.data.io import read_records
 from specdecpp.models import load_head, load_model
+from specdecpp.training.head_data import predict
 
 INPUTS = ("position in round", "running log P", "previous accepted length", "target entropy at round start")
 
@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     records = read_records(args.records)
     if "target_entropy" not in records[0]:
-        raise SystemExit(f"{args.records} has no target_entropy: rebuild it with specdecpp.build_data")
+        raise SystemExit(f"{args.records} has no target_entropy: rebuild it with specdecpp.data.build_data")
     head = load_head(args.head)
     flat = predict(head, load_model(args.draft, "float32"), records, batch_size=16)[1]
     bounds = np.cumsum([0] + [len(r["p_acc"]) for r in records])

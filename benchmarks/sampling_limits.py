@@ -1,6 +1,6 @@
 """What limits a sampling head? An offline study on sampled records, in expectation over `p_acc` (issue 26).
 
-Rounds are replayed on sampled dev records (`specdecpp.threshold.replay`: each proposal accepted
+Rounds are replayed on sampled dev records (`specdecpp.calibration.threshold.replay`: each proposal accepted
 with its `p_acc = min(1, p/q)`) at flat prices: a draft step costs `c` (`--cost_ratio`) of a
 verification and every verification costs the same, as on a GPU. Replayed beside each other:
 
@@ -33,14 +33,14 @@ import numpy as np
 import torch
 from harness import DRAFT, load_pair
 
-from specdecpp.calibration import calibration_report
-from specdecpp.costs import StepTimes
-from specdecpp.data_io import read_records
-from specdecpp.head import FEATURES, AcceptancePredictionHead
-from specdecpp.head_data import predict, record_features
-from specdecpp.objective import acceptance_loss
-from specdecpp.threshold import (CONFIDENCES, THRESHOLDS, ada_length, constant_length, dynamic_length,
+from specdecpp.calibration.report import calibration_report
+from specdecpp.calibration.threshold import (CONFIDENCES, THRESHOLDS, ada_length, constant_length, dynamic_length,
                                  replay)
+from specdecpp.data.io import read_records
+from specdecpp.head.model import FEATURES, AcceptancePredictionHead
+from specdecpp.measuring.costs import StepTimes
+from specdecpp.training.head_data import predict, record_features
+from specdecpp.training.objective import acceptance_loss
 
 DEPLOYABLE = ["log_q", "entropy", "margin", "log_rank"]
 INPUT_SETS = {  # name -> (draft features, reads the target's entropy)

@@ -1,7 +1,7 @@
 """Where does decoding time go? Measured time per token beside the time each method's own counts
 predict, for every schedule on one prompt set.
 
-The step times come from `specdecpp.step_timing.measure_costs` (the loop's own steps, timed in rounds as
+The step times come from `specdecpp.measuring.step_timing.measure_costs` (the loop's own steps, timed in rounds as
 the loop takes them, without and with the head's judgement) on the context a generation sees
 halfway: the prompt nearest the mean length and the first half of the target's continuation. Then every method decodes every prompt,
 methods interleaved prompt by prompt (the first one rotating), the first prompt a warm-up. For each method it prints:
@@ -28,9 +28,9 @@ import torch
 from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, per_token, rotated, summed, warm_up
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.costs import judged_tokens, loop_overhead_ms
-from specdecpp.decoding import GenerationStats
-from specdecpp.step_timing import StepProbe, measure_round_overhead, prefill_extra_ms
+from specdecpp.engine.decoding import GenerationStats
+from specdecpp.measuring.costs import judged_tokens, loop_overhead_ms
+from specdecpp.measuring.step_timing import StepProbe, measure_round_overhead, prefill_extra_ms
 
 
 def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: list[str]) -> dict[str, dict]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, HfArgumentParser
 
-from specdecpp import zoo
+from specdecpp.training import zoo
 
 TARGET = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo" / "target"
 

@@ -34,7 +34,7 @@ mkdir -p "$OUT_DIR"
 build() {  # build SPLIT N_BEGIN N_END
   local out="$OUT_DIR/$NAME-$1.jsonl"
   if [ -f "$out" ]; then echo "$out exists, skipping (delete it to rebuild)"; return; fi
-  torchrun --nproc_per_node "$NPROC" -m specdecpp.build_data \
+  torchrun --nproc_per_node "$NPROC" -m specdecpp.data.build_data \
     --target "$TARGET" --draft "$DRAFT" --prompts "$DATASET" --output "$out" \
     --n_begin "$2" --n_end "$3" --max_new_tokens "$MAX_NEW_TOKENS" --batch_size "$BATCH_SIZE" --seed "$SEED" \
     --prompt_format "$PROMPT_FORMAT" $SAMPLE_FLAG ${EXTRA_ARGS:-}

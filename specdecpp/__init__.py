@@ -5,9 +5,9 @@ import importlib
 
 # Loaded on first use (PEP 562), so that importing a submodule (the head, training, publishing)
 # does not load the decoding engine.
-_EXPORTS = {"speculative_generate": "specdecpp.decoding", "SpeculativeOutput": "specdecpp.decoding",
-            "GenerationStats": "specdecpp.decoding", "AcceptancePredictionHead": "specdecpp.head",
-            "hf_generate": "specdecpp.custom_generate"}
+_EXPORTS = {"speculative_generate": "specdecpp.engine.decoding", "SpeculativeOutput": "specdecpp.engine.decoding",
+            "GenerationStats": "specdecpp.engine.decoding", "AcceptancePredictionHead": "specdecpp.head.model",
+            "hf_generate": "specdecpp.serving.custom_generate"}
 
 __all__ = ["speculative_generate", "SpeculativeOutput", "GenerationStats", "AcceptancePredictionHead", "hf_generate"]
 __version__ = "0.1.0"

@@ -20,14 +20,14 @@ from dataclasses import Field, field
 from typing import Any
 
 COMMANDS = {
-    "head": ("specdecpp.recipe", "from a pair to a calibrated head folder: every stage below, resumable (a recipe)"),
-    "build-data": ("specdecpp.build_data", "build training data (target continuations, draft proposals, p_acc)"),
+    "head": ("specdecpp.training.recipe", "from a pair to a calibrated head folder: every stage below, resumable (a recipe)"),
+    "build-data": ("specdecpp.data.build_data", "build training data (target continuations, draft proposals, p_acc)"),
     "train": ("specdecpp.train", "train the acceptance prediction head"),
-    "calibration": ("specdecpp.calibration", "calibration report of a trained head"),
+    "calibration": ("specdecpp.calibration.report", "calibration report of a trained head"),
     "evaluate": ("specdecpp.evaluate", "evaluate schedules against baselines"),
-    "zoo": ("specdecpp.zoo", "build the embedded small target/draft pair"),
-    "demo": ("specdecpp.demo", "the one-command demo on the embedded pair"),
-    "push": ("specdecpp.publish", "publish a head folder on the Hub (head files and custom_generate/ only)"),
+    "zoo": ("specdecpp.training.zoo", "build the embedded small target/draft pair"),
+    "demo": ("specdecpp.evaluation.demo", "the one-command demo on the embedded pair"),
+    "push": ("specdecpp.head.publish", "publish a head folder on the Hub (head files and custom_generate/ only)"),
 }
 
 # The common flags and the other spellings each command accepts for them (the reference's, and this

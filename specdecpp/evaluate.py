@@ -34,7 +34,7 @@ import torch
 from transformers import HfArgumentParser
 
 from specdecpp.cli import input_errors
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.engine.settings import DecodingSettings
 
 # The names below are the evaluation's public ones (and those the tests use); they live in
 # `specdecpp.evaluation`, split by job.

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from specdecpp import checks
 from specdecpp.checks import is_peft_adapter, peft_base, vocab_size
 from specdecpp.cli import common_field
-from specdecpp.head import AcceptancePredictionHead
+from specdecpp.head.model import AcceptancePredictionHead
 
 DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -6,7 +6,7 @@
 
 (the reference's `--model_name_or_path`, `--data_path`, `--eval_data_path`, `--output_dir` work too).
 
-Each record becomes one example laid out for the head's alignment (`specdecpp.head_data`): a
+Each record becomes one example laid out for the head's alignment (`specdecpp.training.head_data`): a
 `proposer` head (the default) reads the draft's state at `tokens[i-1]` of the target's continuation
 plus features of `draft[i]` under the logits there; a `reader` head (the reference's) reads the
 state at `z_i` of `prefix + z`, `z_i` the draft's proposal or, with probability `mixing_ratio`, the
@@ -41,12 +41,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from specdecpp.checks import check_data_fits_draft, check_head_fits_draft, hidden_size, text_config
 from specdecpp.cli import common_field, input_errors
-from specdecpp.data_io import read_records
-from specdecpp.head import ALIGNMENTS, FEATURES, AcceptancePredictionHead
-from specdecpp.head_data import examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
+from specdecpp.data.io import read_records
+from specdecpp.head.model import ALIGNMENTS, FEATURES, AcceptancePredictionHead
+from specdecpp.head.publish import push_head
 from specdecpp.models import PairArguments, load_head, load_model
-from specdecpp.objective import IGNORE, acceptance_loss, compute_metrics
-from specdecpp.publish import push_head
+from specdecpp.training.head_data import examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
+from specdecpp.training.objective import IGNORE, acceptance_loss, compute_metrics
 
 
 @dataclass
@@ -196,7 +196,7 @@ class HeadTrainer(Trainer):
     # the optimizer state, training_args.bin or the Trainer's own model card ---------------------------
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
-        """Save the head, then publish `output_dir` with `specdecpp.publish.push_head` (rank 0)."""
+        """Save the head, then publish `output_dir` with `specdecpp.head.publish.push_head` (rank 0)."""
         self.save_model(_internal_call=True)
         if not self.is_world_process_zero():
             return None

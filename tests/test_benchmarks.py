@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdecpp import compiled
+from specdecpp.engine import compiled
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -41,7 +41,7 @@ def test_compiled_steps_times_both_engines_on_models_built_from_configs(tmp_path
 
 
 def test_processing_overhead_tabulates_medians_ratios_and_per_step_times():
-    from specdecpp.decoding import GenerationStats
+    from specdecpp.engine.decoding import GenerationStats
     benchmark = load_benchmark("processing_overhead")
 
     def stats(wall_ms: float, target_calls: int = 50, draft_calls: int = 100) -> GenerationStats:
@@ -83,7 +83,7 @@ def test_results_tables_pool_seeds_by_summing_counts():
 def test_the_harness_interleaves_warms_up_and_pools_as_the_evaluation_does(tmp_path, pair_dirs):
     from conftest import tiny_tokenizer, write_prompts
 
-    from specdecpp.decoding import GenerationStats
+    from specdecpp.engine.decoding import GenerationStats
     harness = load_benchmark("harness")
     methods = ["a", "b", "c"]
     assert [harness.rotated(methods, n) for n in (0, 1, 4)] == [["a", "b", "c"], ["b", "c", "a"], ["b", "c", "a"]]
@@ -117,7 +117,7 @@ def test_the_harness_interleaves_warms_up_and_pools_as_the_evaluation_does(tmp_p
 def test_online_estimators_compares_every_rule_on_greedy_records():
     import numpy as np
 
-    from specdecpp.costs import StepTimes
+    from specdecpp.measuring.costs import StepTimes
 
     benchmark = load_benchmark("online_estimators")
 

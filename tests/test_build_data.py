@@ -9,15 +9,15 @@ import pytest
 import torch
 from conftest import free_port, tiny_llama, tiny_tokenizer, write_prompts
 
-import specdecpp.build_data as build_module
-from specdecpp.build_data import BuildDataArguments, build_batch, build_data, main
+import specdecpp.data.build_data as build_module
 from specdecpp.checks import trim_at_eos
-from specdecpp.data_io import read_records
-from specdecpp.decoding import EagerDraft
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.data.build_data import BuildDataArguments, build_batch, build_data, main
+from specdecpp.data.io import read_records
+from specdecpp.engine.decoding import EagerDraft
+from specdecpp.engine.processing import build_processing
+from specdecpp.engine.sampling import logits_to_probs, make_warpers
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.models import PairArguments, load_model
-from specdecpp.processing import build_processing
-from specdecpp.sampling import logits_to_probs, make_warpers
 
 N_PROMPTS, MAX_NEW = 7, 8
 
@@ -261,7 +261,7 @@ def test_torchrun_two_ranks_build_the_same_file(pair_dirs, prompts_file, tmp_pat
     build_data(*args_for(pair_dirs, prompts_file, single, batch_size=2))
     out = tmp_path / "ranks.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "specdecpp.build_data", "--target_name", pair_dirs[0], "--draft_name", pair_dirs[1],
+           "-m", "specdecpp.data.build_data", "--target_name", pair_dirs[0], "--draft_name", pair_dirs[1],
            "--dataset", prompts_file, "--output_file", str(out), "--max_new_tokens", str(MAX_NEW), "--batch_size", "2"]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)

@@ -9,11 +9,11 @@ import torch
 from sklearn.metrics import roc_auc_score
 from test_train import synthetic_records
 
-from specdecpp import calibration
-from specdecpp.calibration import calibration_report, main, predict, soft_auroc, unweight
-from specdecpp.head import AcceptancePredictionHead
+from specdecpp.calibration import report as calibration
+from specdecpp.calibration.report import calibration_report, main, predict, soft_auroc, unweight
+from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.models import load_model
-from specdecpp.objective import acceptance_loss
+from specdecpp.training.objective import acceptance_loss
 
 
 def test_ece_brier_auroc_by_hand():

@@ -24,21 +24,21 @@ PAIR = {"target": ["--target", "--model_name", "--target_name", "--target_model_
 HEAD = {"head": ["--head", "--assist_acc_head_dir", "--head_name_or_path"]}
 SEED = {"seed": ["--seed", "--random_seed"]}
 COMMANDS = {
-    "specdecpp.build_data": (["--prompts", "p", "--output", "o.jsonl"], PAIR | SEED | {
+    "specdecpp.data.build_data": (["--prompts", "p", "--output", "o.jsonl"], PAIR | SEED | {
         "prompts": ["--prompts", "--dataset"], "output": ["--output", "--output_file"],
         "prompts_split": ["--prompts_split", "--dataset_split"]}),
     "specdecpp.train": (["--use_cpu", "True", "--report_to", "none"], PAIR | SEED | {
         "records": ["--records", "--data_path"], "eval_records": ["--eval_records", "--eval_data_path"],
         "output_dir": ["--output", "--output_dir"]}),
-    "specdecpp.calibration": (["--records", "r.jsonl"], PAIR | HEAD | SEED | {
+    "specdecpp.calibration.report": (["--records", "r.jsonl"], PAIR | HEAD | SEED | {
         "records": ["--records", "--data_path"], "output": ["--output", "--output_json"]}),
     "specdecpp.evaluate": ([], PAIR | HEAD | SEED | {
         "prompts": ["--prompts", "--data_path"], "output": ["--output", "--save_path"],
         "prompts_split": ["--prompts_split", "--data_split"],
         "schedule": ["--schedule", "--num_assistant_tokens_schedule"]}),
-    "specdecpp.demo": ([], PAIR | HEAD | SEED | {"prompts": ["--prompts", "--data_path"],
+    "specdecpp.evaluation.demo": ([], PAIR | HEAD | SEED | {"prompts": ["--prompts", "--data_path"],
                                                  "output": ["--output", "--save_path"]}),
-    "specdecpp.zoo": ([], SEED | {"output": ["--output", "--output_dir"], "device": ["--device"]}),
+    "specdecpp.training.zoo": ([], SEED | {"output": ["--output", "--output_dir"], "device": ["--device"]}),
 }
 VALUES = {"seed": "7", "schedule": "ada", "torch_dtype": "bfloat16"}  # others: any path-like text
 
@@ -106,10 +106,10 @@ def test_every_help_lists_the_common_names_first(command, capsys):
 
 
 # -- every documented command line parses -----------------------------------------------------------
-COMMAND_MODULES = {"build_data": "specdecpp.build_data", "build-data": "specdecpp.build_data",
-                   "gen_data": "specdecpp.build_data", "train": "specdecpp.train",
-                   "calibration": "specdecpp.calibration", "evaluate": "specdecpp.evaluate",
-                   "demo": "specdecpp.demo", "zoo": "specdecpp.zoo", "head": "specdecpp.recipe"}
+COMMAND_MODULES = {"build_data": "specdecpp.data.build_data", "build-data": "specdecpp.data.build_data",
+                   "gen_data": "specdecpp.data.build_data", "train": "specdecpp.train",
+                   "calibration": "specdecpp.calibration.report", "evaluate": "specdecpp.evaluate",
+                   "demo": "specdecpp.evaluation.demo", "zoo": "specdecpp.training.zoo", "head": "specdecpp.training.recipe"}
 INVOCATION = re.compile(r"(?:specdecpp/(\w+)\.py|-m specdecpp\.(\w+)|\bspecdecpp ([a-z-]+)|\b(\w+)\.sh)(.*)")
 
 
@@ -141,7 +141,7 @@ def documented_commands() -> list[tuple[str, str, list[str]]]:
 def test_every_documented_command_line_uses_flags_its_command_takes():
     commands = documented_commands()
     assert {module for _, module, flags in commands if flags} >= {
-        "specdecpp.build_data", "specdecpp.train", "specdecpp.calibration", "specdecpp.evaluate"}
+        "specdecpp.data.build_data", "specdecpp.train", "specdecpp.calibration.report", "specdecpp.evaluate"}
     for where, module, flags in commands:
         known = HfArgumentParser(importlib.import_module(module).FLAGS)._option_string_actions
         assert not [flag for flag in flags if flag not in known], (where, module, flags)

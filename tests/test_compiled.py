@@ -15,10 +15,10 @@ from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, MistralConfig
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp import compiled
-from specdecpp.sampling import make_warpers
-from specdecpp.schedules import SCHEDULES
-from specdecpp.step_timing import StepProbe
+from specdecpp.engine import compiled
+from specdecpp.engine.sampling import make_warpers
+from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.measuring.step_timing import StepProbe
 
 
 # Before transformers 5.24 a StaticCache cannot crop, and compile=True is refused (tested below).

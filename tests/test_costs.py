@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import pytest
 
-from specdecpp.costs import (StepTimes, busy_machine, cost_per_token, cost_ratio, fit_verify_ms, flat_costs,
+from specdecpp.calibration.threshold import constant_length, replay
+from specdecpp.measuring.costs import (StepTimes, busy_machine, cost_per_token, cost_ratio, fit_verify_ms, flat_costs,
                              flat_spent, pass_spread)
-from specdecpp.threshold import constant_length, replay
 
 
 def test_flat_view_is_target_calls_plus_c_times_draft_calls_per_token():

@@ -13,10 +13,10 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 import specdecpp
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.custom_generate import SpeculativeGenerateOutput
-from specdecpp.head_folder import CUSTOM_GENERATE_FILES
-from specdecpp.online import OnlineAcceptanceEstimator
-from specdecpp.schedules import SCHEDULES
+from specdecpp.engine.online import OnlineAcceptanceEstimator
+from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.head.folder import CUSTOM_GENERATE_FILES
+from specdecpp.serving.custom_generate import SpeculativeGenerateOutput
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 HEAD_DIR = str(ZOO_DIR / "head")
@@ -44,7 +44,7 @@ def test_folder_form_greedy_equals_target_generate(zoo, prompt):
     assert isinstance(out, torch.Tensor) and torch.equal(out, expected)
 
 
-@pytest.mark.skipif(not specdecpp.compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
+@pytest.mark.skipif(not specdecpp.engine.compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_folder_form_runs_the_compiled_engine_when_asked(zoo):
     target, draft, tokenizer = zoo
     inputs = tokenizer(PROMPTS[0], return_tensors="pt")

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from specdecpp.data_io import (atomic_write, normalize_record, read_complete_lines, read_records, to_json_line,
+from specdecpp.data.io import (atomic_write, normalize_record, read_complete_lines, read_records, to_json_line,
                                write_json, write_records)
-from specdecpp.prompts import load_prompts
+from specdecpp.data.prompts import load_prompts
 
 RECORD = {"prompt": "p", "prefix": [1, 7], "continuation": "a b", "tokens": [4, 5, 2], "draft": [4, 9, 2],
           "log_p_draft": [-0.1, -0.5, -0.2], "log_p_target": [-0.2, float("-inf"), -0.1], "p_acc": [1.0, 0.0, 0.5]}

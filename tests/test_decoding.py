@@ -11,10 +11,10 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.decoding import CachedModel
-from specdecpp.online import OnlineAcceptanceEstimator
-from specdecpp.sampling import logits_to_probs, make_warpers
-from specdecpp.schedules import SCHEDULES
+from specdecpp.engine.decoding import CachedModel
+from specdecpp.engine.online import OnlineAcceptanceEstimator
+from specdecpp.engine.sampling import logits_to_probs, make_warpers
+from specdecpp.engine.schedules import SCHEDULES
 
 HIDDEN = 32
 

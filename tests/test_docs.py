@@ -146,7 +146,10 @@ def test_the_readme_shows_speculative_generate_s_signature():
 
 # -- docs/design.md's flags ------------------------------------------------------------------------
 
-MODULES = {module.rpartition(".")[2]: module for module, _ in COMMANDS.values()}
+# A command module by its own name (`recipe`) or its command's (`calibration`, `build_data`); `head`
+# names the head, not the recipe command, in prose.
+MODULES = {module.rpartition(".")[2]: module for module, _ in COMMANDS.values()} \
+    | {name.replace("-", "_"): module for name, (module, _) in COMMANDS.items() if name != "head"}
 
 
 def script_of(span: str) -> str | None:
@@ -183,8 +186,8 @@ def test_design_flags_are_read_per_script():
     text = ("`build_data` and `evaluate` take `--repetition_penalty`: more. `calibration --threads` sets "
             "threads, as in `demo`. The timing says so (`--step_times_from`).\n\n`benchmarks/time_breakdown.py` "
             "takes `--engine compiled`; `specdecpp head` passes it on.")
-    assert design_flags(text) == {"--repetition_penalty": {"specdecpp.build_data", "specdecpp.evaluate"},
-                                  "--threads": {"specdecpp.calibration"}, "--step_times_from": set(),
+    assert design_flags(text) == {"--repetition_penalty": {"specdecpp.data.build_data", "specdecpp.evaluate"},
+                                  "--threads": {"specdecpp.calibration.report"}, "--step_times_from": set(),
                                   "--engine": {"benchmarks/time_breakdown.py"}}
 
 
@@ -192,7 +195,7 @@ def test_design_flags_are_read_per_script():
 def help_flags(script: str) -> frozenset[str]:
     """The flags `script --help` lists (a command module's `main` or a benchmark file, run in this
     process)."""
-    argv = ["build", "--help"] if script == "specdecpp.zoo" else ["--help"]  # zoo's flags are its build's
+    argv = ["build", "--help"] if script == "specdecpp.training.zoo" else ["--help"]  # zoo's flags are its build's
     shown, saved_argv, saved_path = io.StringIO(), sys.argv, sys.path
     try:
         with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):

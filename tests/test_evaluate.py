@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import write_prompts
 
-from specdecpp import compiled
 from specdecpp import evaluate as ev
+from specdecpp.engine import compiled
 from specdecpp.evaluation import methods, runner, settings
-from specdecpp.head import AcceptancePredictionHead
+from specdecpp.head.model import AcceptancePredictionHead
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_model
 from torch import nn
 
 from specdecpp import AcceptancePredictionHead
-from specdecpp.head import FEATURES, LeanJudge, ResBlock, logit_features, step_features
+from specdecpp.head.model import FEATURES, LeanJudge, ResBlock, logit_features, step_features
 
 
 class ReferenceHead(nn.Module):
@@ -241,7 +241,7 @@ def test_committed_heads_sample_the_targets_distribution(name):
     from transformers import AutoModelForCausalLM
 
     from specdecpp import speculative_generate
-    from specdecpp.sampling import logits_to_probs, make_warpers
+    from specdecpp.engine.sampling import logits_to_probs, make_warpers
 
     head = AcceptancePredictionHead.from_pretrained(ZOO / name)
     target, draft = (AutoModelForCausalLM.from_pretrained(ZOO / part, dtype=torch.float32).eval()

@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from specdecpp.decoding import EagerDraft
-from specdecpp.head import FEATURES, step_features
-from specdecpp.head_data import head_inputs
-from specdecpp.processing import sampling_only
+from specdecpp.engine.decoding import EagerDraft
+from specdecpp.engine.processing import sampling_only
+from specdecpp.head.model import FEATURES, step_features
+from specdecpp.training.head_data import head_inputs
 
 
 @pytest.mark.parametrize("do_sample", [False, True])

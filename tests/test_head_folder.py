@@ -7,16 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.head_folder import card_facts, record_card_facts, render_card, write_card
+from specdecpp.head.folder import card_facts, record_card_facts, render_card, write_card
+from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.measuring.costs import FLAT_COST, MEASURED_COST, StepTimes
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO_HEAD = ROOT / "checkpoints" / "zoo" / "head"
 
 
 def selection(mode: str = "greedy") -> dict:
-    """A threshold selection as `specdecpp.threshold.choose_threshold` stores it, on flat step times."""
+    """A threshold selection as `specdecpp.calibration.threshold.choose_threshold` stores it, on flat step times."""
     return {"records": 2, "data": "dev.jsonl", "tokens": 40, "bound": [1, 20], "mode": mode,
             "step_times": StepTimes([1.0] * 20, [10.0] * 21, 10.0).as_dict(),
             "judged_step_times": StepTimes([1.1] * 20, [10.0] * 21, 10.0, judge_ms=0.1).as_dict(),
@@ -110,10 +110,10 @@ def test_no_card_is_edited_as_text():
 
 def test_the_head_training_and_publishing_do_not_import_the_decoder():
     """One fresh interpreter: import each module in turn and look for the engine after each."""
-    modules = ["specdecpp.costs", "specdecpp.head_folder", "specdecpp.head", "specdecpp.publish", "specdecpp.train"]
+    modules = ["specdecpp.measuring.costs", "specdecpp.head.folder", "specdecpp.head.model", "specdecpp.head.publish", "specdecpp.train"]
     code = ("import importlib, sys\n"
             f"for name in {modules!r}:\n"
             "    importlib.import_module(name)\n"
-            "    print(name, 'specdecpp.decoding' in sys.modules)")
+            "    print(name, 'specdecpp.engine.decoding' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert result.stdout.split() == [word for name in modules for word in (name, "False")]

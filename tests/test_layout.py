@@ -90,7 +90,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_absolute_relative_and_package_imports():
     graph = import_graph()
-    assert "specdecpp.checks" in graph["specdecpp.decoding"]  # from specdecpp.checks import ...
+    assert "specdecpp.checks" in graph["specdecpp.engine.decoding"]  # from specdecpp.checks import ...
     assert "specdecpp.evaluation.runner" in graph["specdecpp.evaluate"]  # a module of a subpackage
     assert "specdecpp.checks" in graph["specdecpp.models"]  # from specdecpp import checks
     source = ("import json\nfrom .. import a\nfrom . import name_in_sub\nfrom ..b import x\n"
@@ -137,7 +137,7 @@ TRAINING = ("accelerate", "datasets", "transformers.Trainer", "transformers.Trai
 def test_the_head_stands_on_neither_its_card_nor_the_cost_model():
     """The nn.Module the engine loads does not load the card renderer (`head_folder`) or the cost
     model it prices with; saving a folder imports them when it is called."""
-    assert not reach(import_graph(), "specdecpp.head") & {"specdecpp.head_folder", "specdecpp.costs"}
+    assert not reach(import_graph(), "specdecpp.head.model") & {"specdecpp.head.folder", "specdecpp.measuring.costs"}
 
 
 def test_the_loss_and_the_metric_load_no_training():
@@ -145,9 +145,9 @@ def test_the_loss_and_the_metric_load_no_training():
     what measures a head (calibration, the benchmarks) does not import `train`."""
     graph = import_graph()
     files = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    loaded = {name for module in reach(graph, "specdecpp.objective") for name in outside_imports(files[module])}
+    loaded = {name for module in reach(graph, "specdecpp.training.objective") for name in outside_imports(files[module])}
     assert not {name for name in loaded if name.startswith(TRAINING)}, loaded
-    assert "specdecpp.train" not in reach(graph, "specdecpp.calibration")
+    assert "specdecpp.train" not in reach(graph, "specdecpp.calibration.report")
     for benchmark in sorted((PACKAGE.parent / "benchmarks").glob("*.py")):
         uses = imports_of(benchmark.stem, False, benchmark.read_text(encoding="utf-8"), set(graph))
         assert not any("specdecpp.train" in reach(graph, module) for module in uses), benchmark.name

@@ -6,7 +6,7 @@ import torch
 from conftest import tiny_llama, tiny_tokenizer
 
 from specdecpp.checks import check_same_vocab, vocab_size
-from specdecpp.head import AcceptancePredictionHead
+from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.models import (check_tokenizer, last_hidden_states, load_head, load_model, load_tokenizer, parse_dtype,
                               positions_from_mask)
 

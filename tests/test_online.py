@@ -1,4 +1,4 @@
-"""The online acceptance estimator (vLLM 0.32's, `specdecpp.online`): its cold start, its labels,
+"""The online acceptance estimator (vLLM 0.32's, `specdecpp.engine.online`): its cold start, its labels,
 its refit against a direct IRLS solve, its state on disk, and the head's online recalibration."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from specdecpp.online import (OnlineAcceptanceEstimator, best_verify_length, fit_offline, log_odds,
+from specdecpp.engine.online import (OnlineAcceptanceEstimator, best_verify_length, fit_offline, log_odds,
                               log_odds_from_log, sigmoid)
 
 

@@ -15,7 +15,7 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, 
 from transformers.generation import WatermarkLogitsProcessor
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.schedules import SCHEDULES
+from specdecpp.engine.schedules import SCHEDULES
 
 
 def settings_for(name: str, plain: list[int], eos: int) -> dict:

@@ -6,8 +6,8 @@ import json
 import pytest
 from conftest import tiny_tokenizer
 
-from specdecpp import prompts
-from specdecpp.prompts import format_prompt, load_prompts, prompt_text, register_prompt_set, tokenize_prompt
+from specdecpp.data import prompts
+from specdecpp.data.prompts import format_prompt, load_prompts, prompt_text, register_prompt_set, tokenize_prompt
 
 
 def test_humaneval_comes_from_the_package_offline():

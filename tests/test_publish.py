@@ -13,9 +13,9 @@ from huggingface_hub import HfApi
 from test_train import data_files, run  # noqa: F401  (data_files is a fixture)
 
 from specdecpp import cli
-from specdecpp.head_folder import CUSTOM_GENERATE_FILES, card_facts, render_card
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.publish import push_head, stage_head
+from specdecpp.head.folder import CUSTOM_GENERATE_FILES, card_facts, render_card
+from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.head.publish import push_head, stage_head
 
 ZOO_HEAD = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo" / "head"
 HEAD_FILES = {"README.md", "config.json", "model.safetensors", *CUSTOM_GENERATE_FILES}

@@ -12,7 +12,7 @@ import pytest
 from transformers import HfArgumentParser
 
 from specdecpp import recipe as recipe_module
-from specdecpp.recipe import (RECIPE_FILE, Recipe, Stage, StageError, launch, main, parse_args, recipe_changes,
+from specdecpp.training.recipe import (RECIPE_FILE, Recipe, Stage, StageError, launch, main, parse_args, recipe_changes,
                               run_recipe, stages)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdecpp.sampling import logits_to_probs, make_warpers, residual_distribution, sample
+from specdecpp.engine.sampling import logits_to_probs, make_warpers, residual_distribution, sample
 
 
 def test_warpers_match_temperature_top_k_top_p():

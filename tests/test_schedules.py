@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.online import OnlineAcceptanceEstimator, log_odds, sigmoid
-from specdecpp.schedules import SCHEDULES, Ada, DraftStep, Heuristic, draft_log_odds, make_schedule
+from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds, sigmoid
+from specdecpp.engine.schedules import SCHEDULES, Ada, DraftStep, Heuristic, draft_log_odds, make_schedule
+from specdecpp.head.model import AcceptancePredictionHead
 
 
 def test_heuristic_grows_by_two_after_full_acceptance_and_shrinks_by_one_otherwise():

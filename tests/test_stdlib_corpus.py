@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from specdecpp import stdlib_corpus
+from specdecpp.data import stdlib_corpus
 
 
 def test_split_is_stable_and_by_path():

@@ -9,7 +9,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from specdecpp import stdlib_corpus, zoo
+from specdecpp.data import stdlib_corpus
+from specdecpp.training import zoo
 
 MICRO = dict(max_train_files=8, vocab_size=400, seq_len=64, width=64, target_layers=2, draft_layers=1,
              batch_size=4, target_steps=4, draft_steps=2, warmup_steps=2, eval_functions=3, eval_prompts=3,

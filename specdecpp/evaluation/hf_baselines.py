@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp.compat import cache_in
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.methods import Counts, MethodSpec, generation_kwargs
 from specdecpp.evaluation.settings import Pair, Prompt
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.decoding import decode
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.engine.decoding import decode
+from specdecpp.engine.online import OnlineAcceptanceEstimator
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.settings import MethodGrid, Prompt, may_store_threshold
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.online import OnlineAcceptanceEstimator
+from specdecpp.head.model import AcceptancePredictionHead
 
 
 @dataclass

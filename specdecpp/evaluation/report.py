@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
-from specdecpp import metrics, plots
-from specdecpp.data_io import write_json
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.data.io import write_json
+from specdecpp.engine.settings import DecodingSettings
+from specdecpp.evaluation import plots
 from specdecpp.evaluation.settings import Prompt
+from specdecpp.measuring import metrics
 
 
 def report(records: list[dict], cost: dict, output: str | Path, title: str = "", figures: bool = True,

@@ -21,14 +21,14 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from specdecpp import costs, metrics
-from specdecpp.data_io import write_json
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.data.io import write_json
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
 from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, method_specs
 from specdecpp.evaluation.report import report, run_title
 from specdecpp.evaluation.settings import (MethodGrid, Pair, Prompt, PromptSource, RunOptions,
                                            check_results_replaceable, load_inputs, load_pair, results_file, zoo_pair)
+from specdecpp.measuring import costs, metrics, step_timing
 from specdecpp.models import HeadPairArguments
 
 
@@ -66,7 +66,7 @@ def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int
     return seconds
 
 
-def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions, probe: metrics.CostProbe,
+def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions, probe: step_timing.CostProbe,
                    tokenizer=None, on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
                    target: PreTrainedModel | None = None, greedy: bool = True) -> list[dict]:
     """Every method on every prompt, interleaved per prompt with the starting method rotating,
@@ -113,7 +113,7 @@ def first_difference_margin(target: PreTrainedModel, prompt: list[int], tokens: 
     return float(top[0] - top[1])
 
 
-def _time_cost_steps(probe: metrics.CostProbe, steps: int) -> dict:
+def _time_cost_steps(probe: step_timing.CostProbe, steps: int) -> dict:
     """The medians of `steps` timed draft steps and target verifications, in ms."""
     draft_ms, target_ms = probe.sample(steps)
     return {"draft_step_ms": statistics.median(draft_ms), "target_verify_ms": statistics.median(target_ms)}
@@ -155,7 +155,7 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding
     done = done or []
     methods = [build_method(spec, pair, decoding) for spec in specs]
     compile_seconds = warm_up(methods, prompts, run.warmup_tokens, run.seed, decoding.compile)
-    probe = metrics.CostProbe(pair.target, pair.draft, torch.tensor([prompts[0].ids]), compile=decoding.compile)
+    probe = step_timing.CostProbe(pair.target, pair.draft, torch.tensor([prompts[0].ids]), compile=decoding.compile)
     finished = {record["id"] for record in done}
     todo = [prompt for prompt in prompts if prompt.id not in finished]
     if results_path is not None:
@@ -166,7 +166,7 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding
     return records, {**run_cost(records, probe, run.cost_steps_per_prompt), "compile_seconds": compile_seconds}
 
 
-def run_cost(records: list[dict], probe: metrics.CostProbe, steps_per_prompt: int) -> dict:
+def run_cost(records: list[dict], probe: step_timing.CostProbe, steps_per_prompt: int) -> dict:
     """The run's cost ratio c: the median over prompts of the draft step and of the target
     verification timed after each prompt (`costs.cost_ratio`), with `steps_per_prompt` and the
     number of `prompts` timed. Records saved by a version that timed c only once carry no

@@ -24,11 +24,11 @@ from transformers import PreTrainedModel
 from specdecpp.checks import (check_can_roll_back, check_head_fits_draft, check_same_vocab, read_head_config, text_config,
                               vocab_size)
 from specdecpp.cli import common_field
-from specdecpp.decoding_settings import DecodingSettings
-from specdecpp.head import AcceptancePredictionHead
+from specdecpp.data.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
+from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.engine.settings import DecodingSettings
+from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.models import HeadPairArguments, load_head, load_model, load_tokenizer
-from specdecpp.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
-from specdecpp.schedules import SCHEDULES
 
 ZOO_DIR = Path(__file__).resolve().parent.parent.parent / "checkpoints" / "zoo"
 BASELINES = ("target", "draft", "hf:constant", "hf:heuristic", "hf:dynamic")
@@ -161,7 +161,7 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
         if "auto" in grid.stop_threshold and not any(map(may_store_threshold, pair.head)):
             raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
                              f"{', '.join(pair.head)} has one: choose one with "
-                             "`python -m specdecpp.calibration ... --choose_threshold`")
+                             "`python -m specdecpp.calibration.report ... --choose_threshold`")
     check_writable(run.output)
 
 

@@ -31,11 +31,11 @@ import numpy as np
 import torch
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
-from specdecpp.decoding import EagerDraft, GenerationStats, draft_rounds
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.engine.decoding import EagerDraft, GenerationStats, draft_rounds
+from specdecpp.engine.processing import sampling_only
+from specdecpp.engine.schedules import Schedule, make_schedule
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.models import load_head, load_model
-from specdecpp.processing import sampling_only
-from specdecpp.schedules import Schedule, make_schedule
 
 TESTED_VLLM = ("0.32.0",)  # vLLM calls the custom proposer interface experimental: pinned
 SERVED_SCHEDULES = ("constant", "heuristic", "dynamic", "ada")

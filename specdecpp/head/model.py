@@ -7,7 +7,7 @@ Which draft state judges which drafted token is the head's `alignment` (docs/des
 - `reader` (the reference's, and every config without the key): the state that has read `y_j`
   judges it, one draft step later.
 Saved and loaded through `PyTorchModelHubMixin` (`config.json` + `model.safetensors` + the model
-card and `custom_generate/` that `specdecpp.head_folder` writes), so a folder or a Hub
+card and `custom_generate/` that `specdecpp.head.folder` writes), so a folder or a Hub
 id loads with `AcceptancePredictionHead.from_pretrained` and `push_to_hub` publishes one.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants
 from torch import nn
 
-from specdecpp.hub_card_data import LIBRARY_NAME, PAPER_URL, TAGS
+from specdecpp.head.card_data import LIBRARY_NAME, PAPER_URL, TAGS
 
 ALIGNMENTS = ("proposer", "reader")
 
@@ -185,7 +185,7 @@ class AcceptancePredictionHead(
     @property
     def config(self) -> dict:
         """The head's config as saved in `config.json`: shape, alignment, features and, once
-        chosen (`specdecpp.calibration --choose_threshold`), the stored threshold and how it was chosen."""
+        chosen (`specdecpp.calibration.report --choose_threshold`), the stored threshold and how it was chosen."""
         config = {"hidden_size": self.hidden_size, "num_layers": self.num_layers, "alignment": self.alignment}
         if self.features:
             config["features"] = list(self.features)
@@ -221,7 +221,7 @@ class AcceptancePredictionHead(
             return float(stop_threshold)
         if self.stop_threshold is None:
             raise ValueError("stop_threshold='auto' needs a head with a stored threshold, and this one has none: "
-                             "choose one with `python -m specdecpp.calibration ... --choose_threshold` "
+                             "choose one with `python -m specdecpp.calibration.report ... --choose_threshold` "
                              "or pass a number")
         return self.stop_threshold
 
@@ -293,14 +293,14 @@ class AcceptancePredictionHead(
         return model.eval()
 
     # -- custom_generate and the model card: a saved folder runs from transformers' generate ----------
-    # The folder's other files are `specdecpp.head_folder`'s, which renders the card with the cost
+    # The folder's other files are `specdecpp.head.folder`'s, which renders the card with the cost
     # model; it is imported where a folder is written, so that the module (what the engine loads)
     # stands on neither.
     def save_pretrained(self, save_directory: str | Path, *, model_card_kwargs: dict | None = None, **kwargs):
         """The mixin's `save_pretrained` (and `push_to_hub`, which calls it); `model_card_kwargs`, the
         card's facts (`draft`, `target`, `training_data`, `eval_metrics`, see `head_folder`), are
         kept in the folder's `card.json`, so that the card renders from the folder alone, now and later."""
-        from specdecpp.head_folder import record_card_facts
+        from specdecpp.head.folder import record_card_facts
 
         if model_card_kwargs:
             record_card_facts(save_directory, model_card_kwargs)
@@ -310,7 +310,7 @@ class AcceptancePredictionHead(
         """Save the weights (the mixin's way) and `config.json` (now, so that the card renders from
         it; the mixin then keeps it), then `custom_generate/` and the model card rendered from the
         folder (`head_folder.write_head_files`), so `generate(custom_generate=FOLDER)` runs SpecDec++."""
-        from specdecpp.head_folder import write_head_files
+        from specdecpp.head.folder import write_head_files
 
         super()._save_pretrained(save_directory)
         (Path(save_directory) / constants.CONFIG_NAME).write_text(json.dumps(self.config, sort_keys=True, indent=2))
@@ -318,6 +318,6 @@ class AcceptancePredictionHead(
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
         """The model card of this head's config with the facts `kwargs` (see `head_folder.render_card`)."""
-        from specdecpp.head_folder import render_card
+        from specdecpp.head.folder import render_card
 
         return ModelCard(render_card(self.config, kwargs))

@@ -1,10 +1,10 @@
 """Timing the loop's steps on this machine: the measured `StepTimes` that price the cost model,
-and the steps behind the flat view's cost ratio `c` (`EngineSteps`, which `metrics.CostProbe` times).
+and the steps behind the flat view's cost ratio `c` (`EngineSteps`, which `CostProbe` times).
 
 Every figure is timed through the engine's own step functions, eager or compiled as the decoding
 will run (`decoding.step_models`: the draft's `draft_step`, `decoding.verify`, the schedule's
 `stop_after`); `StepProbe` lays them out in rounds as the loop does, so that the cache state each
-step meets is the loop's (see `specdecpp.costs` for what each figure prices). The first round of a
+step meets is the loop's (see `specdecpp.measuring.costs` for what each figure prices). The first round of a
 generation also reads the prompt: its first draft step and its verification are prefill forwards,
 priced apart by `prefill_extra_ms`.
 """
@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.costs import StepTimes, busy_machine, fit_verify_ms, loop_overhead_ms, pass_spread
-from specdecpp.decoding import decode, step_models, verify
-from specdecpp.decoding_settings import DecodingSettings
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.processing import sampling_only
-from specdecpp.schedules import Ada
+from specdecpp.engine.decoding import decode, step_models, verify
+from specdecpp.engine.processing import sampling_only
+from specdecpp.engine.schedules import Ada
+from specdecpp.engine.settings import DecodingSettings
+from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.measuring.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread
 
 
 def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
@@ -154,7 +154,7 @@ def loaded_models(models, seq: list[int], generator: torch.Generator | None = No
 
 
 class EngineSteps:
-    """The steps the flat view's cost ratio `c` divides (`metrics.CostProbe` times them): one draft
+    """The steps the flat view's cost ratio `c` divides (`CostProbe` times them): one draft
     step feeding the context's last token and one verification of it and `k` drafted tokens,
     greedy, through the engine the decoding runs (eager, or compiled when `compile`), each leaving
     the caches as it found them. `load` puts the context back in the compiled engine's caches,
@@ -229,3 +229,54 @@ def measure_round_overhead(target: PreTrainedModel, draft: PreTrainedModel, inpu
     settings = DecodingSettings(schedule="constant", num_assistant_tokens=3, max_new_tokens=tokens, eos_token_id=[],
                                 compile=compile)
     return statistics.median(loop_overhead_ms(decode(target, draft, input_ids, settings).stats) for _ in range(runs))
+
+
+class CostProbe:
+    """Times draft steps and target verifications on demand, so that an evaluation can sample the
+    cost ratio between prompts all through a run (machine load then hits it as it hits the
+    methods) instead of once at the start. The steps are the engine's (`EngineSteps`,
+    eager, or compiled with `compile`, as the methods then run them): a draft step feeds one
+    token, a target verification the last verified token plus `k` drafted ones, both after the
+    prompt `input_ids` `[1, length]` is in the KV cache (as mid-generation); `warmup_steps` of
+    each run untimed."""
+
+    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
+                 k: int = 4, warmup_steps: int = 10, compile: bool = False) -> None:
+        self.k = k
+        self.steps = EngineSteps(target, draft, input_ids, k, compile)
+        self.sample(warmup_steps)
+
+    def sample(self, steps: int) -> tuple[list[float], list[float]]:
+        """`steps` timings (ms) of each kind of step, alternating so that load on the machine
+        hits both alike. Returns the draft step times and the target verification times."""
+        self.steps.load()
+        draft_ms, (target_ms,) = time_alternately(self.steps.draft_step, [self.steps.verify], steps)
+        return draft_ms, target_ms
+
+
+def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
+                       k: int = 4, steps: int = 50, warmup_steps: int = 10) -> dict:
+    """Measure `c` on this machine now: `steps` alternating timings of a `CostProbe`, reduced by
+    `costs.cost_ratio`. Returns its figures plus `"steps"`."""
+    draft_ms, target_ms = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
+    return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
+
+
+def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[], None]],
+                     steps: int) -> tuple[list[float], list[list[float]]]:
+    """`steps` rounds of timing, for each of `verifies` in turn, one draft step and then that
+    verification (ms), so that load on the machine hits them all alike. Returns the draft step
+    times and each verification's times."""
+    draft_ms, verify_ms = [], [[] for _ in verifies]
+    for _ in range(steps):
+        for times, verify in zip(verify_ms, verifies):
+            draft_ms.append(1000 * timed(draft_step))
+            times.append(1000 * timed(verify))
+    return draft_ms, verify_ms
+
+
+def timed(step: Callable[[], None]) -> float:
+    """Seconds one call of `step` takes."""
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start

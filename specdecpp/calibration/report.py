@@ -1,6 +1,6 @@
 """Calibration report of a trained acceptance head: can its probabilities be trusted?
 
-    python -m specdecpp.calibration --head HEAD --draft DRAFT --records dev.jsonl [--plot_path reliability.png]
+    python -m specdecpp.calibration.report --head HEAD --draft DRAFT --records dev.jsonl [--plot_path reliability.png]
 
 The `ada` schedule stops drafting on the head's predicted probability of a rejection, so a stop
 threshold only means what it says if those probabilities are calibrated. On held-out records
@@ -16,7 +16,7 @@ reported by default; `--weight_mismatch w` reports the calibration of `w s / (1 
 acceptance probability the head implies, which is what should match the labels.
 
 `--choose_threshold --target TARGET` also picks the head's stop threshold for `stop_threshold="auto"`
-(`specdecpp.threshold`): rounds on the records (greedy or sampled, as the head will decode) are
+(`specdecpp.calibration.threshold`): rounds on the records (greedy or sampled, as the head will decode) are
 replayed with the head's predictions (and, on greedy records, with vLLM's online estimator, whose
 best threshold is reported as `dynamic`'s is) and priced with the pair's measured step times (timed with
 `--threads` torch threads, the count decoding will use); the threshold, the times and the cost curve go into
@@ -34,17 +34,17 @@ import torch
 from matplotlib.figure import Figure  # not pyplot: files only, and no backend chosen for the process
 from transformers import HfArgumentParser
 
+from specdecpp.calibration.threshold import choose_threshold, stored_step_times
 from specdecpp.checks import check_data_fits_draft
 from specdecpp.cli import common_field, input_errors
-from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
-from specdecpp.data_io import atomic_write, read_records
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.head_folder import REPLAYED_ROUNDS
-from specdecpp.head_data import predict
+from specdecpp.data.io import atomic_write, read_records
+from specdecpp.head.folder import REPLAYED_ROUNDS
+from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.measuring.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
+from specdecpp.measuring.step_timing import torch_threads
 from specdecpp.models import HeadPairArguments, load_head, load_model
-from specdecpp.objective import binary_kl
-from specdecpp.step_timing import torch_threads
-from specdecpp.threshold import choose_threshold, stored_step_times
+from specdecpp.training.head_data import predict
+from specdecpp.training.objective import binary_kl
 
 
 @dataclass
@@ -227,7 +227,7 @@ def run(pair: HeadPairArguments, args: CalibrationArguments) -> dict:
 
 def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target, records: list[dict],
                     args: CalibrationArguments, predictions: np.ndarray) -> dict:
-    """Choose the head's threshold on `records` (`specdecpp.threshold.choose_threshold`) from its
+    """Choose the head's threshold on `records` (`specdecpp.calibration.threshold.choose_threshold`) from its
     raw `predictions` over them (a proposer head's positions do not depend on the mixing ratio),
     store it in the config of the head folder `head_dir` (saving the head re-renders its card from the folder),
     plot the cost curve; returns the selection record."""
@@ -291,7 +291,7 @@ FLAGS = (HeadPairArguments, CalibrationArguments)  # the command's flags, in --h
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: `python -m specdecpp.calibration --help`."""
+    """Command line: `python -m specdecpp.calibration.report --help`."""
     parser = HfArgumentParser(FLAGS)
     with input_errors("calibration"):
         pair, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)

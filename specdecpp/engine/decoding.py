@@ -18,13 +18,13 @@ from transformers.utils import ModelOutput
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
 from specdecpp.compat import cache_kwargs
-from specdecpp.compiled import CompiledDraft, ProcessedDraft, StaticModel, compiled_models, recompiles_forbidden
-from specdecpp.decoding_settings import DecodingSettings, default_schedule
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.online import OnlineAcceptanceEstimator
-from specdecpp.processing import Processing, build_processing
-from specdecpp.sampling import residual_distribution, sample
-from specdecpp.schedules import DraftStep, Schedule, make_schedule, proposed_step
+from specdecpp.engine.compiled import CompiledDraft, ProcessedDraft, StaticModel, compiled_models, recompiles_forbidden
+from specdecpp.engine.online import OnlineAcceptanceEstimator
+from specdecpp.engine.processing import Processing, build_processing
+from specdecpp.engine.sampling import residual_distribution, sample
+from specdecpp.engine.schedules import DraftStep, Schedule, make_schedule, proposed_step
+from specdecpp.engine.settings import DecodingSettings, default_schedule
+from specdecpp.head.model import AcceptancePredictionHead
 
 
 @dataclass
@@ -211,10 +211,10 @@ def speculative_generate(
 ) -> SpeculativeOutput:
     """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
     `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `online`, `oracle`; see
-    `specdecpp.schedules`); `ada` reads `head` and takes `stop_threshold="auto"` for the threshold
+    `specdecpp.engine.schedules`); `ada` reads `head` and takes `stop_threshold="auto"` for the threshold
     stored in the head, and with `online=True` recalibrates the head's logit from the rounds'
     outcomes; `online` is vLLM's online acceptance estimator under the same stop rule. Both learn
-    in `estimator` (a `specdecpp.online.OnlineAcceptanceEstimator`, which then carries what it
+    in `estimator` (a `specdecpp.engine.online.OnlineAcceptanceEstimator`, which then carries what it
     learned to the next call) or, without one, in a fresh one for this generation. Greedy output
     equals `target.generate(do_sample=False)` token for token; sampled output (temperature, top-k,
     top-p applied to both models) follows the target's distribution, reproducibly given
@@ -224,14 +224,14 @@ def speculative_generate(
     `forced_eos_token_id`) or stopping criteria (`stop_strings`, which needs `tokenizer`,
     `max_time`); `logits_processor` and `stopping_criteria` add the caller's own, as in `generate`.
     Both models' logits are processed at every position with the prefix it has
-    (`specdecpp.processing`), so the output is still `target.generate`'s with the same settings.
+    (`specdecpp.engine.processing`), so the output is still `target.generate`'s with the same settings.
     Generation stops at EOS (the target's generation config's, or `eos_token_id`), after
     `max_new_tokens` or at the first token a stopping criterion is met by. `streamer` (a
     `transformers` `TextStreamer` or anything with `put`/`end`) receives tokens as rounds end.
     Batch size 1, so `**tokenizer(text, return_tensors="pt")` works: `attention_mask` is accepted and
     must be all ones (padding is refused). `schedule=None` means `ada` when a `head` is given, else
     `dynamic` (what `target.generate(assistant_model=draft)` does) with a draft, else `none`.
-    `compile=True` runs the compiled engine (`specdecpp.compiled`: static KV caches, each step one
+    `compile=True` runs the compiled engine (`specdecpp.engine.compiled`: static KV caches, each step one
     `torch.compile`d graph, compiled on first use per model pair and process): the same tokens,
     faster steps. Returns a `SpeculativeOutput`: the sequences (prompt included) and a `GenerationStats`."""
     settings = DecodingSettings(
@@ -316,7 +316,7 @@ def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings
     """The target and (unless None) the draft as the loop steps them, with empty caches for a
     generation of up to `max_length` tokens: eager (`CachedModel`, and an `EagerDraft` proposing
     under `processing` whose steps return `hidden_states` for a head), or with `settings.compile`
-    the compiled engine's (`specdecpp.compiled`: its draft step also judges with `ada`'s head, or,
+    the compiled engine's (`specdecpp.engine.compiled`: its draft step also judges with `ada`'s head, or,
     under processors that read the prefix, runs the forward alone as a graph and the rest as the
     eager draft does). Returns them and the seconds spent compiling."""
     if not settings.compile:

@@ -10,7 +10,7 @@ schedule's name and a new schedule is one class:
 
 A schedule object holds the state of one generation; `make_schedule` builds a fresh one. The
 online schedules (`online`, and `ada` with `online=True`) also hold an `OnlineAcceptanceEstimator`
-(`specdecpp.online`) that learns from `end_round`'s outcomes: fresh per generation unless the
+(`specdecpp.engine.online`) that learns from `end_round`'s outcomes: fresh per generation unless the
 settings pass one in, which then carries its learning across generations.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecpp.decoding_settings import SCHEDULES, DecodingSettings
-from specdecpp.head import AcceptancePredictionHead, LeanJudge, step_features
-from specdecpp.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, clamp_log_odds, log_odds
-from specdecpp.processing import Processing
-from specdecpp.sampling import sample, widened
+from specdecpp.engine.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, clamp_log_odds, log_odds
+from specdecpp.engine.processing import Processing
+from specdecpp.engine.sampling import sample, widened
+from specdecpp.engine.settings import SCHEDULES, DecodingSettings
+from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, step_features
 
 
 
@@ -200,7 +200,7 @@ class Ada(ProductRule):
 
 
 class Online(ProductRule):
-    """`online`: vLLM 0.32's `OnlineAcceptanceEstimator` (`specdecpp.online`) under our product
+    """`online`: vLLM 0.32's `OnlineAcceptanceEstimator` (`specdecpp.engine.online`) under our product
     rule. Each drafted token is judged `sigmoid(w * f + b_k)` from `f = draft_log_odds(step)`,
     the log-odds of the draft's top probability (a function of the prefix, not of the drawn
     token), and the estimator learns from every round's outcome."""

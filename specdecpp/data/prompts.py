@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from specdecpp.data_io import read_json_rows
+from specdecpp.data.io import read_json_rows
 
 PROMPT_SETS: dict[str, Callable[[], list[str]]] = {}
 # Hub datasets the reference used: (config, default split). Others load with config None, split "train".
@@ -39,9 +39,9 @@ def humaneval_prompts() -> list[str]:
 
 
 def stdlib_heldout_prompts() -> list[str]:
-    """The zoo pair's held-out standard-library functions (`specdecpp.stdlib_corpus`), imported on
+    """The zoo pair's held-out standard-library functions (`specdecpp.data.stdlib_corpus`), imported on
     use so that reading prompts never pays for scanning the standard library."""
-    from specdecpp.stdlib_corpus import heldout_function_prompts
+    from specdecpp.data.stdlib_corpus import heldout_function_prompts
 
     return heldout_function_prompts()
 
@@ -49,7 +49,7 @@ def stdlib_heldout_prompts() -> list[str]:
 def stdlib_train_prompts() -> list[str]:
     """Documented functions of the zoo pair's train-split standard-library files, for training
     data (disjoint by file from `stdlib-heldout`)."""
-    from specdecpp.stdlib_corpus import train_function_prompts
+    from specdecpp.data.stdlib_corpus import train_function_prompts
 
     return train_function_prompts()
 

@@ -1,6 +1,6 @@
 """The standard-library corpus: text every machine has, split into train and held-out files.
 
-The zoo pair (`specdecpp.zoo`) is trained on the `.py` files of the running interpreter's
+The zoo pair (`specdecpp.training.zoo`) is trained on the `.py` files of the running interpreter's
 standard library, which are identical on every machine with the same Python version. Each file
 goes to the train or the held-out split by a stable hash of its path relative to the stdlib
 root, so the split never depends on the machine, the file order or a random seed. The held-out

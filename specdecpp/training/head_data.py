@@ -19,9 +19,9 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from specdecpp.checks import check_head_fits_draft, hidden_size
-from specdecpp.head import AcceptancePredictionHead, logit_features
+from specdecpp.head.model import AcceptancePredictionHead, logit_features
 from specdecpp.models import last_hidden_states, model_device, positions_from_mask
-from specdecpp.objective import IGNORE
+from specdecpp.training.objective import IGNORE
 
 NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
 

@@ -1,15 +1,15 @@
 """Build the acceptance head's training data from a target/draft pair.
 
-    python -m specdecpp.build_data --target T --draft D --prompts SRC --output OUT.jsonl \
+    python -m specdecpp.data.build_data --target T --draft D --prompts SRC --output OUT.jsonl \
         --max_new_tokens N [--do_sample] [--repetition_penalty R] [--batch_size B] [--seed S] [--n_begin I --n_end J]
-    torchrun --nproc_per_node 4 -m specdecpp.build_data ...      (each rank takes its share)
+    torchrun --nproc_per_node 4 -m specdecpp.data.build_data ...      (each rank takes its share)
 
 One pass per batch of prompts: the target generates the continuations (batched, left-padded, KV
 cache), then one teacher-forced forward of each model over prompt + continuation gives, at every
 continuation position, the draft's proposal given the target's prefix (argmax when greedy, sampled
 when sampling), the log-probability of that proposal under each model, and `p_acc`. Both models'
 logits are processed as decoding will process them (`--repetition_penalty`, then the sampling
-warpers), every position with its own prefix (`specdecpp.processing`), since acceptance depends on
+warpers), every position with its own prefix (`specdecpp.engine.processing`), since acceptance depends on
 it; each record names that processing (`processing`).
 
 Resumable: while it runs, records go to `OUT.parts/` (one shard per rank, flushed per batch, with
@@ -38,13 +38,13 @@ from transformers import GenerationConfig, HfArgumentParser, LogitsProcessor, Lo
 from specdecpp import checks
 from specdecpp.checks import trim_at_eos
 from specdecpp.cli import common_field, input_errors
-from specdecpp.data_io import atomic_write, read_complete_lines, to_json_line, write_records
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.data.io import atomic_write, read_complete_lines, to_json_line, write_records
+from specdecpp.data.prompts import FORMATS, load_prompts, tokenize_prompt
+from specdecpp.engine.processing import NEUTRAL, Processing, build_processing
+from specdecpp.engine.sampling import make_warpers, sample
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.models import (PairArguments, check_tokenizer, load_model, load_tokenizer, model_device,
                               positions_from_mask)
-from specdecpp.processing import NEUTRAL, Processing, build_processing
-from specdecpp.prompts import FORMATS, load_prompts, tokenize_prompt
-from specdecpp.sampling import make_warpers, sample
 
 
 @dataclass
@@ -366,7 +366,7 @@ FLAGS = (PairArguments, BuildDataArguments)  # the command's flags, in --help's 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: `python -m specdecpp.build_data --help`."""
+    """Command line: `python -m specdecpp.data.build_data --help`."""
     parser = HfArgumentParser(FLAGS)
     with input_errors("build-data"):
         pair, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)

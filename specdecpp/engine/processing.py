@@ -18,7 +18,7 @@ from transformers.generation import (EosTokenCriteria, LogitsProcessorList, MaxL
                                      StoppingCriteriaList, StopStringCriteria)
 from transformers.generation import logits_process as lp
 
-from specdecpp.sampling import SAMPLING_WARPERS, make_warpers, widened
+from specdecpp.engine.sampling import SAMPLING_WARPERS, make_warpers, widened
 
 # The generation-config fields that add logits processors, and those that add stopping criteria.
 PROCESSOR_FIELDS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "min_length", "bad_words_ids",

@@ -7,73 +7,16 @@ as much as their tokens. Wall-clock figures are medians over prompts of per-prom
 speedup is paired: each prompt's target-alone time over the method's time on the same prompt in
 the same run, so machine drift between prompts cancels.
 
-Cost per token is the flat view of `specdecpp.costs` (`costs.FLAT_COST`, in target
+Cost per token is the flat view of `specdecpp.measuring.costs` (`costs.FLAT_COST`, in target
 verifications): `target_calls + c * draft_calls` per token, with `c` = (one draft step) / (one
-target verification of k = 4 drafted tokens), both timed here (`CostProbe`) on this machine in
-this run.
+target verification of k = 4 drafted tokens), both timed by `step_timing.CostProbe` on this
+machine in this run.
 """
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
 
-import torch
-from transformers import PreTrainedModel
-
-from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, cost_ratio, flat_spent
-from specdecpp.step_timing import EngineSteps
-
-
-class CostProbe:
-    """Times draft steps and target verifications on demand, so that an evaluation can sample the
-    cost ratio between prompts all through a run (machine load then hits it as it hits the
-    methods) instead of once at the start. The steps are the engine's (`step_timing.EngineSteps`,
-    eager, or compiled with `compile`, as the methods then run them): a draft step feeds one
-    token, a target verification the last verified token plus `k` drafted ones, both after the
-    prompt `input_ids` `[1, length]` is in the KV cache (as mid-generation); `warmup_steps` of
-    each run untimed."""
-
-    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
-                 k: int = 4, warmup_steps: int = 10, compile: bool = False) -> None:
-        self.k = k
-        self.steps = EngineSteps(target, draft, input_ids, k, compile)
-        self.sample(warmup_steps)
-
-    def sample(self, steps: int) -> tuple[list[float], list[float]]:
-        """`steps` timings (ms) of each kind of step, alternating so that load on the machine
-        hits both alike. Returns the draft step times and the target verification times."""
-        self.steps.load()
-        draft_ms, (target_ms,) = time_alternately(self.steps.draft_step, [self.steps.verify], steps)
-        return draft_ms, target_ms
-
-
-def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
-                       k: int = 4, steps: int = 50, warmup_steps: int = 10) -> dict:
-    """Measure `c` on this machine now: `steps` alternating timings of a `CostProbe`, reduced by
-    `costs.cost_ratio`. Returns its figures plus `"steps"`."""
-    draft_ms, target_ms = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
-    return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
-
-
-def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[], None]],
-                     steps: int) -> tuple[list[float], list[list[float]]]:
-    """`steps` rounds of timing, for each of `verifies` in turn, one draft step and then that
-    verification (ms), so that load on the machine hits them all alike. Returns the draft step
-    times and each verification's times."""
-    draft_ms, verify_ms = [], [[] for _ in verifies]
-    for _ in range(steps):
-        for times, verify in zip(verify_ms, verifies):
-            draft_ms.append(1000 * timed(draft_step))
-            times.append(1000 * timed(verify))
-    return draft_ms, verify_ms
-
-
-def timed(step: Callable[[], None]) -> float:
-    """Seconds one call of `step` takes."""
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
+from specdecpp.measuring.costs import FLAT_COST, FLAT_UNIT, cost_per_token, flat_spent
 
 
 # -- the summary: one row per method -------------------------------------------------------------

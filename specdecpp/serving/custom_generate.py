@@ -33,11 +33,11 @@ from transformers.generation import (GenerateDecoderOnlyOutput, LogitsProcessorL
 from transformers.generation.streamers import BaseStreamer
 
 from specdecpp.compat import CACHE_NAMES, cache_in
-from specdecpp.decoding import GenerationStats, decode
-from specdecpp.decoding_settings import DecodingSettings
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.online import RECALIBRATION_FILE, OnlineAcceptanceEstimator
-from specdecpp.processing import PROCESSOR_FIELDS, Processing
+from specdecpp.engine.decoding import GenerationStats, decode
+from specdecpp.engine.online import RECALIBRATION_FILE, OnlineAcceptanceEstimator
+from specdecpp.engine.processing import PROCESSOR_FIELDS, Processing
+from specdecpp.engine.settings import DecodingSettings
+from specdecpp.head.model import AcceptancePredictionHead
 
 
 # What `generate` prepares that the SpecDec++ loop may safely ignore: it keeps its own caches, and the
@@ -78,7 +78,7 @@ def hf_generate(
     `head` is a head or a folder / Hub id to load one from; `stop_threshold` and `bound` go to
     `speculative_generate` untouched; left out, they are the head's stored threshold (`"auto"`) and
     the bound it was chosen for, or `speculative_generate`'s defaults for a head that stores none.
-    `schedule` defaults to `ada`; `compile=True` runs the compiled engine (`specdecpp.compiled`).
+    `schedule` defaults to `ada`; `compile=True` runs the compiled engine (`specdecpp.engine.compiled`).
     `online=True` recalibrates the head online (`ada`), and `estimator` is the state `online` or
     that recalibration learns in, carried across calls when the caller passes the same one (see
     `speculative_generate`); without one, a recalibration saved in the head folder `head` names
@@ -86,7 +86,7 @@ def hf_generate(
     Length, EOS, sampling (temperature, top-k, top-p), `num_assistant_tokens` and
     `assistant_confidence_threshold` come from the generation config transformers prepared, and
     the logits processors and stopping criteria are the very ones it built (a repetition penalty,
-    stop strings, ...), applied per position (`specdecpp.processing`); what the loop cannot honour
+    stop strings, ...), applied per position (`specdecpp.engine.processing`); what the loop cannot honour
     (a processor that is not a function of the prefix, beams) is a ValueError naming it, never
     silently dropped. Returns the token tensor, or a `SpeculativeGenerateOutput` when
     `return_dict_in_generate` is set."""

@@ -1,4 +1,4 @@
-"""The evaluation's figures, drawn from its summary rows (see `specdecpp.metrics.summarize`).
+"""The evaluation's figures, drawn from its summary rows (see `specdecpp.measuring.metrics.summarize`).
 
 - `plot_pareto`: discarded draft tokens per token against target calls per token, one curve per
   schedule (constant over K, ada over thresholds, ...) and the Pareto front over all points —
@@ -6,7 +6,7 @@
 - `plot_speedup`: measured speedup over target alone against the `ada` stop threshold, with the
   target alone and the fastest method of each other schedule as horizontal reference lines.
 
-`python -m specdecpp.plots results/*/summary.json` redraws both next to each saved summary.
+`python -m specdecpp.evaluation.plots results/*/summary.json` redraws both next to each saved summary.
 """
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def redraw(summary_file: str | Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m specdecpp.plots SUMMARY_JSON...`: redraw the figures of saved evaluations."""
+    """`python -m specdecpp.evaluation.plots SUMMARY_JSON...`: redraw the figures of saved evaluations."""
     for summary_file in sys.argv[1:] if argv is None else argv:
         for path in redraw(summary_file):
             print(path)

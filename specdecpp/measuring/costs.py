@@ -5,8 +5,8 @@
   measured on this machine (`cost_ratio`). Every verification costs the same, as on a GPU; the
   evaluation tables, the demo and `benchmarks/results_tables.py` count in this view.
 - **measured** (`MEASURED_COST`, in target-alone steps): every part of every round priced with
-  this device's measured step times (`StepTimes`, timed by `specdecpp.step_timing`), so that
-  1 / cost is the speedup predicted on this device; the threshold replay (`specdecpp.threshold`)
+  this device's measured step times (`StepTimes`, timed by `specdecpp.measuring.step_timing`), so that
+  1 / cost is the speedup predicted on this device; the threshold replay (`specdecpp.calibration.threshold`)
   and the head's card count in this view.
 
 `cost_per_token` computes both: the time spent over the tokens generated, in the view's unit
@@ -71,7 +71,7 @@ def flat_spent(target_calls: float, draft_calls: float, cost_ratio: float) -> fl
 
 
 def flat_costs(calls_per_token: dict[str, list[float]], times: StepTimes) -> dict[str, float]:
-    """The flat view of replayed methods (`specdecpp.threshold`'s `calls_per_token`: method ->
+    """The flat view of replayed methods (`specdecpp.calibration.threshold`'s `calls_per_token`: method ->
     [target calls, draft calls] per token), `c` taken from the measured `times` (`StepTimes.cost_ratio`)."""
     c = times.cost_ratio()
     return {method: cost_per_token(flat_spent(target, draft, c), 1.0)

@@ -10,7 +10,7 @@ and the head's evidence when the folder has it: calibration reports (`calibratio
 scheduler or RNG state, no `training_args.bin`, no `checkpoint-*` folders, no cached hidden states.
 The files are staged in a temporary folder (with `custom_generate/` rewritten by the installed
 specdecpp and the model card rendered afresh from the staged config and files by
-`specdecpp.head_folder`: the pair, the stored threshold, the calibration figures, the `generate`
+`specdecpp.head.folder`: the pair, the stored threshold, the calibration figures, the `generate`
 examples naming the repo) and handed to `HfApi.upload_folder`. Loading a
 published head is the ordinary `AcceptancePredictionHead.from_pretrained(REPO_ID)`.
 """
@@ -28,7 +28,7 @@ from huggingface_hub import HfApi
 
 from specdecpp.checks import read_head_config
 from specdecpp.cli import input_errors
-from specdecpp.head_folder import write_head_files
+from specdecpp.head.folder import write_head_files
 from specdecpp.models import load_head
 
 # Top-level files of a head folder that are published; everything else stays home.

@@ -13,7 +13,7 @@ Sampled records replay under the assumption training makes too: each acceptance 
 the target's prefix. A proposer head's prediction for `draft[i]` comes from that same prefix; a
 reader head judges states that have read each proposal, which records hold only for accepted ones,
 so only proposer heads are replayed. Each round is priced with the pair's measured times
-(`specdecpp.costs.StepTimes`): its draft steps, the head's judgement of each, the target's
+(`specdecpp.measuring.costs.StepTimes`): its draft steps, the head's judgement of each, the target's
 verification as a function of its length (on a CPU it grows with the tokens checked) and the loop's
 overhead per round, all timed through the engine's own steps. The cost per token is in units of one target-alone step, so 1 / cost is the speedup the
 replay predicts. `choose_threshold` replays a grid of thresholds and keeps the cheapest.
@@ -29,11 +29,11 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp.checks import read_head_config
-from specdecpp.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.head_data import predict
-from specdecpp.online import OnlineAcceptanceEstimator, best_verify_length, log_odds, log_odds_from_log
-from specdecpp.step_timing import measure_costs
+from specdecpp.engine.online import OnlineAcceptanceEstimator, best_verify_length, log_odds, log_odds_from_log
+from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.measuring.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
+from specdecpp.measuring.step_timing import measure_costs
+from specdecpp.training.head_data import predict
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed beside the head
@@ -49,7 +49,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
     `max_draft` and never past the record's end (a round emits up to `k + 1` tokens), every drafted
     token judged by the head when `judged` (a round that verifies fewer than it drafted pays
     every draft step and the verification of those it verifies). Returns the expected counts, time per token
-    (`StepTimes.round_ms` per round) and both views of `specdecpp.costs`: `cost_per_token` (measured,
+    (`StepTimes.round_ms` per round) and both views of `specdecpp.measuring.costs`: `cost_per_token` (measured,
     in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
     verifications, `c` from `times`), summing over the positions a round can
     start at, weighted by the probability that one does (for greedy records, the one path)."""

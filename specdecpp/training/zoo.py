@@ -1,7 +1,7 @@
 """Build the zoo pair: a small real target/draft pair trained on the standard library.
 
-`specdecpp zoo build` (or `python -m specdecpp.zoo build`) trains, from the interpreter's own
-standard-library source (`specdecpp.stdlib_corpus`), a byte-level BPE tokenizer, a Llama target
+`specdecpp zoo build` (or `python -m specdecpp.training.zoo build`) trains, from the interpreter's own
+standard-library source (`specdecpp.data.stdlib_corpus`), a byte-level BPE tokenizer, a Llama target
 and a much cheaper Llama draft that shares the tokenizer, then saves both as ordinary Hugging
 Face model folders (`<output>/target`, `<output>/draft`, each with the tokenizer) and
 writes a card (`README.md` and `card.json`) with the corpus, sizes, steps, time and the
@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specdecpp import stdlib_corpus
 from specdecpp.cli import common_field
-from specdecpp.metrics import measure_cost_ratio
+from specdecpp.data import stdlib_corpus
+from specdecpp.measuring.step_timing import measure_cost_ratio
 
 EOS = "<|endoftext|>"
 
@@ -284,7 +284,7 @@ def greedy_agreement(target, draft, tokenizer, prompts: list[str], args: ZooArgu
 @torch.no_grad()
 def pair_cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 4) -> dict:
     """c = one draft step (1 token) / one target verify step (k + 1 tokens) on warm KV caches of
-    `context`, measured by `specdecpp.metrics.measure_cost_ratio` (the evaluation's own
+    `context`, measured by `specdecpp.measuring.step_timing.measure_cost_ratio` (the evaluation's own
     measurement), with the card's field names."""
     ids = torch.tensor([tokenizer(context)["input_ids"][-256:]])
     cost = measure_cost_ratio(target, draft, ids, k=k, steps=reps)
@@ -365,7 +365,7 @@ A small real target/draft pair for speculative decoding, built by `{card['comman
 ## Corpus
 {card['corpus']['train_files']} train files ({card['corpus']['train_tokens']:,} tokens) and
 {card['corpus']['heldout_files']} held-out files, split by a stable hash of the path
-(`specdecpp.stdlib_corpus`); test suites, codec tables, pydoc topics, site-packages and
+(`specdecpp.data.stdlib_corpus`); test suites, codec tables, pydoc topics, site-packages and
 build configuration are excluded. Byte-level BPE tokenizer, {m['vocab_size']} tokens, trained on the train files.
 
 ## Models

@@ -32,11 +32,11 @@ from transformers.cache_utils import StaticLayer
 
 from specdecpp.checks import vocab_size
 from specdecpp.compat import STATIC_CACHE_CROPS, cache_kwargs, compile_guarded_state
-from specdecpp.decoding_settings import DecodingSettings
-from specdecpp.head import AcceptancePredictionHead, logit_features
-from specdecpp.processing import Processing
-from specdecpp.sampling import SAMPLING_WARPERS, make_warpers, widened
-from specdecpp.schedules import DraftStep, proposed_step
+from specdecpp.engine.processing import Processing
+from specdecpp.engine.sampling import SAMPLING_WARPERS, make_warpers, widened
+from specdecpp.engine.schedules import DraftStep, proposed_step
+from specdecpp.engine.settings import DecodingSettings
+from specdecpp.head.model import AcceptancePredictionHead, logit_features
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
 

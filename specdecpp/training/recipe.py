@@ -7,15 +7,15 @@ A `Recipe` holds every setting of the pipeline (the flags are its fields; a YAML
 read with `--recipe`, the flags given beside it override it). `run_recipe` runs the stages in
 order, each the package's own command in a subprocess of this interpreter, its output streamed:
 
-1. train records and 2. dev records: `specdecpp.build_data` (under torchrun, one rank per
+1. train records and 2. dev records: `specdecpp.data.build_data` (under torchrun, one rank per
    `--nproc_per_node`) over prompts `[0, n_train)` and `[n_train, n_train + n_dev)` of the source;
 3. training: `specdecpp.train` (under torchrun), a checkpoint per epoch;
-4. calibration: `specdecpp.calibration --choose_threshold` on the dev records, which stores the
+4. calibration: `specdecpp.calibration.report --choose_threshold` on the dev records, which stores the
    threshold in the head's `config.json` (the steps timed with `threads` torch threads);
 5. evaluation: `specdecpp.evaluate` of the head at its stored threshold against constant K, our
    `dynamic` schedule and the target alone, on a few held-out prompts (decoding with `threads`);
 6. card: the recipe and the evaluation's table go into the head's `card.json`, and the model card
-   (`README.md`) is rendered again from the folder (`specdecpp.head_folder`).
+   (`README.md`) is rendered again from the folder (`specdecpp.head.folder`).
 
 Everything lands in the head folder `--output`: `recipe.yaml` (written first), `data/`, the head
 with its last `checkpoint-*`, `calibration.json` with its diagrams, and `evaluation/`; what
@@ -44,7 +44,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from specdecpp.cli import common_field, input_errors
-from specdecpp.head_folder import CARD_FACTS, record_card_facts, write_card
+from specdecpp.head.folder import CARD_FACTS, record_card_facts, write_card
 
 RECIPE_FILE = "recipe.yaml"
 RUN_ONLY = ("nproc_per_node",)  # how the stages run, not what they make: may change between runs
@@ -254,7 +254,7 @@ def stages(recipe: Recipe, output_dir: str | Path) -> list[Stage]:
             prompts=recipe.prompts, prompts_split=recipe.prompts_split, n_begin=begin, n_end=end, output=data[split],
             max_new_tokens=recipe.max_new_tokens, batch_size=recipe.batch_size, **sampling, seed=recipe.seed)
         return Stage(f"{split} records", done=data[split].is_file,
-                     command=lambda: launch("specdecpp.build_data", args, recipe.nproc_per_node))
+                     command=lambda: launch("specdecpp.data.build_data", args, recipe.nproc_per_node))
 
     def train() -> list[str]:  # made when it runs: only then is it known whether a checkpoint is there
         return launch("specdecpp.train", models + _flag_values(
@@ -283,7 +283,7 @@ def stages(recipe: Recipe, output_dir: str | Path) -> list[Stage]:
               command=train),
         Stage("calibration", after=("training",), results=(out / "calibration.json",),
               done=lambda: "stop_threshold" in _read_json(out / "config.json") and (out / "calibration.json").is_file(),
-              command=lambda: launch("specdecpp.calibration", models + _flag_values(
+              command=lambda: launch("specdecpp.calibration.report", models + _flag_values(
                   head=out, records=data["dev"], choose_threshold=True, bound=recipe.bound, seed=recipe.seed,
                   weight_mismatch=recipe.weight_mismatch, step_times_from=recipe.step_times_from,
                   threads=recipe.threads, output=out / "calibration.json",

@@ -14,9 +14,9 @@ from dataclasses import dataclass, fields
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
-from specdecpp.head import AcceptancePredictionHead
-from specdecpp.online import OnlineAcceptanceEstimator
-from specdecpp.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
+from specdecpp.engine.online import OnlineAcceptanceEstimator
+from specdecpp.engine.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
+from specdecpp.head.model import AcceptancePredictionHead
 
 SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "online", "oracle")
 K_SCHEDULES = ("constant", "heuristic", "dynamic")  # the schedules that read num_assistant_tokens

@@ -6,15 +6,15 @@ the folder holds (`card_facts`):
 - `card.json`: the pair (`draft`, `target`), `training_data`, training's `eval_metrics`, when
   recorded a `calibration` report (or named reports), and `notes` (Markdown shown as written, for
   what a person adds: how the head was made), and for a head made by `specdecpp head` its `recipe`
-  and short `evaluation` (`specdecpp.recipe`); training records its part with `record_card_facts`,
+  and short `evaluation` (`specdecpp.training.recipe`); training records its part with `record_card_facts`,
   and a hand-made record (the embedded zoo heads') may hold more;
-- `calibration*.json`: calibration reports (`specdecpp.calibration --output_json`);
+- `calibration*.json`: calibration reports (`specdecpp.calibration.report --output_json`);
 - `*.png`: reliability diagrams and cost curves.
 Whoever changes any of them (saving, training, calibration) re-renders with `write_card`, and
 publishing renders the staged copy, so the card is never edited as text and can be rendered again
 at any time. `custom_generate/generate.py` (`SHIM`) and `custom_generate/requirements.txt` make the
 folder a `custom_generate` target for `transformers`' `generate`. This module imports none of the
-decoding code (only `specdecpp.custom_generate`, which the shim names, does), so the head and
+decoding code (only `specdecpp.serving.custom_generate`, which the shim names, does), so the head and
 training write their folders without loading the engine.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCardData
 
-from specdecpp.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
-from specdecpp.hub_card_data import LIBRARY_NAME, PAPER_URL, TAGS
+from specdecpp.head.card_data import LIBRARY_NAME, PAPER_URL, TAGS
+from specdecpp.measuring.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 
 # `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
 # published head keeps working as specdecpp improves and the file stays a few lines.
@@ -37,11 +37,11 @@ head stored in this folder / Hub repo. Needs the `specdecpp` package (see requir
     target.generate(**inputs, assistant_model=draft, custom_generate="<this folder or repo>",
                     trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
 """
-from specdecpp.custom_generate import generate_from_head
+from specdecpp.serving.custom_generate import generate_from_head
 
 
 def generate(model, **kwargs):
-    """Run SpecDec++ with this folder's head; see `specdecpp.custom_generate.generate_from_head`."""
+    """Run SpecDec++ with this folder's head; see `specdecpp.serving.custom_generate.generate_from_head`."""
     return generate_from_head(model, **kwargs)
 '''
 REQUIREMENTS = "specdecpp\n"
@@ -203,7 +203,7 @@ def _threshold_section(config: dict) -> str:
 
 It was chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection.get('records')} dev
 records ({data}{selection.get('tokens')} tokens{processed}) with bound {tuple(selection.get('bound', ()))}, each round priced with
-what the loop spends (`specdecpp.costs`), {_priced(plain)}: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
+what the loop spends (`specdecpp.measuring.costs`), {_priced(plain)}: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
 {plain['draft_ms'][0]:.2f} ms first in a round, {plain['draft_ms'][-1]:.2f} ms late in a long one ({judged['draft_ms'][0]:.2f} / {judged['draft_ms'][-1]:.2f} ms
 with this head judging); the head's judgement {judged['judge_ms']:.3f} ms per drafted token; a verification of 1 / {len(plain['verify_ms']) - 1}
 drafted tokens {plain['verify_ms'][1]:.2f} / {plain['verify_ms'][-1]:.2f} ms{fitted}; the loop's own overhead {plain['round_overhead_ms']:.3f} ms per round.

@@ -1,0 +1,1 @@
+"""The acceptance prediction head: the model, its folder's card and files, publishing it."""
