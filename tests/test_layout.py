@@ -151,3 +151,59 @@ def test_the_loss_and_the_metric_load_no_training():
     for benchmark in sorted((PACKAGE.parent / "benchmarks").glob("*.py")):
         uses = imports_of(benchmark.stem, False, benchmark.read_text(encoding="utf-8"), set(graph))
         assert not any("specdecpp.train" in reach(graph, module) for module in uses), benchmark.name
+
+
+def layers(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's layer: 1 for a module that imports none of `graph`'s, else one more than the
+    highest layer among those it imports (the graph has no cycle)."""
+    found: dict[str, int] = {}
+
+    def layer(node: str) -> int:
+        if node not in found:
+            found[node] = 1 + max((layer(nxt) for nxt in graph[node]), default=0)
+        return found[node]
+
+    return {node: layer(node) for node in graph}
+
+
+def package_and_benchmarks_graph() -> dict[str, set[str]]:
+    """`import_graph()` with the benchmark scripts added as `benchmarks.<name>`: each imports the
+    package's modules and the sibling scripts it names as top-level modules (`from harness import
+    ...`: `python benchmarks/<name>.py` puts benchmarks/ on sys.path)."""
+    graph = import_graph()
+    scripts = sorted((PACKAGE.parent / "benchmarks").glob("*.py"))
+    siblings = {path.stem for path in scripts}
+    for path in scripts:
+        source = path.read_text(encoding="utf-8")
+        graph[f"benchmarks.{path.stem}"] = imports_of(path.stem, False, source, set(graph)) \
+            | {f"benchmarks.{name}" for name in imports_of(path.stem, False, source, siblings)}
+    return graph
+
+
+def test_layers_the_engine_stands_low():
+    """At most 9 layers, the package and the benchmarks together, and the decode loop no higher
+    than layer 5: the loop stands on the draft step's backends and the schedules, which stand on
+    the settings, the head and processing (docs/design.md, Layout)."""
+    assert layers({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == {"a": 3, "b": 2, "c": 1}
+    found = layers(package_and_benchmarks_graph())
+    assert max(found.values()) <= 9, sorted(found.items(), key=lambda item: -item[1])[:5]
+    assert found["specdecpp.engine.decoding"] <= 5, found["specdecpp.engine.decoding"]
+
+
+def test_the_package_imports_modules_not_subpackages():
+    """The package's modules import one another's modules, never a subpackage's `__init__` (which
+    would stand on everything the subpackage holds)."""
+    graph = import_graph(inside_functions=True)
+    packages = {module_name(path) for path in PACKAGE.rglob("__init__.py")}
+    assert not {(module, target) for module, targets in graph.items() for target in targets & packages}
+
+
+def test_the_design_names_every_module_once():
+    """docs/design.md's table "Which module owns what" lists each module of the package once, and
+    nothing else."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    table = text[text.index("## Which module owns what"):]
+    named = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    modules = {module_name(path).removeprefix("specdecpp").lstrip(".") or "__init__"
+               for path in PACKAGE.rglob("*.py") if not (path.name == "__init__.py" and path.parent != PACKAGE)}
+    assert sorted(named) == sorted(modules)
