@@ -32,7 +32,7 @@ from transformers.cache_utils import StaticLayer
 
 from specdecpp.checks import vocab_size
 from specdecpp.compat import STATIC_CACHE_CROPS, cache_kwargs, compile_guarded_state
-from specdecpp.decoding_settings import DecodingSettings
+from specdecpp.decoding_settings import HEAD_SCHEDULES, DecodingSettings
 from specdecpp.head import AcceptancePredictionHead, logit_features
 from specdecpp.processing import Processing
 from specdecpp.sampling import SAMPLING_WARPERS, make_warpers, widened
@@ -54,7 +54,7 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, sett
                     max_length: int, processing: Processing | None = None, hidden_states: bool = False
                     ) -> tuple[StaticModel, CompiledDraft | ProcessedDraft | None, float]:
     """The compiled engine's target and (unless `draft` is None) draft for `settings` (its
-    sampling settings; the head when the schedule is `ada`), with empty caches holding at least
+    sampling settings; the head of `ada` and `ada-budget`), with empty caches holding at least
     `max_length` tokens. Under `processing` beyond the sampling warpers the draft's graph applies
     (`sampling.SAMPLING_WARPERS`: a repetition penalty, ...) the draft is this generation's
     `ProcessedDraft` over a shared `DraftForward`, whose steps return the `hidden_states` a head
@@ -67,7 +67,7 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, sett
         forward, draft_seconds = _engine(draft, ("processed draft", hidden_states), max_length,
                                          lambda capacity: DraftForward(draft, capacity, hidden_states))
         return target_model, ProcessedDraft(forward, processing), seconds + draft_seconds
-    head = settings.head if settings.schedule == "ada" else None
+    head = settings.head if settings.schedule in HEAD_SCHEDULES else None
     sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
     draft_model, draft_seconds = _engine(draft, ("draft", sampling, head_shape(head)), max_length,
                                          lambda capacity: CompiledDraft(draft, capacity, sampling, head))

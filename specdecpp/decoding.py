@@ -19,6 +19,7 @@ from transformers.utils import ModelOutput
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
 from specdecpp.compat import cache_kwargs
 from specdecpp.compiled import CompiledDraft, ProcessedDraft, StaticModel, compiled_models, recompiles_forbidden
+from specdecpp.costs import StepTimes
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
 from specdecpp.head import AcceptancePredictionHead
 from specdecpp.online import OnlineAcceptanceEstimator
@@ -31,9 +32,11 @@ from specdecpp.schedules import DraftStep, Schedule, make_schedule, proposed_ste
 class GenerationStats:
     """Counts for one generation. `target_calls` and `draft_calls` are forward passes (the
     first of each also reads the prompt); `accepted_lengths` holds, per round, how many drafted
-    tokens the target accepted and `draft_lengths` how many were drafted;
-    `discarded_tokens` is how many it rejected. Without an EOS or a stopping criterion
-    inside the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`.
+    tokens the target accepted, `draft_lengths` how many were drafted and `verified_lengths` how
+    many of those the target verified (all, but for `verify-budget` and `ada-budget`);
+    `discarded_tokens` is how many drafted tokens were not kept (rejected, or never verified).
+    Without an EOS or a stopping criterion inside the last round,
+    `generated_length == sum(accepted_lengths) + len(accepted_lengths)`.
     Where the time went (seconds): `draft_time` in draft steps, `verify_time` in the target's
     verifications, `schedule_time` in the schedule's stop decisions (`ada`'s judgements); the rest
     of `wall_time` is the loop's own work. `compile_time` is what this call spent compiling the
@@ -44,6 +47,7 @@ class GenerationStats:
     discarded_tokens: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)
+    verified_lengths: list[int] = field(default_factory=list)
     generated_length: int = 0
     wall_time: float = 0.0
     draft_time: float = 0.0
@@ -195,6 +199,7 @@ def speculative_generate(
     assistant_confidence_threshold: float = 0.4,
     online: bool = False,
     estimator: OnlineAcceptanceEstimator | None = None,
+    step_times: StepTimes | None = None,
     max_new_tokens: int = 128,
     do_sample: bool = False,
     temperature: float = 1.0,
@@ -210,13 +215,17 @@ def speculative_generate(
     **processing,
 ) -> SpeculativeOutput:
     """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
-    `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `online`, `oracle`; see
-    `specdecpp.schedules`); `ada` reads `head` and takes `stop_threshold="auto"` for the threshold
-    stored in the head, and with `online=True` recalibrates the head's logit from the rounds'
-    outcomes; `online` is vLLM's online acceptance estimator under the same stop rule. Both learn
-    in `estimator` (a `specdecpp.online.OnlineAcceptanceEstimator`, which then carries what it
-    learned to the next call) or, without one, in a fresh one for this generation. Greedy output
-    equals `target.generate(do_sample=False)` token for token; sampled output (temperature, top-k,
+    `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `online`, `oracle`,
+    `verify-budget`, `ada-budget`; see `specdecpp.schedules`); `ada` reads `head` and takes
+    `stop_threshold="auto"` for the threshold stored in the head, and with `online=True`
+    recalibrates the head's logit from the rounds' outcomes; `online` is vLLM's online acceptance
+    estimator under the same stop rule. Both learn in `estimator` (a
+    `specdecpp.online.OnlineAcceptanceEstimator`, which then carries what it learned to the next
+    call) or, without one, in a fresh one for this generation. `verify-budget` (vLLM's adaptive
+    verification, greedy only) drafts blocks of `num_assistant_tokens` scored by that estimator and
+    verifies the prefix worth its price at `step_times` (a `specdecpp.costs.StepTimes`; default:
+    those stored with `head`'s threshold); `ada-budget` does the same with a proposer `head`'s
+    scores. Greedy output equals `target.generate(do_sample=False)` token for token; sampled output (temperature, top-k,
     top-p applied to both models) follows the target's distribution, reproducibly given
     `generator`. `processing`: `generate`'s fields that
     add logits processors (`repetition_penalty`, `no_repeat_ngram_size`, `min_new_tokens`,
@@ -237,8 +246,8 @@ def speculative_generate(
     settings = DecodingSettings(
         schedule=schedule, head=head, stop_threshold=stop_threshold, bound=bound,
         num_assistant_tokens=num_assistant_tokens, assistant_confidence_threshold=assistant_confidence_threshold,
-        online=online, estimator=estimator, max_new_tokens=max_new_tokens, do_sample=do_sample,
-        temperature=temperature, top_k=top_k, top_p=top_p,
+        online=online, estimator=estimator, step_times=step_times, max_new_tokens=max_new_tokens,
+        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
         eos_token_id=eos_token_id, compile=compile, logits_processor=logits_processor,
         stopping_criteria=stopping_criteria, **processing)
     return decode(target, draft, input_ids, settings, attention_mask=attention_mask, generator=generator,
@@ -283,14 +292,20 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
             policy.start_round()
             drafted, draft_probs = draft_round(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
                                           processing.do_sample, generator, stats)
+            num_drafted = len(drafted)
+            # The target verifies what the schedule says (all, but a budget schedule's prefix); the
+            # rest were drafted, paid for and are discarded, and the draft's cache is cropped below.
+            num_verified = policy.verify_length(num_drafted)
+            drafted, draft_probs = drafted[:num_verified], draft_probs[:num_verified]
             verify_start = time.perf_counter()
             num_accepted, next_token = verify(target_model, seq, drafted, draft_probs, processing, generator)
             stats.verify_time += time.perf_counter() - verify_start
             stats.target_calls += 1
             stats.accepted_lengths.append(num_accepted)
-            stats.draft_lengths.append(len(drafted))
-            stats.discarded_tokens += len(drafted) - num_accepted
-            policy.end_round(len(drafted), num_accepted)
+            stats.draft_lengths.append(num_drafted)
+            stats.verified_lengths.append(num_verified)
+            stats.discarded_tokens += num_drafted - num_accepted
+            policy.end_round(num_verified, num_accepted)
             new_tokens = trim_at_eos(drafted[:num_accepted] + [next_token], eos)
             stop = processing.stop_length(seq, new_tokens)
             new_tokens = new_tokens[:stop]
