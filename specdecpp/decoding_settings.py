@@ -99,8 +99,8 @@ class DecodingSettings:
         if schedule == "oracle" and self.do_sample:
             raise ValueError("the oracle schedule is defined for greedy decoding only (do_sample=False)")
         if schedule in BUDGET_SCHEDULES and self.do_sample:
-            # Slot j's survival reads the draft's distribution after y_1..y_{j-1}, so whether y_j is verified
-            # would depend on y_j itself: a choice the acceptance test cannot correct for.
+            # The survival of the slots after y_j reads the draft's distributions after y_j, so whether y_j is
+            # verified would depend on y_j itself: a choice the acceptance test cannot correct for.
             raise ValueError(f"schedule {schedule!r} is defined for greedy decoding only (do_sample=False): it chooses "
                              "how many drafted tokens to verify from scores that read the drafted tokens, which "
                              "would bias sampled output")
