@@ -13,11 +13,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
-from transformers.cache_utils import DynamicLayer
-from transformers.utils import ModelOutput
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
-from specdecpp.compat import cache_kwargs
+from specdecpp.compat import ModelOutput, cache_kwargs, special_layers, takes_logits_to_keep
 from specdecpp.compiled import CompiledDraft, ProcessedDraft, StaticModel, compiled_models, recompiles_forbidden
 from specdecpp.costs import StepTimes
 from specdecpp.decoding_settings import DecodingSettings, default_schedule
@@ -75,22 +73,23 @@ class CachedModel:
         self.cache = DynamicCache(config=model.config)
         # Sliding-window layers drop old states unless told that we may roll back.
         self.cache.activate_past_recording()
-        self.logits_kwarg = "logits_to_keep" if model._supports_logits_to_keep() else None
+        self.logits_kwarg = "logits_to_keep" if takes_logits_to_keep(model) else None
         # The last hidden state is read as the output layer's input (nothing else is kept); None until
         # checked against `output_hidden_states` on a one-token step, False if they differ.
         self.output_layer = model.get_output_embeddings()
         self.output_input_is_hidden = None if self.output_layer is not None else False
 
-    def forward(self, seq: list[int], num_logits: int, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, seq: list[int], num_logits: int,
+                with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq`, and (if
-        `hidden`) the last layer's hidden state at the last position."""
+        `with_hidden_states`) the last layer's hidden state at the last position."""
         seen = self.cache.get_seq_length()
         new_tokens = torch.tensor([seq[seen:]], device=self.device)
         # Explicit positions: models that number new tokens from the cache's own bookkeeping can miscount.
         kwargs = {"position_ids": torch.arange(seen, len(seq), device=self.device)[None]}
         if self.logits_kwarg:
             kwargs[self.logits_kwarg] = num_logits
-        if not hidden:
+        if not with_hidden_states:
             out = self.model(input_ids=new_tokens, **cache_kwargs(self.model, self.cache), **kwargs)
             return out.logits[0, -num_logits:], None
         check = self.output_input_is_hidden is None and new_tokens.shape[1] == 1
@@ -118,15 +117,15 @@ class CachedModel:
 
 class EagerDraft(CachedModel):
     """The draft as the eager loop runs it: a `CachedModel` whose `draft_step` proposes one token
-    under `processing` and returns the hidden state when `hidden` (a schedule that reads it)."""
+    under `processing` and returns the hidden state when `with_hidden_states` (a schedule that reads it)."""
 
-    def __init__(self, model: PreTrainedModel, processing: Processing, hidden: bool = False):
+    def __init__(self, model: PreTrainedModel, processing: Processing, with_hidden_states: bool = False):
         super().__init__(model)
-        self.processing, self.hidden = processing, hidden
+        self.processing, self.with_hidden_states = processing, with_hidden_states
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         """One draft forward after `tokens` and the token it proposes (`schedules.proposed_step`)."""
-        logits, state = self.forward(tokens, num_logits=1, hidden=self.hidden)
+        logits, state = self.forward(tokens, num_logits=1, with_hidden_states=self.with_hidden_states)
         return proposed_step(self.processing, tokens, logits[0], state, num_drafted, generator)
 
     def steps_together(self, tokens: list[int]) -> bool:
@@ -134,8 +133,8 @@ class EagerDraft(CachedModel):
         all of `tokens` but the last, in plain full-attention layers, and the state a head reads
         is its output layer's input (checked on an earlier step)."""
         return (self.cache.get_seq_length() == len(tokens) - 1
-                and all(type(layer) is DynamicLayer for layer in self.cache.layers)
-                and (not self.hidden or self.output_input_is_hidden is True))
+                and not special_layers(self.cache)
+                and (not self.with_hidden_states or self.output_input_is_hidden is True))
 
 
 def draft_steps(drafts: list[EagerDraft], seqs: list[list[int]], num_drafted: int,
@@ -152,7 +151,7 @@ def draft_steps(drafts: list[EagerDraft], seqs: list[list[int]], num_drafted: in
     elif together:
         logits, states = _forward_together([drafts[i] for i in together], [seqs[i] for i in together])
         for row, i in enumerate(together):
-            state = states[row] if drafts[i].hidden else None
+            state = states[row] if drafts[i].with_hidden_states else None
             steps[i] = proposed_step(drafts[i].processing, seqs[i], logits[row], state, num_drafted, generator)
     return [steps[i] for i in range(len(drafts))]
 
@@ -326,17 +325,17 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
 
 
 def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
-                processing: Processing, hidden_states: bool, max_length: int
+                processing: Processing, with_hidden_states: bool, max_length: int
                 ) -> tuple[CachedModel | StaticModel, EagerDraft | CompiledDraft | ProcessedDraft | None, float]:
     """The target and (unless None) the draft as the loop steps them, with empty caches for a
     generation of up to `max_length` tokens: eager (`CachedModel`, and an `EagerDraft` proposing
-    under `processing` whose steps return `hidden_states` for a head), or with `settings.compile`
-    the compiled engine's (`specdecpp.compiled`: its draft step also judges with `ada`'s head, or,
-    under processors that read the prefix, runs the forward alone as a graph and the rest as the
-    eager draft does). Returns them and the seconds spent compiling."""
+    under `processing` whose steps return the hidden state a head reads when `with_hidden_states`),
+    or with `settings.compile` the compiled engine's (`specdecpp.compiled`: its draft step also
+    judges with `ada`'s head, or, under processors that read the prefix, runs the forward alone as a
+    graph and the rest as the eager draft does). Returns them and the seconds spent compiling."""
     if not settings.compile:
-        return CachedModel(target), EagerDraft(draft, processing, hidden_states) if draft else None, 0.0
-    return compiled_models(target, draft, settings, max_length, processing, hidden_states)
+        return CachedModel(target), EagerDraft(draft, processing, with_hidden_states) if draft else None, 0.0
+    return compiled_models(target, draft, settings, max_length, processing, with_hidden_states)
 
 
 def draft_round(draft_model: EagerDraft | CompiledDraft | ProcessedDraft | None, seq: list[int], policy: Schedule,

@@ -170,7 +170,7 @@ def test_the_hidden_state_the_loop_reads_is_the_last_layer_output(family, tiny_p
     cached, seq = CachedModel(model), prompts(1, seed=4)[0][0].tolist()
     with torch.inference_mode():
         for _ in range(4):
-            logits, state = cached.forward(seq, num_logits=1, hidden=True)
+            logits, state = cached.forward(seq, num_logits=1, with_hidden_states=True)
             full = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
             torch.testing.assert_close(state, full.hidden_states[-1][0, -1])
             torch.testing.assert_close(logits[0], full.logits[0, -1])
