@@ -104,8 +104,8 @@ FULL_ATTENTION_LAYERS = (DynamicLayer, StaticLayer)
 
 def special_layers(cache: Any) -> list:
     """The layers of `cache` (a `DynamicCache` or `StaticCache`) that are not plain full attention
-    (sliding-window, linear-attention, quantized, ...), in order; empty when every layer is plain,
-    so that its keys and values are the whole context and a crop only moves its length."""
+    (sliding-window, linear-attention, quantized, ...), in order; empty when every layer is plain:
+    its keys and values then hold the whole context, one entry per token, and crop exactly."""
     return [layer for layer in cache.layers if type(layer) not in FULL_ATTENTION_LAYERS]
 
 
