@@ -120,16 +120,17 @@ def schedule_length(policy: Schedule, step: Callable[[float, int], DraftStep] | 
 
 
 def judged_step(value: float, num_drafted: int) -> DraftStep:
-    """A draft step that carries its judgement, the record's value (as the compiled draft step
-    hands `Ada` its own), for `RecordedRule`."""
+    """The `j`-th draft step (`num_drafted`) as `RecordedRule` reads it: the record's value in the
+    step's `accept_prob`, where the compiled draft step hands `Ada` its own judgement (the value is
+    the judgement itself, or the feature a rule with an estimator judges from)."""
     return DraftStep(num_drafted, 1.0, accept_prob=float(value))
 
 
 class RecordedRule(ProductRule):
-    """The stop rule of `Ada` with a proposer head and of `Online` (`ProductRule`) on values judged
+    """The stop rule of `Ada` with a proposer head and of `Online` (`ProductRule`) on values recorded
     beforehand: each step's `accept_prob` (`judged_step`) is the head's recorded prediction, or,
-    with an `estimator`, the feature whose prediction it makes (`learned`; the estimator learns
-    from each round's outcome), as `Online` and `Ada` with `online=True` judge."""
+    with an `estimator`, the recorded feature it predicts from (`learned`; the estimator learns from
+    each round's outcome), as `Online` and `Ada` with `online=True` judge."""
 
     def stop_after(self, step: DraftStep) -> bool:
         value = step.accept_prob
