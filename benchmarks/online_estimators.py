@@ -101,12 +101,12 @@ def study(records: list[dict], predictions: list[np.ndarray], head_threshold: fl
                      **replayed.summary(cost_ratio, plain.target_alone_ms)})
 
     def online(threshold: float, estimator: OnlineAcceptanceEstimator) -> Replayed:
-        return run(features, online_length(estimator, ada_length(threshold, bound[0])), plain)
+        return run(features, online_length(estimator, threshold, bound[0]), plain)
 
     def recalibrated(threshold: float, logits: list[np.ndarray] = head_logits,
                      estimator: OnlineAcceptanceEstimator | None = None) -> Replayed:
-        return run(logits, online_length(estimator or OnlineAcceptanceEstimator.recalibration(bound[1]),
-                                         ada_length(threshold, bound[0])), judged, True)
+        return run(logits, online_length(estimator or OnlineAcceptanceEstimator.recalibration(bound[1]), threshold,
+                                         bound[0]), judged, True)
 
     add("ada@auto", head_threshold, run(predictions, ada_length(head_threshold, bound[0]), judged, True),
         "the head at its stored threshold")
@@ -124,8 +124,8 @@ def study(records: list[dict], predictions: list[np.ndarray], head_threshold: fl
     best("online fitted offline, best threshold", THRESHOLDS, lambda t: online(t, fitted.frozen()),
          f"the form fitted to convergence on the {len(seen)} observations online labelled at its best threshold, "
          f"frozen: slope {fitted.slope:.3f}, b_0..b_4 = " + ", ".join(f"{b:.2f}" for b in fitted.intercepts[:5]))
-    best("verify-budget, best K", BLOCKS, lambda k: run(features, online_length(
-        OnlineAcceptanceEstimator(bound[1]), budget_length(k, plain)), plain),
+    best("verify-budget, best K", BLOCKS, lambda k: run(features, budget_length(
+        k, plain, estimator=OnlineAcceptanceEstimator(bound[1])), plain),
         "vLLM's adaptive verification with the online estimator's survival scores")
     best("ada-budget, best K", BLOCKS, lambda k: run(predictions, budget_length(k, judged, judged=True), judged, True),
          "the same rule on the head's predictions")

@@ -3,7 +3,8 @@
 Does a draft fit a target (one vocabulary), is a folder a head at all and does a head fit a draft
 (its hidden size), which model does a PEFT adapter folder stand on, which token ids end
 generation and where a token list ends at one. Decoding, data building, training, calibration
-and evaluation all call these; the module imports nothing of the toolkit, so the engine may use it.
+and evaluation all call these; the module imports nothing of the toolkit but `compat`, so the
+engine may use it.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import os
 
 import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+from specdecpp.compat import has_recurrent_state
 
 
 # -- vocabulary ---------------------------------------------------------------------------------
@@ -44,11 +47,7 @@ def check_can_roll_back(model: PreTrainedModel, role: str = "model") -> None:
     (state-space, linear-attention) layers carry one state forward and cannot forget the tokens a
     verification rejects, so speculative decoding with it would be silently wrong. `role` names
     the model in the message ("the target", "the draft")."""
-    from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
-
-    recurrent = getattr(model, "_is_stateful", False) or any(
-        isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=model.config).layers)
-    if recurrent:
+    if has_recurrent_state(model):
         raise ValueError(f"{role} ({type(model).__name__}) has recurrent layers (state-space or linear attention) whose "
                          "state cannot be rolled back after a rejected draft token: speculative decoding needs models "
                          "whose cache can be cropped (attention-only architectures)")

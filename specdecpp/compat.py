@@ -1,4 +1,18 @@
-"""What differs between the `transformers` versions in `setup.py`'s range, decided here and nowhere else.
+"""What differs between the `transformers` versions in `setup.py`'s range, and every reach into
+transformers beyond its public API, decided here and nowhere else.
+
+The rule (tests/test_compat.py checks it on every module of the package and of benchmarks/): other
+modules import from transformers' public API only, the names `transformers` and
+`transformers.generation` export (`PreTrainedModel`, `GenerationConfig`, `DynamicCache`,
+`LogitsProcessorList`, the processor and criterion classes, ...), and use those objects' public
+methods and attributes. Everything else comes through a named function or constant here: names
+from deeper modules (`transformers.cache_utils`, `transformers.utils`,
+`transformers.generation.<module>`), the cache's layer classes and what a layer can do (which
+layers a release has, and their capabilities, change between releases even where the top level
+exports them), private names (`_get_logits_processor`, `_is_stateful`, private registries), what
+`generate` keeps in its frame, and the version itself. One exception: `train.py` subclasses
+`Trainer`, so it overrides Trainer's own hooks and reads the names of the files Trainer writes
+(`transformers.trainer`), which only a subclass can do.
 
 transformers 5.24 renamed the KV cache argument `past_key_values` to `cache`: in every model's
 `forward`, in the model kwargs `generate` hands a `custom_generate` callable, and in model outputs.
@@ -10,10 +24,19 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import Any
 
-from transformers import GenerationMixin
-from transformers.cache_utils import StaticLayer
+import torch
+import transformers
+from transformers import (DynamicCache, DynamicLayer, GenerationConfig, GenerationMixin, LogitsProcessorList,
+                          PreTrainedModel, StaticLayer, StoppingCriteriaList)
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
+# Re-exported: the base class of our model outputs lives in `transformers.utils`, not at the top level.
+from transformers.utils import ModelOutput  # noqa: F401
+
+# The installed version, for messages only: what differs is decided by the capabilities below.
+TRANSFORMERS_VERSION = transformers.__version__
 
 # The cache's names, newest first: transformers >= 5.24 and before.
 CACHE_NAMES = ("cache", "past_key_values")
@@ -71,3 +94,65 @@ def compile_guarded_state() -> Any:
     except ImportError:
         return None
     return frozenset(_CAN_RECORD_REGISTRY)
+
+
+# -- cache layers ---------------------------------------------------------------------------------
+# The layers of plain full attention, `DynamicCache`'s and `StaticCache`'s own. Their subclasses (sliding
+# windows) and the linear-attention and quantized layers keep other state.
+FULL_ATTENTION_LAYERS = (DynamicLayer, StaticLayer)
+
+
+def special_layers(cache: Any) -> list:
+    """The layers of `cache` (a `DynamicCache` or `StaticCache`) that are not plain full attention
+    (sliding-window, linear-attention, quantized, ...), in order; empty when every layer is plain:
+    its keys and values then hold the whole context, one entry per token, and crop exactly."""
+    return [layer for layer in cache.layers if type(layer) not in FULL_ATTENTION_LAYERS]
+
+
+def is_sliding(layer: Any) -> bool:
+    """Whether a cache layer keeps a sliding window (the layer's `is_sliding`; False for a layer that
+    does not say, such as a linear-attention one)."""
+    return bool(getattr(layer, "is_sliding", False))
+
+
+def has_recurrent_state(model: PreTrainedModel) -> bool:
+    """Whether `model` carries a recurrent state forward instead of one cache entry per token: a
+    stateful model (`_is_stateful`, the state-space models) or one whose cache has linear-attention
+    layers. Such a cache cannot forget the tokens a verification rejects."""
+    return getattr(model, "_is_stateful", False) or any(
+        isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=model.config).layers)
+
+
+# -- models and generate --------------------------------------------------------------------------
+def takes_logits_to_keep(model: PreTrainedModel) -> bool:
+    """Whether `model`'s forward takes `logits_to_keep` (computing the last positions' logits only),
+    as `generate` decides it."""
+    return model._supports_logits_to_keep()
+
+
+def generate_processing(target: PreTrainedModel, config: GenerationConfig, input_ids: torch.LongTensor,
+                        logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
+                        tokenizer: Any = None) -> tuple[LogitsProcessorList, StoppingCriteriaList]:
+    """The logits processors and stopping criteria `target.generate(input_ids, generation_config=config,
+    logits_processor=..., stopping_criteria=..., tokenizer=...)` applies, built by `generate`'s own
+    (private) builders after its preparation of the special tokens, which writes them into `config`
+    as tensors: pass a copy."""
+    target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=target.device, batch_size=1)
+    processors = target._get_logits_processor(
+        generation_config=config, input_ids_seq_length=input_ids.shape[-1], encoder_input_ids=input_ids,
+        logits_processor=logits_processor, device=target.device)
+    return processors, target._get_stopping_criteria(config, stopping_criteria, tokenizer)
+
+
+def custom_generate_argument() -> str | None:
+    """The folder or Hub id that the running `generate(custom_generate=...)` call named, read from
+    `generate`'s frame (its local `custom_generate`), or None outside such a call. transformers runs
+    a copy of the named repo's `generate.py` from its modules cache, so that file cannot find its
+    folder from its own path."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        location = frame.f_locals.get("custom_generate") if frame.f_code.co_name == "generate" else None
+        if isinstance(location, (str, os.PathLike)):
+            return str(location)
+        frame = frame.f_back
+    return None

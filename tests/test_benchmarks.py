@@ -139,3 +139,33 @@ def test_online_estimators_compares_every_rule_on_greedy_records():
     assert "| ada --online @auto, head logit +2 |" in benchmark.markdown(rows, 0.2, "tiny")
     with pytest.raises(ValueError, match="greedy"):
         benchmark.study([records[0] | {"p_acc": [0.5] * 40}], predictions[:1], 0.5, (1, 20), times, times, 0.2)
+
+
+def test_round_features_rows_are_the_tokens_the_threshold_replay_drafts():
+    """Every token the replay's `ada` rounds draft, each record's first round aside, is one row, with
+    its place in its round, the running log P before it and the previous round's accepted run."""
+    import numpy as np
+
+    from specdecpp.measuring.costs import StepTimes
+    from specdecpp.calibration.threshold import ada_length, replay
+
+    benchmark = load_benchmark("round_features")
+    rng = np.random.default_rng(1)
+    records, predictions = [], []
+    for _ in range(4):
+        p_acc = (rng.random(30) < 0.7).astype(float)
+        records.append({"p_acc": p_acc.tolist(), "target_entropy": rng.uniform(0, 3, 30).tolist()})
+        predictions.append(np.clip(p_acc * 0.5 + rng.uniform(0.2, 0.5, 30), 0.01, 0.99))
+    rows = benchmark.drafted_token_rows(records, predictions, 0.5, max_draft=6)
+    accept = [np.array(r["p_acc"]) for r in records]
+    rule = ada_length(0.5, 1)
+    drafted = replay(accept, predictions, rule, 6, StepTimes(draft_ms=[1.0], verify_ms=[1.0], target_alone_ms=1.0))
+    first_rounds = [rule(p, a, 0, 6) for p, a in zip(predictions, accept)]
+    assert len(rows["label"]) == drafted["draft_calls"] - sum(first_rounds) > 0
+    first = rows["record"] == 0
+    accepted = int(np.argmin(np.append(accept[0][:first_rounds[0]], 0.0)))  # the run the first round accepted
+    assert rows["position in round"][first][0] == 1 and rows["running log P"][first][0] == 0.0
+    assert rows["previous accepted length"][first][0] == accepted
+    assert rows["prediction"][first][0] == predictions[0][accepted + 1]
+    with pytest.raises(ValueError, match="greedy"):
+        benchmark.drafted_token_rows([records[0] | {"p_acc": [0.5] * 30}], predictions[:1], 0.5)

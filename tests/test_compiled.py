@@ -9,7 +9,7 @@ import torch
 from conftest import perturbed_copy, tiny_llama
 from test_decoding import (
     HIDDEN, chi_square_pvalue, constant_head, exact_first_two_token_distribution, prompts, random_proposer,
-    target_greedy, tiny_family_model,
+    target_greedy, tiny_family_model, with_budget_knobs,
 )
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, MistralConfig
@@ -34,11 +34,29 @@ def compiled_generate(target, draft, prompt, **kwargs):
 @needs_static_crop
 def test_compiled_greedy_equals_target_generate(tiny_pair, schedule):
     target, draft = tiny_pair
-    head = random_proposer() if schedule == "ada" else None
+    knobs = with_budget_knobs(schedule, head=random_proposer() if schedule == "ada" else None)
     for prompt, max_new_tokens in itertools.product(prompts(5), (1, 9, 40)):
-        out = compiled_generate(target, draft, prompt, schedule=schedule, head=head, stop_threshold=0.5,
-                                max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(1, 6))
+        out = compiled_generate(target, draft, prompt, schedule=schedule, stop_threshold=0.5,
+                                max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(1, 6), **knobs)
         assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens)), (schedule, prompt)
+
+
+@pytest.mark.parametrize("schedule", ["verify-budget", "ada-budget"])
+@needs_static_crop
+def test_compiled_budget_rounds_verify_what_the_eager_ones_verify(tiny_pair, schedule):
+    """The loop's verify hook runs alike on both engines: the same blocks drafted, the same
+    prefixes verified (the in-graph judgement and the compiled draft's distribution score the
+    slots as the eager step does), the unverified drafts cropped from the static cache."""
+    target, draft = tiny_pair
+    knobs = with_budget_knobs(schedule)
+    for prompt in prompts(3, seed=4):
+        runs = [speculative_generate(target, draft, prompt, schedule=schedule, num_assistant_tokens=5,
+                                     max_new_tokens=40, compile=flag, **knobs) for flag in (False, True)]
+        assert torch.equal(runs[1].sequences, target_greedy(target, prompt, 40))
+        eager, compiled_stats = (run.stats for run in runs)
+        assert (eager.draft_lengths, eager.verified_lengths) == (compiled_stats.draft_lengths,
+                                                                 compiled_stats.verified_lengths)
+        assert compiled_stats.verified_lengths != compiled_stats.draft_lengths
 
 
 @pytest.mark.parametrize("head_kind", ["reader", "proposer+margin", "features alone"])

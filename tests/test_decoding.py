@@ -14,7 +14,8 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.engine.decoding import CachedModel
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.sampling import logits_to_probs, make_warpers
-from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.engine.schedules import SCHEDULES, VerifyBudget
+from specdecpp.measuring.costs import StepTimes
 
 HIDDEN = 32
 
@@ -63,13 +64,28 @@ def random_proposer_head():
     return random_proposer()
 
 
+# Made-up prices under which a verification grows steeply with its length, so that the budget
+# schedules verify fewer tokens than they draft in many rounds (and all of them in some).
+BUDGET_TIMES = StepTimes(draft_ms=[0.2] * 8, verify_ms=[1.0 + 0.5 * k for k in range(9)], target_alone_ms=1.0,
+                         judge_ms=0.05)
+
+
+def with_budget_knobs(schedule: str, **knobs) -> dict:
+    """`knobs` for `schedule`, plus what a budget schedule needs in tests that run every schedule:
+    step times (`BUDGET_TIMES`) and, for `ada-budget`, a proposer head in place of `knobs`'s."""
+    if schedule == "ada-budget":
+        knobs["head"] = random_proposer()
+    return knobs | ({"step_times": BUDGET_TIMES} if schedule.endswith("-budget") else {})
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_greedy_equals_target_generate(tiny_pair, random_head, schedule):
     target, draft = tiny_pair
+    knobs = with_budget_knobs(schedule, head=random_head)
     for prompt, max_new_tokens in itertools.product(prompts(6), (1, 9, 40)):
         expected = target_greedy(target, prompt, max_new_tokens)
-        out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head,
-                                   max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(2, 6))
+        out = speculative_generate(target, draft, prompt, schedule=schedule, max_new_tokens=max_new_tokens,
+                                   num_assistant_tokens=4, bound=(2, 6), **knobs)
         assert torch.equal(out.sequences, expected), (schedule, prompt, max_new_tokens)
 
 
@@ -140,9 +156,9 @@ def tiny_family_model(family: str, seed: int):
 def test_greedy_equal_across_model_families(family, random_head):
     target = tiny_family_model(family, seed=0)
     draft = tiny_family_model(family, seed=1)
-    for schedule, prompt in itertools.product(("constant", "ada"), prompts(3, seed=2)):
-        out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head,
-                                   num_assistant_tokens=3, max_new_tokens=20)
+    for schedule, prompt in itertools.product(("constant", "ada", "verify-budget", "ada-budget"), prompts(3, seed=2)):
+        out = speculative_generate(target, draft, prompt, schedule=schedule, num_assistant_tokens=3, max_new_tokens=20,
+                                   **with_budget_knobs(schedule, head=random_head))
         assert torch.equal(out.sequences, target_greedy(target, prompt, 20)), (family, schedule)
 
 
@@ -154,7 +170,7 @@ def test_the_hidden_state_the_loop_reads_is_the_last_layer_output(family, tiny_p
     cached, seq = CachedModel(model), prompts(1, seed=4)[0][0].tolist()
     with torch.inference_mode():
         for _ in range(4):
-            logits, state = cached.forward(seq, num_logits=1, hidden=True)
+            logits, state = cached.forward(seq, num_logits=1, with_hidden_states=True)
             full = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
             torch.testing.assert_close(state, full.hidden_states[-1][0, -1])
             torch.testing.assert_close(logits[0], full.logits[0, -1])
@@ -189,18 +205,21 @@ def test_eos_from_the_generation_config(tiny_pair):
     assert out.sequences[0, -1] == eos and eos not in out.sequences[0, prompt.shape[1]:-1].tolist()
 
 
-@pytest.mark.parametrize("schedule", ["constant", "heuristic", "dynamic", "ada", "online", "oracle", "none"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_stats_add_up(tiny_pair, random_head, schedule):
     target, draft = tiny_pair
     for prompt in prompts(3, seed=5):
-        stats = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head,
-                                     max_new_tokens=37, num_assistant_tokens=4).stats
+        stats = speculative_generate(target, draft, prompt, schedule=schedule, max_new_tokens=37,
+                                     num_assistant_tokens=4, **with_budget_knobs(schedule, head=random_head)).stats
         rounds = len(stats.accepted_lengths)
         assert stats.generated_length == 37 == sum(stats.accepted_lengths) + rounds
-        assert stats.target_calls == rounds == len(stats.draft_lengths)
+        assert stats.target_calls == rounds == len(stats.draft_lengths) == len(stats.verified_lengths)
         assert stats.draft_calls == sum(stats.draft_lengths)
         assert stats.discarded_tokens == sum(stats.draft_lengths) - sum(stats.accepted_lengths)
-        assert all(0 <= a <= d for a, d in zip(stats.accepted_lengths, stats.draft_lengths))
+        assert all(0 <= a <= v <= d for a, v, d in zip(stats.accepted_lengths, stats.verified_lengths,
+                                                         stats.draft_lengths))
+        if not schedule.endswith("-budget"):
+            assert stats.verified_lengths == stats.draft_lengths
         assert stats.wall_time > 0
         assert stats.draft_time + stats.verify_time + stats.schedule_time <= stats.wall_time
         assert stats.verify_time > 0 and (stats.draft_time > 0) == (stats.draft_calls > 0)
@@ -210,6 +229,71 @@ def test_stats_add_up(tiny_pair, random_head, schedule):
             assert stats.target_calls == 37 and stats.draft_calls == 0
         if schedule == "oracle":
             assert stats.discarded_tokens == 0
+
+
+def brute_force_verify_length(survival: list[float], drafted: int, times: StepTimes, judged: bool) -> int:
+    """The n in 0..drafted with the most expected tokens, 1 + survival[0] + ... + survival[n - 1],
+    per millisecond of a round that drafts `drafted` tokens (judging each when `judged`) and
+    verifies the first n, each rate computed on its own; the first best, so ties go to the shorter."""
+    rates = [(1 + sum(survival[:n])) / (sum(times.draft_ms[:drafted]) + times.judge_ms * drafted * judged
+                                        + times.verify_ms[n]) for n in range(drafted + 1)]
+    return max(range(drafted + 1), key=lambda n: (rates[n], -n))
+
+
+@pytest.mark.parametrize("schedule", ["verify-budget", "ada-budget"])
+def test_budget_rounds_verify_the_brute_force_prefix_and_pay_for_the_whole_block(tiny_pair, monkeypatch, schedule):
+    """Round by round, the engine verifies the n that a brute-force search picks on the survival
+    scores it recorded; the unverified drafts count as draft calls and as discarded, and the
+    estimator learns only from verified tokens (accepted ones and the first rejected)."""
+    target, draft = tiny_pair
+    recorded = []
+    choose = VerifyBudget.verify_length
+    monkeypatch.setattr(VerifyBudget, "verify_length", lambda self, num_drafted: recorded.append(
+        (list(self.survival), num_drafted)) or choose(self, num_drafted))
+    estimator = OnlineAcceptanceEstimator(5, refit_interval=4, history=[])
+    knobs = with_budget_knobs(schedule, estimator=estimator)
+    verified, labelled = set(), 0
+    for prompt in prompts(4, seed=6):
+        recorded.clear()
+        stats = speculative_generate(target, draft, prompt, schedule=schedule, num_assistant_tokens=5,
+                                     max_new_tokens=40, **knobs).stats
+        assert [drafted for _, drafted in recorded] == stats.draft_lengths
+        assert stats.verified_lengths == [brute_force_verify_length(survival, drafted, BUDGET_TIMES,
+                                                                    schedule == "ada-budget")
+                                          for survival, drafted in recorded]
+        assert all(len(survival) == drafted for survival, drafted in recorded)
+        assert stats.draft_calls == sum(stats.draft_lengths) > sum(stats.verified_lengths) > 0
+        assert stats.discarded_tokens == sum(stats.draft_lengths) - sum(stats.accepted_lengths)
+        verified.update(stats.verified_lengths)
+        labelled += sum(min(a + 1, v) for a, v in zip(stats.accepted_lengths, stats.verified_lengths))
+    assert len(verified) > 2, verified  # the rule really varied the verified prefix
+    if schedule == "verify-budget":  # the accepted tokens and the first rejected one, of those verified
+        assert len(estimator.history) == labelled and estimator.refits > 0
+
+
+def test_budget_rounds_verify_the_whole_block_at_flat_prices(tiny_pair):
+    """When a verification costs the same whatever its length (a GPU at batch 1), verifying one
+    more drafted token only adds expected tokens: the rule verifies the block, as constant K does."""
+    target, draft = tiny_pair
+    flat = StepTimes(draft_ms=[0.2] * 8, verify_ms=[1.0] * 9, target_alone_ms=1.0)
+    for prompt in prompts(3, seed=7):
+        stats = speculative_generate(target, draft, prompt, schedule="verify-budget", num_assistant_tokens=4,
+                                     max_new_tokens=30, step_times=flat).stats
+        constant = speculative_generate(target, draft, prompt, schedule="constant", num_assistant_tokens=4,
+                                        max_new_tokens=30).stats
+        assert stats.verified_lengths == stats.draft_lengths == constant.draft_lengths
+
+
+def test_budget_step_times_default_to_those_stored_with_the_head(tiny_pair):
+    target, draft = tiny_pair
+    prompt = prompts(1, seed=8)[0]
+    head = random_proposer()
+    head.threshold_selection = {"step_times": BUDGET_TIMES.as_dict(), "judged_step_times": BUDGET_TIMES.as_dict()}
+    for schedule in ("verify-budget", "ada-budget"):
+        runs = [speculative_generate(target, draft, prompt, schedule=schedule, head=head, num_assistant_tokens=4,
+                                     max_new_tokens=30, **times).stats.verified_lengths
+                for times in ({}, {"step_times": BUDGET_TIMES})]
+        assert runs[0] == runs[1], schedule
 
 
 @pytest.mark.parametrize("bound", [(3, 7), (2, 9), (5, 5)])
@@ -414,6 +498,10 @@ def test_models_whose_cache_cannot_roll_back_are_refused(tiny_pair, kind):
     (dict(schedule="ada", head=None), ValueError, "head"),
     (dict(schedule="ada", head=AcceptancePredictionHead(16, 1)), ValueError, "hidden size"),
     (dict(schedule="oracle", do_sample=True), ValueError, "greedy"),
+    (dict(schedule="verify-budget", step_times=BUDGET_TIMES, do_sample=True), ValueError, "greedy decoding only"),
+    (dict(schedule="verify-budget"), ValueError, "step_times=StepTimes"),
+    (dict(schedule="ada-budget", step_times=BUDGET_TIMES), ValueError, "needs a proposer head"),
+    (dict(schedule="ada-budget", head=None, step_times=BUDGET_TIMES), ValueError, "head"),
     (dict(max_new_tokens=-1), ValueError, "max_new_tokens"),
     (dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), ValueError, "batch size"),
     (dict(input_ids=[[1, 2, 3]]), TypeError, "input_ids"),

@@ -109,6 +109,31 @@ def test_online_methods_learn_over_the_evaluated_prompts_in_order(eval_dirs, tmp
     assert len(made) == 4  # each: one made with its method, one after the warm-up
 
 
+def test_budget_methods_run_per_block_with_the_step_times_stored_in_the_head(eval_dirs, tmp_path):
+    """verify-budget and ada-budget are one method per K, priced with the step times the head's
+    threshold selection stores (judged ones for ada-budget), and their output is the target's."""
+    from test_decoding import BUDGET_TIMES, random_proposer
+
+    head_dir = tmp_path / "proposer"
+    hidden = json.loads((Path(eval_dirs["draft"]) / "config.json").read_text())["hidden_size"]
+    random_proposer(hidden).with_threshold(0.5, {"step_times": BUDGET_TIMES.as_dict(),
+                                                 "judged_step_times": BUDGET_TIMES.as_dict()}).save_pretrained(head_dir)
+    args = make_args(eval_dirs, tmp_path, schedule=["verify-budget", "ada-budget"], num_assistant_tokens=[2, 4],
+                     head=[str(head_dir)], baselines=["target"], n_end=2)
+    specs = methods.method_specs(args.grid, args.pair.head)
+    assert [spec.name for spec in specs] == ["target", "specdecpp:verify-budget@K=2", "specdecpp:verify-budget@K=4",
+                                             "specdecpp:ada-budget@K=2", "specdecpp:ada-budget@K=4"]
+    assert specs[1].step_times_from == str(head_dir) and specs[3].step_times_from is None  # ada-budget: its head's
+    assert methods.method_settings(specs[1], None, args.decoding.settings()).step_times == BUDGET_TIMES
+    document = args.evaluate()
+    assert document["greedy_check"].startswith("greedy check passed")
+    records = json.loads((Path(args.run.output) / "results_0to2.json").read_text())
+    assert {r["method"] for r in records} == {spec.name for spec in specs}
+    for r in records:
+        if r["schedule"] in ("verify-budget", "ada-budget"):  # unverified drafts are discarded too
+            assert r["num_mismatched_tokens"] > 0
+
+
 def test_target_alone_always_runs_and_none_means_baselines_only():
     pair, grid, *_ = ev.parse_args(["--schedule", "none", "--baselines", "draft"])
     assert [spec.name for spec in ev.method_specs(grid, pair.head)] == ["target", "draft"]
@@ -148,6 +173,8 @@ def no_model_loading(monkeypatch):
     (dict(stop_threshold=["high"]), ValueError, "--stop_threshold"),
     (dict(draft="/no/such/draft"), FileNotFoundError, "no model folder"),
     (dict(schedule=["oracle"], do_sample=True), ValueError, "greedy decoding only"),
+    (dict(schedule=["verify-budget"], do_sample=True), ValueError, "greedy decoding only"),
+    (dict(schedule=["verify-budget"]), ValueError, "--step_times_from"),
 ])
 def test_bad_input_is_refused_before_loading(eval_dirs, tmp_path, no_model_loading, overrides, error, message):
     if overrides.get("head") == ["HEAD_OTHER"]:

@@ -19,7 +19,8 @@ def test_every_feature_is_the_same_in_training_and_in_the_engine(do_sample):
     names = list(FEATURES)
     sequence = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     generator = torch.Generator().manual_seed(1)
-    cached, candidates, engine_hidden, engine_features = EagerDraft(draft, sampling_only(do_sample), hidden=True), [], [], []
+    cached = EagerDraft(draft, sampling_only(do_sample), with_hidden_states=True)
+    candidates, engine_hidden, engine_features = [], [], []
     for length in range(1, len(sequence)):  # the step that proposes the token after sequence[:length]
         step = cached.draft_step(sequence[:length], 1, generator)
         candidates.append(step.token)

@@ -10,7 +10,7 @@ import torch
 from test_compiled import needs_static_crop
 from test_custom_generate import HEAD_DIR, PROMPTS, zoo  # noqa: F401 (fixture)
 from test_decoding import (VOCAB, chi_square_pvalue, prompts, random_head,  # noqa: F401 (fixtures)
-                           random_proposer, small_vocab_pair, target_greedy)
+                           random_proposer, small_vocab_pair, target_greedy, with_budget_knobs)
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
 from transformers.generation import WatermarkLogitsProcessor
 
@@ -53,8 +53,9 @@ def test_greedy_equals_target_generate_with_processing(tiny_pair, random_head, s
         settings = settings_for(name, plain, eos)
         expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                    max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos, **settings)
-        out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head, eos_token_id=eos,
-                                   max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(2, 6), **settings)
+        out = speculative_generate(target, draft, prompt, schedule=schedule, eos_token_id=eos,
+                                   max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(2, 6), **settings,
+                                   **with_budget_knobs(schedule, head=random_head))
         assert torch.equal(out.sequences, expected), (schedule, name, prompt, max_new_tokens)
 
 
@@ -147,9 +148,9 @@ def test_compiled_greedy_equals_target_generate_with_processing(tiny_pair, rando
         expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                                    max_new_tokens=max_new_tokens, eos_token_id=plain[3], pad_token_id=plain[3],
                                    **settings)
-        out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, eos_token_id=plain[3],
+        out = speculative_generate(target, draft, prompt, schedule=schedule, eos_token_id=plain[3],
                                    max_new_tokens=max_new_tokens, num_assistant_tokens=4, bound=(2, 6), compile=True,
-                                   **settings)
+                                   **settings, **with_budget_knobs(schedule, head=head))
         assert torch.equal(out.sequences, expected), (schedule, name, prompt, max_new_tokens)
 
 

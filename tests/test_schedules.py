@@ -102,7 +102,8 @@ def test_oracle_drafts_the_run_of_correct_proposals():
 def test_unknown_schedule():
     with pytest.raises(ValueError, match="unknown schedule"):
         make_schedule("fastest")
-    assert set(SCHEDULES) == {"none", "constant", "heuristic", "dynamic", "ada", "online", "oracle"}
+    assert set(SCHEDULES) == {"none", "constant", "heuristic", "dynamic", "ada", "online", "oracle", "verify-budget",
+                              "ada-budget"}
 
 
 def test_draft_log_odds_is_the_log_odds_of_the_top_probability_at_the_temperature():

@@ -1,10 +1,69 @@
-"""Timing the engine's steps (`specdecpp.measuring.step_timing`)."""
+"""Step timing: the probe's rounds are the loop's own draft and verification, timed step by step."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specdecpp.measuring.step_timing import measure_cost_ratio
+from specdecpp.engine.decoding import EagerDraft, GenerationStats, draft_round
+from specdecpp.engine.processing import sampling_only
+from specdecpp.engine.schedules import Ada
+from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.measuring import step_timing
+from specdecpp.measuring.step_timing import StepProbe, TimedRound, measure_cost_ratio
+
+
+def proposer_head(accept_prob: float) -> AcceptancePredictionHead:
+    """A proposer head over the tiny pair's 32-wide states whose P(accept) is `accept_prob`."""
+    head = AcceptancePredictionHead(32, num_layers=0, alignment="proposer")
+    with torch.no_grad():
+        head.model[-1].weight.zero_()
+        head.model[-1].bias.copy_(torch.tensor([0.0, float(torch.logit(torch.tensor(accept_prob)))]))
+    return head.double()
+
+
+def test_a_timed_round_drafts_k_tokens_through_the_loop_and_splits_its_times_by_step(tiny_pair):
+    """`TimedRound` drafts exactly k tokens in `draft_round` even under a judge that would stop at
+    once, and its per-step times add up to what the loop recorded."""
+    _, draft = tiny_pair
+    stats = GenerationStats()
+    judge = Ada(proposer_head(0.1), stop_threshold=0.0, bound=(1, 8))  # alone, it stops after one token
+    policy = TimedRound(4, judge, stats)
+    policy.start_round()
+    seq = [5, 9, 17, 3]
+    with torch.inference_mode():
+        drafted, _ = draft_round(EagerDraft(draft, sampling_only(False), True), seq, policy, 4, False, None,
+                                 stats)
+        greedy = draft.generate(torch.tensor([seq]), max_new_tokens=4, do_sample=False)[0, len(seq):].tolist()
+    assert drafted == greedy and stats.draft_calls == 4
+    steps = policy.step_ms()
+    assert len(steps) == 4 and all(draft_ms > 0 and judge_ms > 0 for draft_ms, judge_ms in steps)
+    assert sum(draft_ms for draft_ms, _ in steps) == pytest.approx(1000 * stats.draft_time)
+    assert sum(judge_ms for _, judge_ms in steps) == pytest.approx(1000 * stats.schedule_time)
+    assert judge.p_all_accepted == pytest.approx(0.1 ** 4)  # every drafted token was judged
+
+
+def test_the_probe_times_the_loops_own_draft_round_and_verify(tiny_pair, monkeypatch):
+    """Each pass: `max_draft + 1` rounds of `decoding.draft_round`, one of each length, and
+    `decoding.verify` for each of them and each target-alone step."""
+    target, draft = tiny_pair
+    calls = {"draft_round": [], "verify": 0}
+
+    def counted_draft_round(draft_model, seq, policy, max_tokens, *args):
+        calls["draft_round"].append(max_tokens)
+        return draft_round(draft_model, seq, policy, max_tokens, *args)
+
+    def counted_verify(*args):
+        calls["verify"] += 1
+        return verify(*args)
+
+    verify = step_timing.verify
+    monkeypatch.setattr(step_timing, "draft_round", counted_draft_round)
+    monkeypatch.setattr(step_timing, "verify", counted_verify)
+    probe = StepProbe(target, draft, torch.tensor([[5, 9, 17, 3]]), max_draft=3, head=proposer_head(0.8), warmup=0)
+    probe.sample(2)
+    assert calls == {"draft_round": [0, 1, 2, 3] * 2, "verify": 2 * (4 + 4)}
+    times = probe.times()
+    assert len(times.draft_ms) == 3 and len(times.verify_ms) == 4 and times.judge_ms > 0 and times.repeats == 2
 
 
 def test_cost_ratio_is_measured_on_cached_steps(tiny_pair):

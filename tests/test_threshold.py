@@ -13,7 +13,8 @@ import torch
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.calibration.report import main as calibration_main
 from specdecpp.calibration.threshold import (ada_length, budget_length, choose_threshold, constant_length, dynamic_length,
-                                 greedy_log_odds, marginal_scale, online_length, oracle_length, replay)
+                                 greedy_log_odds, marginal_scale, online_length, oracle_length, replay,
+                                 replayed_rounds)
 from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.measuring.costs import StepTimes, fit_verify_ms
@@ -132,9 +133,11 @@ def proposer_head():
     return head.double()
 
 
-def test_replay_reproduces_the_engine_counts(tiny_pair, proposer_head):
-    """Exact for constant K and the oracle; for ada exact in target calls (the accepted tokens), while
-    tokens drafted after a round's first rejection are judged from the target's prefix, not the draft's."""
+def test_replay_reproduces_the_engine_rounds(tiny_pair, proposer_head):
+    """Each schedule's replayed rounds are the engine's, round by round: the same tokens accepted,
+    and the same lengths for constant K and the oracle; for the rules that stop on what they judge
+    (dynamic, ada, online) the same length up to the round's first rejected token, the tokens drafted
+    after it judged by the engine from the draft's prefix and by the replay from the target's."""
     target, draft = tiny_pair
     records = greedy_records(target, draft, 4, 30)
     assert 0 < np.mean([p for r in records for p in r["p_acc"]]) < 1  # both accepts and rejects occur
@@ -151,26 +154,32 @@ def test_replay_reproduces_the_engine_counts(tiny_pair, proposer_head):
     learners = {"online": (OnlineAcceptanceEstimator(20, refit_interval=4), OnlineAcceptanceEstimator(20, refit_interval=4)),
                 "ada-online": (OnlineAcceptanceEstimator.recalibration(20, refit_interval=4),
                                OnlineAcceptanceEstimator.recalibration(20, refit_interval=4))}
-    cases += [("online", online_length(learners["online"][0], ada_length(0.5, 1)),
+    cases += [("online", online_length(learners["online"][0], 0.5, 1),
                dict(stop_threshold=0.5, bound=(1, 20), estimator=learners["online"][1])),
-              ("ada-online", online_length(learners["ada-online"][0], ada_length(0.5, 1)),
+              ("ada-online", online_length(learners["ada-online"][0], 0.5, 1),
                dict(head=proposer_head, online=True, stop_threshold=0.5, bound=(1, 20),
                     estimator=learners["ada-online"][1]))]
     values = {"dynamic": draft_probs, "online": [greedy_log_odds(r) for r in records],
               "ada-online": [np.array([log_odds(p) for p in values]) for values in predictions]}
+    stopped_past_a_rejection = set()
     for schedule, length, settings in cases:
-        replayed = replay(correct, values.get(schedule, predictions), length, 20, TIMES)
+        rounds = list(replayed_rounds(correct, values.get(schedule, predictions), length, 20))
         schedule = schedule.removesuffix("-online")
-        target_calls = draft_calls = 0
-        for r in records:
+        for index, r in enumerate(records):
             stats = speculative_generate(target, draft, torch.tensor([r["prefix"]]), schedule=schedule,
                                          max_new_tokens=len(r["tokens"]), **settings).stats
-            target_calls, draft_calls = target_calls + stats.target_calls, draft_calls + stats.draft_calls
-        assert replayed["target_calls"] == target_calls, schedule
-        if schedule in ("ada", "dynamic", "online"):
-            assert abs(replayed["draft_calls"] - draft_calls) <= 0.1 * draft_calls
-        else:
-            assert replayed["draft_calls"] == draft_calls, schedule
+            own = [(pos, k) for record, pos, _, k, _ in rounds if record == index]
+            drafted = [k for _, k in own]
+            accepted = [oracle_length(None, correct[index], pos, k) for pos, k in own]
+            assert accepted == stats.accepted_lengths, schedule
+            if schedule in ("constant", "oracle"):
+                assert drafted == stats.draft_lengths, schedule
+            else:
+                assert [min(k, a + 1) for k, a in zip(drafted, accepted)] \
+                    == [min(k, a + 1) for k, a in zip(stats.draft_lengths, accepted)], schedule
+                if any(k > a + 1 for k, a in zip(drafted, accepted)):
+                    stopped_past_a_rejection.add(schedule)
+    assert stopped_past_a_rejection  # rounds that drafted on past their first rejection occurred, and were allowed for
     # They learned the same labels (the features agree to rounding: the head's batched and per-step arithmetic).
     for replayed_estimator, engine_estimator in learners.values():
         assert replayed_estimator.refits == engine_estimator.refits > 3

@@ -5,10 +5,13 @@ prefix `x_<i` and `p_acc[i]` the probability that the target accepts it (0/1 in 
 `min(1, p/q)` in sampled ones). A round that starts at position `pos` drafts the proposals from
 `pos` on, accepts each in turn with its `p_acc` until the first rejection, and then emits the
 target's token, as the engine does; the replay returns the expected counts and cost over those
-acceptances. Greedy records make it deterministic: constant K and the oracle replay exactly, and an
-`ada` round exactly up to its first rejected token (which tokens are accepted and the number of
-target calls are exact; only the tokens a round drafts after its first rejection, judged by the
-engine from the draft's own wrong prefix and here from the target's, may differ in number).
+acceptances. How many tokens a round drafts is decided by the engine's own schedule objects
+(`specdecpp.engine.schedules`), driven as the loop drives them with the records' values in place of draft
+steps (`schedule_length`), so that each stop rule is written once. Greedy records make it
+deterministic: constant K and the oracle replay exactly, and an `ada` round exactly up to its first
+rejected token (which tokens are accepted and the number of target calls are exact; only the tokens
+a round drafts after its first rejection, judged by the engine from the draft's own wrong prefix and
+here from the target's, may differ in number).
 Sampled records replay under the assumption training makes too: each acceptance is judged along
 the target's prefix. A proposer head's prediction for `draft[i]` comes from that same prefix; a
 reader head judges states that have read each proposal, which records hold only for accepted ones,
@@ -22,14 +25,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from specdecpp.checks import read_head_config
-from specdecpp.engine.online import OnlineAcceptanceEstimator, best_verify_length, log_odds, log_odds_from_log
+from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds, log_odds_from_log
+from specdecpp.engine.schedules import Constant, DraftStep, Dynamic, Oracle, ProductRule, Schedule, VerifyBudget
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.measuring.step_timing import measure_costs
@@ -40,56 +45,121 @@ CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed besi
 # How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k,
 # or (verified, drafted) for a round whose verification takes only the first `verified` (`budget_length`).
 RoundLength = Callable[[np.ndarray, np.ndarray, int, int], int | tuple[int, int]]
+# The most a replayed schedule drafts of itself: `replay`'s `max_draft` and the record's end bound its rounds.
+NO_LIMIT = sys.maxsize
 
 
-def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length: RoundLength, max_draft: int,
-           times: StepTimes, judged: bool = False, unit_ms: float | None = None) -> dict:
-    """Replay rounds over records (`accept[r][i]`: the probability that the target accepts
-    `draft[i]`, 0 or 1 for greedy records), each drafting `round_length(...)` tokens, at most
-    `max_draft` and never past the record's end (a round emits up to `k + 1` tokens), every drafted
-    token judged by the head when `judged` (a round that verifies fewer than it drafted pays
-    every draft step and the verification of those it verifies). Returns the expected counts, time per token
-    (`StepTimes.round_ms` per round) and both views of `specdecpp.measuring.costs`: `cost_per_token` (measured,
-    in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
-    verifications, `c` from `times`), summing over the positions a round can
-    start at, weighted by the probability that one does (for greedy records, the one path)."""
-    tokens, target_calls, draft_calls, total_ms = 0, 0.0, 0.0, 0.0
-    for acc, pred in zip(accept, predictions):
+def replayed_rounds(accept: list[np.ndarray], values: list[np.ndarray], round_length: RoundLength,
+                    max_draft: int) -> Iterator[tuple[int, int, float, int, int]]:
+    """Every round a replay takes over records (`accept[r][i]`: the probability that the target
+    accepts `draft[i]`, 0 or 1 for greedy records), in order: `(record, start, weight, verified,
+    drafted)`, the round at position `start` of record `record` drafting `round_length(values[record],
+    accept[record], start, limit)` tokens (at most `max_draft` and never past the record's end: a
+    round emits up to `k + 1` tokens) and verifying the first `verified` of them, `weight` the
+    probability that a round starts there (for greedy records, 1 on the one path and no round
+    elsewhere)."""
+    for record, (acc, vals) in enumerate(zip(accept, values)):
         n = len(acc)
         starts = np.zeros(n + 1)  # starts[pos]: P(a round starts at pos)
         starts[0] = 1.0
         for pos in range(n):
             if starts[pos] == 0.0:
                 continue
-            k = round_length(pred, acc, pos, min(max_draft, n - pos - 1))
+            k = round_length(vals, acc, pos, min(max_draft, n - pos - 1))
             k, drafted = k if isinstance(k, tuple) else (k, k)
-            target_calls, draft_calls = target_calls + starts[pos], draft_calls + starts[pos] * drafted
-            total_ms += starts[pos] * times.round_ms(drafted, drafted if judged else 0, k)
+            yield record, pos, starts[pos], k, drafted
             reached = starts[pos]  # P(the round's first m proposals are accepted)
             for m in range(k):
                 starts[pos + m + 1] += reached * (1.0 - acc[pos + m])
                 reached *= acc[pos + m]
             starts[pos + k + 1] += reached
-        tokens += n
+
+
+def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length: RoundLength, max_draft: int,
+           times: StepTimes, judged: bool = False, unit_ms: float | None = None) -> dict:
+    """Replay rounds over records (`replayed_rounds`: `accept[r][i]`, the probability that the
+    target accepts `draft[i]`, 0 or 1 for greedy records), each drafting `round_length(...)` tokens,
+    at most `max_draft` and never past the record's end, every drafted
+    token judged by the head when `judged` (a round that verifies fewer than it drafted pays
+    every draft step and the verification of those it verifies). Returns the expected counts, time per token
+    (`StepTimes.round_ms` per round) and both views of `specdecpp.measuring.costs`: `cost_per_token` (measured,
+    in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
+    verifications, `c` from `times`), summing over the positions a round can
+    start at, weighted by the probability that one does (for greedy records, the one path)."""
+    target_calls, draft_calls, total_ms = 0.0, 0.0, 0.0
+    for _, _, weight, k, drafted in replayed_rounds(accept, predictions, round_length, max_draft):
+        target_calls, draft_calls = target_calls + weight, draft_calls + weight * drafted
+        total_ms += weight * times.round_ms(drafted, drafted if judged else 0, k)
+    tokens = sum(len(acc) for acc in accept)
     return {"tokens": tokens, "target_calls": float(target_calls), "draft_calls": float(draft_calls),
             "ms_per_token": total_ms / tokens,
             "cost_per_token": cost_per_token(total_ms, tokens, unit_ms or times.target_alone_ms),
             "flat_cost_per_token": cost_per_token(flat_spent(target_calls, draft_calls, times.cost_ratio()), tokens)}
 
 
-def ada_length(threshold: float, min_draft: int, scale: list[float] | None = None) -> RoundLength:
-    """The `ada` rule for a proposer head: after drafting `y_j` (record position `pos + j - 1`),
-    stop once `j >= min_draft` and `prod p_hat < (1 - threshold) * scale[j - 1]` (`scale` None:
-    1, the product threshold `1 - prod p_hat > threshold`; see `marginal_scale`)."""
-    def length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int:
-        p_all_accepted, j = 1.0, 0
-        while j < limit:
-            p_all_accepted *= pred[pos + j]
-            j += 1
-            if j >= min_draft and p_all_accepted < (1.0 - threshold) * (scale[j - 1] if scale else 1.0):
+def schedule_length(policy: Schedule, step: Callable[[float, int], DraftStep] | None = None) -> RoundLength:
+    """Rounds of the engine's own schedule object `policy`, driven as the loop drives it (`decode`,
+    `decoding.draft_round`) with a record's values in place of the draft's forwards: the round
+    starts (`start_round`), drafts up to `policy.max_draft()` tokens within the limit, asking
+    `stop_after` after each whether to stop, with the draft step `step(value, j)` made of the
+    record's value for the `j`-th drafted token (None: a schedule that reads no step and never
+    stops early), verifies `verify_length` of them and ends with the outcome (`end_round`: the run
+    of accepted proposals, which an online rule learns from; greedy records). Returns the tokens
+    drafted, or `(verified, drafted)` when the round verifies fewer."""
+    def length(values: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int | tuple[int, int]:
+        policy.start_round()
+        most, drafted = min(policy.max_draft(), limit), 0
+        while drafted < most:
+            drafted += 1
+            if step is not None and policy.stop_after(step(values[pos + drafted - 1], drafted)):
                 break
-        return j
+        verified = policy.verify_length(drafted)
+        policy.end_round(verified, oracle_length(None, ok, pos, verified))
+        return drafted if verified == drafted else (verified, drafted)
     return length
+
+
+def judged_step(value: float, num_drafted: int) -> DraftStep:
+    """The `j`-th draft step (`num_drafted`) as `RecordedRule` reads it: the record's value in the
+    step's `accept_prob`, where the compiled draft step hands `Ada` its own judgement (the value is
+    the judgement itself, or the feature a rule with an estimator judges from)."""
+    return DraftStep(num_drafted, 1.0, accept_prob=float(value))
+
+
+class RecordedRule(ProductRule):
+    """The stop rule of `Ada` with a proposer head and of `Online` (`ProductRule`) on values recorded
+    beforehand: each step's `accept_prob` (`judged_step`) is the head's recorded prediction, or,
+    with an `estimator`, the recorded feature it predicts from (`learned`; the estimator learns from
+    each round's outcome), as `Online` and `Ada` with `online=True` judge."""
+
+    def stop_after(self, step: DraftStep) -> bool:
+        value = step.accept_prob
+        return self.judged(value if self.estimator is None else self.learned(value), step.num_drafted)
+
+
+def ada_length(threshold: float, min_draft: int, scale: list[float] | None = None) -> RoundLength:
+    """The `ada` rule for a proposer head on its recorded predictions (`RecordedRule`: the engine's
+    product rule, stopping once `j >= min_draft` and `1 - prod p_hat > threshold`); with `scale`
+    (`marginal_scale`) the cost-aware rule, the same product rule at a threshold per position
+    (`CostAwareRule`)."""
+    rule = CostAwareRule(threshold, min_draft, scale) if scale else RecordedRule(threshold, (min_draft, NO_LIMIT))
+    return schedule_length(rule, judged_step)
+
+
+class CostAwareRule(RecordedRule):
+    """The cost-aware stop rule (replayed, not run by the engine): the product rule whose threshold
+    after `j` drafted tokens is `1 - (1 - threshold) * scale[j - 1]`, so that it stops once
+    `prod p_hat < (1 - threshold) * scale[j - 1]` (see `marginal_scale`); at most `len(scale)`
+    tokens a round."""
+
+    def __init__(self, stop_threshold: float, min_draft: int, scale: list[float]):
+        super().__init__(stop_threshold, (min_draft, len(scale)))
+        self.thresholds = [1.0 - (1.0 - stop_threshold) * factor for factor in scale]
+
+    def judged(self, p_accept: float, num_drafted: int) -> bool:
+        """The product rule's own fold and test, at the threshold of position `num_drafted`."""
+        self.stop_threshold = self.thresholds[num_drafted - 1]
+        return super().judged(p_accept, num_drafted)
 
 
 def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
@@ -107,34 +177,25 @@ def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
     return [m / marginal[0] if marginal[0] > 0 else 1.0 for m in marginal]
 
 
-def online_length(estimator: OnlineAcceptanceEstimator, rule: RoundLength) -> RoundLength:
-    """A round of `rule` (`ada_length`, `budget_length`) on `estimator`'s predictions from the
-    record's features (the values replayed: `greedy_log_odds` for `online`, the head's logits for
-    `ada` recalibrated online), after which the estimator learns the round's outcome, as in the
-    engine. Greedy records only, replayed in order: their one path is the sequence it learns from."""
-    def length(features: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int | tuple[int, int]:
-        window = features[pos:pos + limit]
-        predictions = np.array([estimator.predict(j, float(f)) for j, f in enumerate(window)])
-        k = rule(predictions, ok[pos:pos + limit], 0, limit)
-        verified = k[0] if isinstance(k, tuple) else k
-        estimator.observe(list(window[:verified]), list(predictions[:verified]), verified,
-                          oracle_length(None, ok, pos, verified))
-        return k
-    return length
+def online_length(estimator: OnlineAcceptanceEstimator, threshold: float, min_draft: int) -> RoundLength:
+    """The product rule on `estimator`'s predictions from the record's features (the values
+    replayed: `greedy_log_odds` for `online`, the head's logits for `ada` recalibrated online), as
+    `Online` and `Ada` with `online=True` judge (`RecordedRule`), the estimator learning each
+    round's outcome. Greedy records only, replayed in order: their one path is the sequence it learns from."""
+    return schedule_length(RecordedRule(threshold, (min_draft, NO_LIMIT), estimator), judged_step)
 
 
-def budget_length(max_draft: int, times: StepTimes, judged: bool = False) -> RoundLength:
-    """vLLM's adaptive verification at batch 1 (`online.best_verify_length`): draft `max_draft`
+def budget_length(max_draft: int, times: StepTimes, judged: bool = False,
+                  estimator: OnlineAcceptanceEstimator | None = None) -> RoundLength:
+    """vLLM's adaptive verification at batch 1, the engine's `VerifyBudget`: draft `max_draft`
     tokens (fewer near the record's end), score each by its survival (the running product of the
-    predictions) and verify the prefix that maximises the expected tokens per round time, each
-    length priced with `times` (the whole block's draft steps, its judgements when `judged`, the
-    verification of the prefix). Returns `(verified, drafted)`."""
-    def length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> tuple[int, int]:
-        drafted = min(max_draft, limit)
-        survival = np.cumprod(pred[pos:pos + drafted]).tolist()
-        costs = [times.round_ms(drafted, drafted if judged else 0, n) for n in range(drafted + 1)]
-        return best_verify_length(survival, costs), drafted
-    return length
+    predictions: the values replayed, or with an `estimator` its predictions from them as features,
+    after which it learns the verified tokens' outcome) and verify the prefix that maximises the
+    expected tokens per round time, each length priced with `times` (the whole block's draft steps,
+    its judgements when `judged`, the verification of the prefix). Returns `(verified, drafted)`
+    when it verifies fewer than it drafted."""
+    scorer = RecordedRule(1.0, (max_draft, max_draft), estimator)  # as make_schedule builds it: it never stops
+    return schedule_length(VerifyBudget(scorer, max_draft, times, judged), judged_step)
 
 
 def greedy_log_odds(record: dict) -> np.ndarray:
@@ -144,29 +205,20 @@ def greedy_log_odds(record: dict) -> np.ndarray:
 
 
 def dynamic_length(confidence: float) -> RoundLength:
-    """Our `dynamic` rule, replayed with the draft's probability of each proposal in place of the
-    head's predictions: stop after drafting a token whose probability is below `confidence`."""
-    def length(draft_prob: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int:
-        j = 0
-        while j < limit:
-            j += 1
-            if draft_prob[pos + j - 1] < confidence:
-                break
-        return j
-    return length
+    """Our `dynamic` rule (the engine's `Dynamic`), replayed with the draft's probability of each
+    proposal as the draft step's: stop after drafting a token whose probability is below `confidence`."""
+    return schedule_length(Dynamic(NO_LIMIT, confidence), lambda prob, num_drafted: DraftStep(num_drafted, prob))
 
 
 def constant_length(k: int) -> RoundLength:
-    """Draft exactly `k` tokens."""
-    return lambda pred, ok, pos, limit: min(k, limit)
+    """Draft exactly `k` tokens (the engine's `Constant`)."""
+    return schedule_length(Constant(k))
 
 
-def oracle_length(pred: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int:
-    """Draft exactly the run of proposals the target will accept (greedy records only)."""
-    run = 0
-    while run < limit and ok[pos + run]:
-        run += 1
-    return run
+def oracle_length(pred: np.ndarray | None, ok: np.ndarray, pos: int, limit: int) -> int:
+    """Draft exactly the run of proposals the target will accept (greedy records only): the engine's
+    `Oracle` over the record's correct proposals from `pos`."""
+    return Oracle(ok[pos:pos + limit], limit).max_draft()
 
 
 def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, target: PreTrainedModel,
@@ -245,13 +297,13 @@ def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Calla
     head_logits = [np.array([log_odds(float(p)) for p in values]) for values in predictions]
     return {
         "online_cost_per_token": {f"{t:g}": cost(f"online@{t:g}", online_length(
-            OnlineAcceptanceEstimator(bound[1]), ada_length(t, bound[0])), plain, features) for t in thresholds},
+            OnlineAcceptanceEstimator(bound[1]), t, bound[0]), plain, features) for t in thresholds},
         "ada_online_cost_per_token": [
-            cost(f"ada-online@{t:g}", online_length(OnlineAcceptanceEstimator.recalibration(bound[1]),
-                                                    ada_length(t, bound[0])), judged, head_logits)
+            cost(f"ada-online@{t:g}", online_length(OnlineAcceptanceEstimator.recalibration(bound[1]), t, bound[0]),
+                 judged, head_logits)
             for t in thresholds],
-        "verify_budget_cost_per_token": {str(k): cost(f"verify-budget@K={k}", online_length(
-            OnlineAcceptanceEstimator(bound[1]), budget_length(k, plain)), plain, features) for k in BUDGET_KS},
+        "verify_budget_cost_per_token": {str(k): cost(f"verify-budget@K={k}", budget_length(
+            k, plain, estimator=OnlineAcceptanceEstimator(bound[1])), plain, features) for k in BUDGET_KS},
         "ada_budget_cost_per_token": {str(k): cost(f"ada-budget@K={k}", budget_length(k, judged, judged=True), judged)
                                       for k in BUDGET_KS},
     }

@@ -28,14 +28,14 @@ import weakref
 
 import torch
 from transformers import PreTrainedModel, StaticCache
-from transformers.cache_utils import StaticLayer
 
 from specdecpp.checks import vocab_size
-from specdecpp.compat import STATIC_CACHE_CROPS, cache_kwargs, compile_guarded_state
+from specdecpp.compat import (STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs, compile_guarded_state,
+                              is_sliding, special_layers)
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.sampling import SAMPLING_WARPERS, make_warpers, widened
 from specdecpp.engine.schedules import DraftStep, proposed_step
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead, logit_features
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
@@ -51,23 +51,23 @@ def recompiles_forbidden(enabled: bool = True):
 
 
 def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
-                    max_length: int, processing: Processing | None = None, hidden_states: bool = False
+                    max_length: int, processing: Processing | None = None, with_hidden_states: bool = False
                     ) -> tuple[StaticModel, CompiledDraft | ProcessedDraft | None, float]:
     """The compiled engine's target and (unless `draft` is None) draft for `settings` (its
-    sampling settings; the head when the schedule is `ada`), with empty caches holding at least
+    sampling settings; the head of `ada` and `ada-budget`), with empty caches holding at least
     `max_length` tokens. Under `processing` beyond the sampling warpers the draft's graph applies
     (`sampling.SAMPLING_WARPERS`: a repetition penalty, ...) the draft is this generation's
-    `ProcessedDraft` over a shared `DraftForward`, whose steps return the `hidden_states` a head
+    `ProcessedDraft` over a shared `DraftForward`, whose steps return the hidden states a head
     reads. Engines are built and warmed up on first use and reused after; returns them and the
     seconds this call spent compiling (0 when both were ready)."""
     target_model, seconds = _engine(target, ("target",), max_length, lambda capacity: StaticModel(target, capacity))
     if draft is None:
         return target_model, None, seconds
     if processing is not None and any(not isinstance(p, SAMPLING_WARPERS) for p in processing.processors):
-        forward, draft_seconds = _engine(draft, ("processed draft", hidden_states), max_length,
-                                         lambda capacity: DraftForward(draft, capacity, hidden_states))
+        forward, draft_seconds = _engine(draft, ("processed draft", with_hidden_states), max_length,
+                                         lambda capacity: DraftForward(draft, capacity, with_hidden_states))
         return target_model, ProcessedDraft(forward, processing), seconds + draft_seconds
-    head = settings.head if settings.schedule == "ada" else None
+    head = settings.head if settings.schedule in HEAD_SCHEDULES else None
     sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
     draft_model, draft_seconds = _engine(draft, ("draft", sampling, head_shape(head)), max_length,
                                          lambda capacity: CompiledDraft(draft, capacity, sampling, head))
@@ -128,9 +128,8 @@ class StaticModel:
 
     def __init__(self, model: PreTrainedModel, capacity: int):
         if not STATIC_CACHE_CROPS:
-            import transformers
             raise ValueError(f"compile=True needs transformers >= 5.24, whose StaticCache crops by moving a counter "
-                             f"(the engine's rollback); transformers {transformers.__version__} is installed: "
+                             f"(the engine's rollback); transformers {TRANSFORMERS_VERSION} is installed: "
                              "upgrade it or decode with compile=False")
         self.model, self.capacity, self.device = model, capacity, model.device
         self.cache = StaticCache(config=model.config, max_cache_len=capacity)
@@ -145,10 +144,10 @@ class StaticModel:
         """New compiled graphs for the steps (compiled on their first call)."""
         self.verify_graph = _compile(self._logits, dynamic=None, cuda=self.cuda_graphs)
 
-    def forward(self, seq: list[int], num_logits: int, hidden: bool = False) -> tuple[torch.Tensor, None]:
+    def forward(self, seq: list[int], num_logits: int, with_hidden_states: bool = False) -> tuple[torch.Tensor, None]:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` from the
         verification graph, after feeding eagerly the earlier tokens the cache has not seen.
-        (`hidden` is the eager `CachedModel`'s; the compiled target never returns a state.)"""
+        (`with_hidden_states` is the eager `CachedModel`'s; the compiled target never returns a state.)"""
         self._feed(seq[:-num_logits])
         logits = self._run(self.verify_graph, self._ids(seq[-num_logits:]))
         self.length = len(seq)
@@ -290,13 +289,13 @@ class CompiledDraft(StaticModel):
 class DraftForward(StaticModel):
     """The draft's forward alone as one graph, for drafts under logits processors that read the
     prefix (a repetition penalty, banned words, ...), which a fixed graph cannot apply: `step` gives
-    the last position's raw logits and, when `hidden`, the hidden state a head reads. Shared
+    the last position's raw logits and (`with_hidden_states`) the hidden state a head reads. Shared
     across generations; each generation drafts through its own `ProcessedDraft` over it."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int, hidden: bool):
-        self.hidden = hidden
+    def __init__(self, model: PreTrainedModel, capacity: int, with_hidden_states: bool):
+        self.with_hidden_states = with_hidden_states
         super().__init__(model, capacity)
-        if hidden:
+        if with_hidden_states:
             _check_last_hidden_state(model)
 
     def build_graphs(self) -> None:
@@ -305,11 +304,11 @@ class DraftForward(StaticModel):
         self.step_graph = _compile(self._step, dynamic=False, cuda=self.cuda_graphs)
 
     def step(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The draft's raw logits `[vocab]` after `tokens`, and its hidden state there when `hidden`
-        (else None): one graph over the last one or two tokens the cache has not seen."""
+        """The draft's raw logits `[vocab]` after `tokens`, and (`with_hidden_states`, else None) its
+        hidden state there: one graph over the last one or two tokens the cache has not seen."""
         logits, state = self._run(self.step_graph, self._new_ids(tokens))
         self.length = len(tokens)
-        return logits, state if self.hidden else None
+        return logits, state if self.with_hidden_states else None
 
     def warm_up(self) -> None:
         """Compile the forward for 1 and 2 new tokens, then reset."""
@@ -321,8 +320,8 @@ class DraftForward(StaticModel):
 
     def _step(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
-                         output_hidden_states=self.hidden, **self.model_kwargs)
-        state = out.hidden_states[-1][0, -1] if self.hidden else out.logits.new_zeros(())
+                         output_hidden_states=self.with_hidden_states, **self.model_kwargs)
+        state = out.hidden_states[-1][0, -1] if self.with_hidden_states else out.logits.new_zeros(())
         return out.logits[0, -1], state
 
 
@@ -348,12 +347,11 @@ class ProcessedDraft:
 def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:
     """ValueError unless every layer of `cache` is a full-attention `StaticLayer`: a sliding-window
     layer keeps its length as a Python int (every step would recompile), and other layers do not crop."""
-    for layer in cache.layers:
-        if type(layer) is not StaticLayer:
-            kind = "a sliding-window layer" if getattr(layer, "is_sliding", False) else "a layer"
-            raise ValueError(f"compile=True: {model.config.model_type} gets {kind} ({type(layer).__name__}) in its "
-                             "static cache, and the compiled engine supports full-attention StaticLayer caches only "
-                             "(rolled back by moving a counter the graph reads); decode it with compile=False")
+    if layers := special_layers(cache):
+        kind = "a sliding-window layer" if is_sliding(layers[0]) else "a layer"
+        raise ValueError(f"compile=True: {model.config.model_type} gets {kind} ({type(layers[0]).__name__}) in its "
+                         "static cache, and the compiled engine supports full-attention StaticLayer caches only "
+                         "(rolled back by moving a counter the graph reads); decode it with compile=False")
 
 
 def _check_last_hidden_state(model: PreTrainedModel) -> None:

@@ -13,11 +13,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
-from transformers.cache_utils import DynamicLayer
-from transformers.utils import ModelOutput
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
-from specdecpp.compat import cache_kwargs
+from specdecpp.compat import ModelOutput, cache_kwargs, special_layers, takes_logits_to_keep
 from specdecpp.engine.compiled import CompiledDraft, ProcessedDraft, StaticModel, compiled_models, recompiles_forbidden
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.processing import Processing, build_processing
@@ -25,15 +23,18 @@ from specdecpp.engine.sampling import residual_distribution, sample
 from specdecpp.engine.schedules import DraftStep, Schedule, make_schedule, proposed_step
 from specdecpp.engine.settings import DecodingSettings, default_schedule
 from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.measuring.costs import StepTimes
 
 
 @dataclass
 class GenerationStats:
     """Counts for one generation. `target_calls` and `draft_calls` are forward passes (the
     first of each also reads the prompt); `accepted_lengths` holds, per round, how many drafted
-    tokens the target accepted and `draft_lengths` how many were drafted;
-    `discarded_tokens` is how many it rejected. Without an EOS or a stopping criterion
-    inside the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`.
+    tokens the target accepted, `draft_lengths` how many were drafted and `verified_lengths` how
+    many of those the target verified (all, but for `verify-budget` and `ada-budget`);
+    `discarded_tokens` is how many drafted tokens were not kept (rejected, or never verified).
+    Without an EOS or a stopping criterion inside the last round,
+    `generated_length == sum(accepted_lengths) + len(accepted_lengths)`.
     Where the time went (seconds): `draft_time` in draft steps, `verify_time` in the target's
     verifications, `schedule_time` in the schedule's stop decisions (`ada`'s judgements); the rest
     of `wall_time` is the loop's own work. `compile_time` is what this call spent compiling the
@@ -44,6 +45,7 @@ class GenerationStats:
     discarded_tokens: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)
+    verified_lengths: list[int] = field(default_factory=list)
     generated_length: int = 0
     wall_time: float = 0.0
     draft_time: float = 0.0
@@ -71,22 +73,23 @@ class CachedModel:
         self.cache = DynamicCache(config=model.config)
         # Sliding-window layers drop old states unless told that we may roll back.
         self.cache.activate_past_recording()
-        self.logits_kwarg = "logits_to_keep" if model._supports_logits_to_keep() else None
+        self.logits_kwarg = "logits_to_keep" if takes_logits_to_keep(model) else None
         # The last hidden state is read as the output layer's input (nothing else is kept); None until
         # checked against `output_hidden_states` on a one-token step, False if they differ.
         self.output_layer = model.get_output_embeddings()
         self.output_input_is_hidden = None if self.output_layer is not None else False
 
-    def forward(self, seq: list[int], num_logits: int, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, seq: list[int], num_logits: int,
+                with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq`, and (if
-        `hidden`) the last layer's hidden state at the last position."""
+        `with_hidden_states`) the last layer's hidden state at the last position."""
         seen = self.cache.get_seq_length()
         new_tokens = torch.tensor([seq[seen:]], device=self.device)
         # Explicit positions: models that number new tokens from the cache's own bookkeeping can miscount.
         kwargs = {"position_ids": torch.arange(seen, len(seq), device=self.device)[None]}
         if self.logits_kwarg:
             kwargs[self.logits_kwarg] = num_logits
-        if not hidden:
+        if not with_hidden_states:
             out = self.model(input_ids=new_tokens, **cache_kwargs(self.model, self.cache), **kwargs)
             return out.logits[0, -num_logits:], None
         check = self.output_input_is_hidden is None and new_tokens.shape[1] == 1
@@ -114,15 +117,15 @@ class CachedModel:
 
 class EagerDraft(CachedModel):
     """The draft as the eager loop runs it: a `CachedModel` whose `draft_step` proposes one token
-    under `processing` and returns the hidden state when `hidden` (a schedule that reads it)."""
+    under `processing` and returns the hidden state when `with_hidden_states` (a schedule that reads it)."""
 
-    def __init__(self, model: PreTrainedModel, processing: Processing, hidden: bool = False):
+    def __init__(self, model: PreTrainedModel, processing: Processing, with_hidden_states: bool = False):
         super().__init__(model)
-        self.processing, self.hidden = processing, hidden
+        self.processing, self.with_hidden_states = processing, with_hidden_states
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         """One draft forward after `tokens` and the token it proposes (`schedules.proposed_step`)."""
-        logits, state = self.forward(tokens, num_logits=1, hidden=self.hidden)
+        logits, state = self.forward(tokens, num_logits=1, with_hidden_states=self.with_hidden_states)
         return proposed_step(self.processing, tokens, logits[0], state, num_drafted, generator)
 
     def steps_together(self, tokens: list[int]) -> bool:
@@ -130,8 +133,8 @@ class EagerDraft(CachedModel):
         all of `tokens` but the last, in plain full-attention layers, and the state a head reads
         is its output layer's input (checked on an earlier step)."""
         return (self.cache.get_seq_length() == len(tokens) - 1
-                and all(type(layer) is DynamicLayer for layer in self.cache.layers)
-                and (not self.hidden or self.output_input_is_hidden is True))
+                and not special_layers(self.cache)
+                and (not self.with_hidden_states or self.output_input_is_hidden is True))
 
 
 def draft_steps(drafts: list[EagerDraft], seqs: list[list[int]], num_drafted: int,
@@ -148,7 +151,7 @@ def draft_steps(drafts: list[EagerDraft], seqs: list[list[int]], num_drafted: in
     elif together:
         logits, states = _forward_together([drafts[i] for i in together], [seqs[i] for i in together])
         for row, i in enumerate(together):
-            state = states[row] if drafts[i].hidden else None
+            state = states[row] if drafts[i].with_hidden_states else None
             steps[i] = proposed_step(drafts[i].processing, seqs[i], logits[row], state, num_drafted, generator)
     return [steps[i] for i in range(len(drafts))]
 
@@ -195,6 +198,7 @@ def speculative_generate(
     assistant_confidence_threshold: float = 0.4,
     online: bool = False,
     estimator: OnlineAcceptanceEstimator | None = None,
+    step_times: StepTimes | None = None,
     max_new_tokens: int = 128,
     do_sample: bool = False,
     temperature: float = 1.0,
@@ -210,13 +214,17 @@ def speculative_generate(
     **processing,
 ) -> SpeculativeOutput:
     """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
-    `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `online`, `oracle`; see
-    `specdecpp.engine.schedules`); `ada` reads `head` and takes `stop_threshold="auto"` for the threshold
-    stored in the head, and with `online=True` recalibrates the head's logit from the rounds'
-    outcomes; `online` is vLLM's online acceptance estimator under the same stop rule. Both learn
-    in `estimator` (a `specdecpp.engine.online.OnlineAcceptanceEstimator`, which then carries what it
-    learned to the next call) or, without one, in a fresh one for this generation. Greedy output
-    equals `target.generate(do_sample=False)` token for token; sampled output (temperature, top-k,
+    `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `online`, `oracle`,
+    `verify-budget`, `ada-budget`; see `specdecpp.engine.schedules`); `ada` reads `head` and takes
+    `stop_threshold="auto"` for the threshold stored in the head, and with `online=True`
+    recalibrates the head's logit from the rounds' outcomes; `online` is vLLM's online acceptance
+    estimator under the same stop rule. Both learn in `estimator` (a
+    `specdecpp.engine.online.OnlineAcceptanceEstimator`, which then carries what it learned to the next
+    call) or, without one, in a fresh one for this generation. `verify-budget` (vLLM's adaptive
+    verification, greedy only) drafts blocks of `num_assistant_tokens` scored by that estimator and
+    verifies the prefix worth its price at `step_times` (a `specdecpp.measuring.costs.StepTimes`; default:
+    those stored with `head`'s threshold); `ada-budget` does the same with a proposer `head`'s
+    scores. Greedy output equals `target.generate(do_sample=False)` token for token; sampled output (temperature, top-k,
     top-p applied to both models) follows the target's distribution, reproducibly given
     `generator`. `processing`: `generate`'s fields that
     add logits processors (`repetition_penalty`, `no_repeat_ngram_size`, `min_new_tokens`,
@@ -237,8 +245,8 @@ def speculative_generate(
     settings = DecodingSettings(
         schedule=schedule, head=head, stop_threshold=stop_threshold, bound=bound,
         num_assistant_tokens=num_assistant_tokens, assistant_confidence_threshold=assistant_confidence_threshold,
-        online=online, estimator=estimator, max_new_tokens=max_new_tokens, do_sample=do_sample,
-        temperature=temperature, top_k=top_k, top_p=top_p,
+        online=online, estimator=estimator, step_times=step_times, max_new_tokens=max_new_tokens,
+        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
         eos_token_id=eos_token_id, compile=compile, logits_processor=logits_processor,
         stopping_criteria=stopping_criteria, **processing)
     return decode(target, draft, input_ids, settings, attention_mask=attention_mask, generator=generator,
@@ -283,14 +291,20 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
             policy.start_round()
             drafted, draft_probs = draft_round(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
                                           processing.do_sample, generator, stats)
+            num_drafted = len(drafted)
+            # The target verifies what the schedule says (all, but a budget schedule's prefix); the
+            # rest were drafted, paid for and are discarded, and the draft's cache is cropped below.
+            num_verified = policy.verify_length(num_drafted)
+            drafted, draft_probs = drafted[:num_verified], draft_probs[:num_verified]
             verify_start = time.perf_counter()
             num_accepted, next_token = verify(target_model, seq, drafted, draft_probs, processing, generator)
             stats.verify_time += time.perf_counter() - verify_start
             stats.target_calls += 1
             stats.accepted_lengths.append(num_accepted)
-            stats.draft_lengths.append(len(drafted))
-            stats.discarded_tokens += len(drafted) - num_accepted
-            policy.end_round(len(drafted), num_accepted)
+            stats.draft_lengths.append(num_drafted)
+            stats.verified_lengths.append(num_verified)
+            stats.discarded_tokens += num_drafted - num_accepted
+            policy.end_round(num_verified, num_accepted)
             new_tokens = trim_at_eos(drafted[:num_accepted] + [next_token], eos)
             stop = processing.stop_length(seq, new_tokens)
             new_tokens = new_tokens[:stop]
@@ -311,17 +325,17 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
 
 
 def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
-                processing: Processing, hidden_states: bool, max_length: int
+                processing: Processing, with_hidden_states: bool, max_length: int
                 ) -> tuple[CachedModel | StaticModel, EagerDraft | CompiledDraft | ProcessedDraft | None, float]:
     """The target and (unless None) the draft as the loop steps them, with empty caches for a
     generation of up to `max_length` tokens: eager (`CachedModel`, and an `EagerDraft` proposing
-    under `processing` whose steps return `hidden_states` for a head), or with `settings.compile`
-    the compiled engine's (`specdecpp.engine.compiled`: its draft step also judges with `ada`'s head, or,
-    under processors that read the prefix, runs the forward alone as a graph and the rest as the
-    eager draft does). Returns them and the seconds spent compiling."""
+    under `processing` whose steps return the hidden state a head reads when `with_hidden_states`),
+    or with `settings.compile` the compiled engine's (`specdecpp.engine.compiled`: its draft step also
+    judges with `ada`'s head, or, under processors that read the prefix, runs the forward alone as a
+    graph and the rest as the eager draft does). Returns them and the seconds spent compiling."""
     if not settings.compile:
-        return CachedModel(target), EagerDraft(draft, processing, hidden_states) if draft else None, 0.0
-    return compiled_models(target, draft, settings, max_length, processing, hidden_states)
+        return CachedModel(target), EagerDraft(draft, processing, with_hidden_states) if draft else None, 0.0
+    return compiled_models(target, draft, settings, max_length, processing, with_hidden_states)
 
 
 def draft_round(draft_model: EagerDraft | CompiledDraft | ProcessedDraft | None, seq: list[int], policy: Schedule,

@@ -13,11 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
-from transformers.generation import (EosTokenCriteria, LogitsProcessorList, MaxLengthCriteria, MaxTimeCriteria,
-                                     StoppingCriteriaList, StopStringCriteria)
-from transformers.generation import logits_process as lp
+from transformers import (EosTokenCriteria, EpsilonLogitsWarper, EtaLogitsWarper, ExponentialDecayLengthPenalty,
+                          ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, GenerationConfig,
+                          InfNanRemoveLogitsProcessor, LogitNormalization, LogitsProcessorList, MaxLengthCriteria,
+                          MaxTimeCriteria, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor,
+                          MinPLogitsWarper, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
+                          PrefixConstrainedLogitsProcessor, PreTrainedModel, RepetitionPenaltyLogitsProcessor,
+                          SequenceBiasLogitsProcessor, StoppingCriteriaList, StopStringCriteria,
+                          SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor, TypicalLogitsWarper)
 
+from specdecpp.compat import generate_processing
 from specdecpp.engine.sampling import SAMPLING_WARPERS, make_warpers, widened
 
 # The generation-config fields that add logits processors, and those that add stopping criteria.
@@ -28,15 +33,15 @@ CRITERIA_FIELDS = ("stop_strings", "max_time")
 NEUTRAL = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_new_tokens": 0, "min_length": 0}
 
 # transformers' processors that ignore the prefix: one call processes many positions at once.
-WARPERS = SAMPLING_WARPERS + (lp.MinPLogitsWarper, lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper,
-                              lp.EtaLogitsWarper, lp.InfNanRemoveLogitsProcessor, lp.LogitNormalization)
+WARPERS = SAMPLING_WARPERS + (MinPLogitsWarper, TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper,
+                              InfNanRemoveLogitsProcessor, LogitNormalization)
 # transformers' processors that are a function of (prefix, logits) alone, hence exact per position.
 # Left out: guidance (a second forward), watermarks (keyed state), model-specific processors.
 PER_POSITION = WARPERS + (
-    lp.RepetitionPenaltyLogitsProcessor, lp.NoRepeatNGramLogitsProcessor, lp.MinLengthLogitsProcessor,
-    lp.MinNewTokensLengthLogitsProcessor, lp.NoBadWordsLogitsProcessor, lp.SequenceBiasLogitsProcessor,
-    lp.SuppressTokensLogitsProcessor, lp.SuppressTokensAtBeginLogitsProcessor, lp.ForcedEOSTokenLogitsProcessor,
-    lp.ForcedBOSTokenLogitsProcessor, lp.PrefixConstrainedLogitsProcessor, lp.ExponentialDecayLengthPenalty)
+    RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor, SequenceBiasLogitsProcessor,
+    SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, ForcedEOSTokenLogitsProcessor,
+    ForcedBOSTokenLogitsProcessor, PrefixConstrainedLogitsProcessor, ExponentialDecayLengthPenalty)
 LOOP_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)  # the loop's own length limit and EOS trimming
 PER_POSITION_CRITERIA = (MaxTimeCriteria, StopStringCriteria)
 
@@ -106,11 +111,8 @@ def build_processing(target: PreTrainedModel, config: GenerationConfig, input_id
     logits_processor=..., stopping_criteria=..., tokenizer=...)` would apply, built by `generate`'s
     own builders (`config` is copied; stop strings need the `tokenizer`)."""
     config = GenerationConfig.from_dict(config.to_dict())
-    target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=target.device, batch_size=1)
-    processors = target._get_logits_processor(
-        generation_config=config, input_ids_seq_length=input_ids.shape[-1], encoder_input_ids=input_ids,
-        logits_processor=logits_processor or LogitsProcessorList(), device=target.device)
-    criteria = target._get_stopping_criteria(config, stopping_criteria or StoppingCriteriaList(), tokenizer)
+    processors, criteria = generate_processing(target, config, input_ids, logits_processor or LogitsProcessorList(),
+                                               stopping_criteria or StoppingCriteriaList(), tokenizer)
     return Processing(processors, criteria, bool(config.do_sample))
 
 

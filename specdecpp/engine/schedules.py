@@ -6,7 +6,9 @@ schedule's name and a new schedule is one class:
 - `start_round()` — where a round starts: the schedule begins the round's state;
 - `max_draft()` — the most tokens this round may draft (a query: it changes nothing);
 - `stop_after(step)` — after each drafted token, whether to stop drafting now;
-- `end_round(num_drafted, num_accepted)` — after verification, to adapt for the next round.
+- `verify_length(num_drafted)` — after drafting, how many of the drafted tokens the target
+  verifies (all, but for the budget schedules);
+- `end_round(num_verified, num_accepted)` — after verification, to adapt for the next round.
 
 A schedule object holds the state of one generation; `make_schedule` builds a fresh one. The
 online schedules (`online`, and `ada` with `online=True`) also hold an `OnlineAcceptanceEstimator`
@@ -20,11 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecpp.engine.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, clamp_log_odds, log_odds
+from specdecpp.engine.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, best_verify_length, clamp_log_odds, log_odds
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.sampling import sample, widened
 from specdecpp.engine.settings import SCHEDULES, DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, step_features
+from specdecpp.measuring.costs import StepTimes
 
 
 
@@ -81,8 +84,12 @@ class Schedule:
     def stop_after(self, step: DraftStep) -> bool:
         return False
 
+    def verify_length(self, num_drafted: int) -> int:
+        """How many of the round's `num_drafted` tokens go to the target: all of them."""
+        return num_drafted
+
     def end_round(self, num_drafted: int, num_accepted: int) -> None:
-        pass
+        """The target verified the first `num_drafted` drafted tokens and accepted `num_accepted`."""
 
 
 class NoDraft(Schedule):
@@ -227,6 +234,42 @@ def draft_log_odds(step: DraftStep, temperature: float = 1.0) -> float:
     return log_odds(float(step.probs.max()) if step.probs is not None else step.token_prob)
 
 
+class VerifyBudget(Schedule):
+    """`verify-budget` and `ada-budget`: vLLM 0.32's adaptive verification at batch 1. A round drafts
+    a block of `num_tokens` tokens, scoring each as `scorer` (`Online` for `verify-budget`, `Ada`
+    with a proposer head for `ada-budget`) judges it, and keeps its running product: slot j's
+    survival. Then the target verifies the prefix whose expected tokens per round time is highest
+    (`online.best_verify_length`), each length priced with `times`: the whole block's draft steps,
+    its judgements when `judged`, and the verification of that prefix. The scorer's own stop
+    decisions are ignored, and it learns only from the verified tokens' outcomes."""
+
+    def __init__(self, scorer: ProductRule, num_tokens: int, times: StepTimes, judged: bool):
+        self.scorer, self.num_tokens, self.times, self.judged = scorer, num_tokens, times, judged
+        self.needs_hidden_states = scorer.needs_hidden_states
+        self.start_round()
+
+    def start_round(self) -> None:
+        self.scorer.start_round()
+        self.survival = []
+
+    def max_draft(self) -> int:
+        return self.num_tokens
+
+    def stop_after(self, step: DraftStep) -> bool:
+        self.scorer.stop_after(step)
+        self.survival.append(self.scorer.p_all_accepted)
+        return False
+
+    def verify_length(self, num_drafted: int) -> int:
+        """The prefix of the `num_drafted` tokens worth verifying at these step times."""
+        judged = num_drafted if self.judged else 0
+        costs = [self.times.round_ms(num_drafted, judged, n) for n in range(num_drafted + 1)]
+        return best_verify_length(self.survival[:num_drafted], costs)
+
+    def end_round(self, num_drafted: int, num_accepted: int) -> None:
+        self.scorer.end_round(num_drafted, num_accepted)
+
+
 class Oracle(Schedule):
     """`oracle` (greedy only, for measurement): each round drafts exactly the tokens the target
     will accept. `draft_correct[i]` says whether the draft's greedy proposal for generated
@@ -252,11 +295,13 @@ def make_schedule(settings: DecodingSettings | str, *, draft_correct: list[bool]
                   **knobs) -> Schedule:
     """A fresh policy for one generation: the schedule of `settings` (a `DecodingSettings`, or a
     schedule name with the knobs as keyword arguments: `head`, `stop_threshold`, `bound`,
-    `num_assistant_tokens`, `assistant_confidence_threshold`, `online`, `estimator`; see
-    `SCHEDULES`). Knobs a schedule does not use are ignored; `oracle` needs `draft_correct` (see
+    `num_assistant_tokens`, `assistant_confidence_threshold`, `online`, `estimator`, `step_times`;
+    see `SCHEDULES`). Knobs a schedule does not use are ignored; `oracle` needs `draft_correct` (see
     `Oracle`); `ada` takes `stop_threshold="auto"` for the threshold stored in the head, and with
     `online=True` recalibrates the head online (`settings.estimator`, else a fresh
-    recalibration); `online` learns in `settings.estimator`, else in a fresh estimator."""
+    recalibration); `online` learns in `settings.estimator`, else in a fresh estimator, and so does
+    `verify-budget`, which, like `ada-budget`, drafts blocks of `num_assistant_tokens` and prices
+    its verifications with `settings.budget_step_times()`."""
     if isinstance(settings, str):
         settings = DecodingSettings(schedule=settings, **knobs)
     name = settings.schedule
@@ -281,4 +326,13 @@ def make_schedule(settings: DecodingSettings | str, *, draft_correct: list[bool]
         return Online(estimator, settings.stop_threshold, bound, settings.temperature if settings.do_sample else 1.0)
     if name == "oracle":
         return Oracle(draft_correct, settings.bound[1])
+    if name in ("verify-budget", "ada-budget"):
+        # The scorer's stop rule never fires (a threshold of 1) within a bound of the whole block.
+        k = settings.num_assistant_tokens
+        if name == "ada-budget":
+            scorer = Ada(settings.head, 1.0, (k, k))
+        else:
+            estimator = settings.estimator if settings.estimator is not None else OnlineAcceptanceEstimator(k)
+            scorer = Online(estimator, 1.0, (k, k))
+        return VerifyBudget(scorer, k, settings.budget_step_times(), judged=name == "ada-budget")
     raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")

@@ -17,9 +17,12 @@ from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_s
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
 from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.measuring.costs import StepTimes
 
-SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "online", "oracle")
-K_SCHEDULES = ("constant", "heuristic", "dynamic")  # the schedules that read num_assistant_tokens
+SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "online", "oracle", "verify-budget", "ada-budget")
+BUDGET_SCHEDULES = ("verify-budget", "ada-budget")  # draft a block, verify the prefix worth its price (step_times)
+K_SCHEDULES = ("constant", "heuristic", "dynamic", *BUDGET_SCHEDULES)  # the schedules that read num_assistant_tokens
+HEAD_SCHEDULES = ("ada", "ada-budget")  # the schedules that judge with a head
 
 
 @dataclass
@@ -29,7 +32,9 @@ class DecodingSettings:
     for `ada`, and `online` to recalibrate its head online; `stop_threshold`, `bound` for
     `online`; `estimator`, the `OnlineAcceptanceEstimator` that `online` and `ada` with `online`
     learn in, None for a fresh one per generation; `num_assistant_tokens`,
-    `assistant_confidence_threshold` for the others), the
+    `assistant_confidence_threshold` for the others; `num_assistant_tokens`, the block drafted, and
+    `step_times`, the measured `StepTimes` that price each verified length, for `verify-budget` and
+    `ada-budget`, see `budget_step_times`), the
     length limit, greedy or sampling (`temperature`, `top_k`, `top_p`) and the EOS ids (None: the
     target's generation config's), and whether to run the compiled engine (`compile`). The
     processing fields (`PROCESSOR_FIELDS`, `CRITERIA_FIELDS`; None: off) mean what they mean to
@@ -44,6 +49,7 @@ class DecodingSettings:
     assistant_confidence_threshold: float = 0.4
     online: bool = False
     estimator: OnlineAcceptanceEstimator | None = None
+    step_times: StepTimes | None = None
     max_new_tokens: int = 128
     do_sample: bool = False
     temperature: float = 1.0
@@ -68,10 +74,10 @@ class DecodingSettings:
     def validate(self, name: Callable[[str], str] = str) -> None:
         """Raise ValueError, naming the setting, on a value the loop cannot honour: an unknown
         schedule, a negative length, a threshold outside [0, 1] (or `"auto"` for `stop_threshold`),
-        a bound out of order, K < 1 for a schedule that reads K, the oracle with sampling, `online`
-        without a numeric threshold, `online=True` for a schedule without a head, an estimator
-        shorter than the bound. `name`
-        spells a setting's name in the messages (a command passes `lambda s: "--" + s`)."""
+        a bound out of order, K < 1 for a schedule that reads K, the oracle or a budget schedule with
+        sampling, `online` without a numeric threshold, `online=True` for a schedule without a head,
+        an estimator shorter than the bound (than the block, for `verify-budget`). `name` spells a
+        setting's name in the messages (a command passes `lambda s: "--" + s`)."""
         schedule, bound = self.schedule, self.bound
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"unknown {name('schedule')} {schedule!r}; choose from {', '.join(SCHEDULES)}")
@@ -92,6 +98,12 @@ class DecodingSettings:
                              f"got {self.num_assistant_tokens}")
         if schedule == "oracle" and self.do_sample:
             raise ValueError("the oracle schedule is defined for greedy decoding only (do_sample=False)")
+        if schedule in BUDGET_SCHEDULES and self.do_sample:
+            # The survival of the slots after y_j reads the draft's distributions after y_j, so whether y_j is
+            # verified would depend on y_j itself: a choice the acceptance test cannot correct for.
+            raise ValueError(f"schedule {schedule!r} is defined for greedy decoding only (do_sample=False): it chooses "
+                             "how many drafted tokens to verify from scores that read the drafted tokens, which "
+                             "would bias sampled output")
         if schedule == "online" and threshold == "auto":
             raise ValueError(f"schedule 'online' has no stored threshold: give {name('stop_threshold')} a number "
                              "(calibration --choose_threshold reports the best one on records)")
@@ -101,13 +113,19 @@ class DecodingSettings:
         if estimator is not None and schedule in ("online", "ada", None) and estimator.num_positions < bound[1]:
             raise ValueError(f"the estimator has {estimator.num_positions} positions and {name('bound')} lets a round "
                              f"draft {bound[1]}: make it with num_positions >= {bound[1]}")
+        block = self.num_assistant_tokens
+        if estimator is not None and schedule == "verify-budget" and estimator.num_positions < block:
+            raise ValueError(f"the estimator has {estimator.num_positions} positions and "
+                             f"{name('num_assistant_tokens')} drafts {block}: make it with num_positions >= {block}")
 
     def check_models(self, target: PreTrainedModel, draft: PreTrainedModel | None) -> None:
         """Raise ValueError unless the models (and the head) fit the schedule: a draft for every
         schedule but `none`, sharing the target's vocabulary; for `ada` a head trained for this
         draft, holding a stored threshold when `stop_threshold="auto"` (with a warning when that
-        threshold was chosen for the other decoding mode). Models with recurrent layers are refused
-        (`checks.check_can_roll_back`), the target too: the loop rolls its cache back."""
+        threshold was chosen for the other decoding mode); for `ada-budget` a proposer head trained
+        for this draft; step times for the budget schedules (`budget_step_times`). Models with
+        recurrent layers are refused (`checks.check_can_roll_back`), the target too: the loop rolls
+        its cache back."""
         check_can_roll_back(target, "the target")
         if self.schedule == "none":
             return
@@ -115,13 +133,37 @@ class DecodingSettings:
             raise ValueError(f"schedule {self.schedule!r} needs a draft model")
         check_can_roll_back(draft, "the draft")
         check_same_vocab(vocab_size(target), vocab_size(draft))
-        if self.schedule == "ada":
+        if self.schedule in HEAD_SCHEDULES:
             if self.head is None:
-                raise ValueError("schedule 'ada' needs an acceptance prediction head (head=AcceptancePredictionHead...)")
+                raise ValueError(f"schedule {self.schedule!r} needs an acceptance prediction head "
+                                 "(head=AcceptancePredictionHead...)")
             check_head_fits_draft(self.head.hidden_size, hidden_size(draft.config))
+        if self.schedule == "ada":
             self.head.resolve_stop_threshold(self.stop_threshold)
             if self.stop_threshold == "auto":
                 self._warn_on_threshold_mismatch()
+        if self.schedule == "ada-budget" and self.head.alignment != "proposer":
+            # A reader head judges y_j only from the step that drafts y_{j+1}: a block's last token would go unscored.
+            raise ValueError("schedule 'ada-budget' needs a proposer head, which scores every drafted token of the "
+                             "block when it drafts it; this head is a reader")
+        if self.schedule in BUDGET_SCHEDULES:
+            self.budget_step_times()
+
+    def budget_step_times(self) -> StepTimes:
+        """The step times that price a budget schedule's verifications: `step_times` when set, else
+        those the head's threshold was chosen with (`ada-budget`: with its judgements, the
+        selection's `judged_step_times`; `verify-budget`: without, its `step_times`), else a
+        ValueError that says where step times come from."""
+        if self.step_times is not None:
+            return self.step_times
+        selection = (self.head.threshold_selection if self.head is not None else None) or {}
+        stored = selection.get("judged_step_times" if self.schedule == "ada-budget" else "step_times")
+        if stored is None:
+            raise ValueError(f"schedule {self.schedule!r} prices each verified length with measured step times, and "
+                             "none were given: pass step_times=StepTimes(...) (specdecpp.measuring.step_timing.measure_costs "
+                             "times this pair; specdecpp.calibration.threshold.stored_step_times reads those a head folder "
+                             "stores), or a head whose threshold selection stores them")
+        return StepTimes(**stored)
 
     def _warn_on_threshold_mismatch(self) -> None:
         """Warn when the head's stored threshold was chosen for another decoding mode or other

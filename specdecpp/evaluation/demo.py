@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import HfArgumentParser
-from transformers.utils import logging as hf_logging
+from transformers import logging as hf_logging
 
 from specdecpp.cli import common_field
 from specdecpp.engine.settings import DecodingSettings

@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.calibration.threshold import stored_step_times
 from specdecpp.engine.decoding import decode
 from specdecpp.engine.online import OnlineAcceptanceEstimator
-from specdecpp.engine.settings import DecodingSettings
-from specdecpp.evaluation.settings import MethodGrid, Prompt, may_store_threshold
+from specdecpp.engine.settings import BUDGET_SCHEDULES, DecodingSettings
+from specdecpp.evaluation.settings import MethodGrid, Prompt, budget_step_times_from, may_store_threshold
 from specdecpp.head.model import AcceptancePredictionHead
 
 
@@ -33,6 +34,7 @@ class MethodSpec:
     head: str | None = None  # the ada head's folder or Hub id
     assistant_confidence_threshold: float | None = None
     online: bool = False  # ada with online recalibration
+    step_times_from: str | None = None  # verify-budget, ada-budget: where their step times are stored
 
 
 @dataclass
@@ -73,7 +75,8 @@ def method_specs(grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
 
 def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
     """One spec per K (constant), per head and threshold (ada; twice with `grid.online`, once
-    recalibrated online), per threshold (online), or a single one."""
+    recalibrated online), per threshold (online), per K (verify-budget) and head (ada-budget), or a
+    single one."""
     if schedule == "constant":
         return [MethodSpec(f"{engine}:constant@K={k}", engine, schedule, num_assistant_tokens=k)
                 for k in dict.fromkeys(grid.num_assistant_tokens)]
@@ -92,6 +95,12 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
     if schedule == "online":
         return [MethodSpec(f"{engine}:online@{t:g}", engine, schedule, stop_threshold=t)
                 for t in dict.fromkeys(grid.online_threshold)]
+    if schedule in BUDGET_SCHEDULES:  # one per block K, and for ada-budget per head
+        block_heads = list(dict.fromkeys(heads)) if schedule == "ada-budget" else [None]
+        return [MethodSpec(f"{engine}:{schedule}" + (f"[{head_label(head)}]" if len(block_heads) > 1 else "")
+                           + f"@K={k}", engine, schedule, num_assistant_tokens=k, head=head,
+                           step_times_from=budget_step_times_from(grid, schedule, heads))
+                for head in block_heads for k in dict.fromkeys(grid.num_assistant_tokens)]
     if schedule == "dynamic":
         confidences = list(dict.fromkeys(grid.assistant_confidence_threshold))
         if engine == "hf":  # it moves its threshold itself: one starting point is enough
@@ -118,10 +127,15 @@ def generation_kwargs(decoding: DecodingSettings) -> dict:
 def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
                     decoding: DecodingSettings) -> DecodingSettings:
     """The engine's decoding settings for `spec`: `decoding` (bound, sampling) with the spec's
-    schedule and knobs, and `head` for ada; `max_new_tokens` is set per prompt."""
+    schedule and knobs, `head` for ada and ada-budget, and the step times stored where the spec
+    says (`threshold.stored_step_times`; with the head's judgements for ada-budget);
+    `max_new_tokens` is set per prompt."""
     knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
                                ("stop_threshold", spec.stop_threshold),
                                ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
+    if spec.step_times_from is not None:
+        plain, judged = stored_step_times(spec.step_times_from)
+        knobs["step_times"] = judged if spec.schedule == "ada-budget" else plain
     return replace(decoding, schedule=spec.schedule, head=head, online=spec.online, **knobs)
 
 
@@ -131,14 +145,17 @@ def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrained
     """Our engine with `spec`'s schedule; a model alone (`schedule="none"`) runs through the same
     loop, its forward passes counted as target calls for the target and draft calls for the draft.
     Returns the generating function and a `restart` that makes the method forget what it learned:
-    `online` and `ada` recalibrated online keep one estimator over all the prompts they generate
-    for, in the order they are given (as a server would), from its cold start at `restart`."""
+    `online`, `verify-budget` and `ada` recalibrated online keep one estimator over all the prompts
+    they generate for, in the order they are given (as a server would), from its cold start at
+    `restart`."""
     settings = method_settings(spec, head, decoding)
     alone_is_draft = spec.engine is None and spec.name == "draft"
 
     def restart() -> None:
         if settings.schedule == "online":
             settings.estimator = OnlineAcceptanceEstimator(settings.bound[1])
+        elif settings.schedule == "verify-budget":
+            settings.estimator = OnlineAcceptanceEstimator(settings.num_assistant_tokens)
         elif settings.online:
             settings.estimator = OnlineAcceptanceEstimator.recalibration(settings.bound[1])
 

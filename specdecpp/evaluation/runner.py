@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecpp.data.io import write_json
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
 from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, method_specs
 from specdecpp.evaluation.report import report, run_title
@@ -41,7 +41,7 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
         model = pair.target if spec.name == "target" else pair.draft
         return Method(spec, *engine_generate(spec, model, None, None, decoding))
     head = pair.heads.get(spec.head)
-    if head is not None:
+    if head is not None and spec.stop_threshold is not None:  # ada's (ada-budget has none)
         spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold))
     return Method(spec, *engine_generate(spec, pair.target, pair.draft, head, decoding))
 
@@ -238,7 +238,7 @@ class Evaluation:
     def pair(self) -> Pair:
         """The loaded target, draft, heads (when a method needs one) and tokenizer."""
         if self._pair is None:
-            need_head = any(spec.schedule == "ada" for spec in self.specs)
+            need_head = any(spec.schedule in HEAD_SCHEDULES for spec in self.specs)
             self._pair = load_pair(self.pair_arguments, self.tokenizer, need_head)
         return self._pair
 

@@ -26,7 +26,7 @@ from specdecpp.checks import (check_can_roll_back, check_head_fits_draft, check_
 from specdecpp.cli import common_field
 from specdecpp.data.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.engine.schedules import SCHEDULES
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.models import HeadPairArguments, load_head, load_model, load_tokenizer
 
@@ -67,6 +67,10 @@ class MethodGrid:
     online_threshold: list[float] = field(default_factory=lambda: [0.5], metadata={
         "help": "the online schedule's stop thresholds (vLLM's estimator under ada's stop rule; one method per "
                 "value, each one estimator learning over the prompts in order)"})
+    step_times_from: str | None = field(default=None, metadata={
+        "help": "verify-budget and ada-budget: a head folder (or a calibration --output file) whose threshold "
+                "selection stores the step times that price their verifications (default: ada-budget's own head's, "
+                "and for verify-budget the first --head that stores them)"})
     baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
         "choices": BASELINES, "help": "baselines run next to the schedules (the target alone always runs)"})
 
@@ -153,16 +157,38 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
         check_same_vocab(target_config.vocab_size, draft_config.vocab_size)
     if grid.online and "ada" not in grid.schedule:
         raise ValueError("--online recalibrates ada's head online: add ada to --schedule")
-    if "ada" in grid.schedule:
+    if head_schedules := [schedule for schedule in HEAD_SCHEDULES if schedule in grid.schedule]:
         if not pair.head:
-            raise ValueError("schedule 'ada' needs --head (a trained acceptance prediction head)")
+            raise ValueError(f"schedule {head_schedules[0]!r} needs --head (a trained acceptance prediction head)")
         for head_dir in pair.head:
             _check_head(head_dir, draft_config)
-        if "auto" in grid.stop_threshold and not any(map(may_store_threshold, pair.head)):
-            raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
-                             f"{', '.join(pair.head)} has one: choose one with "
-                             "`python -m specdecpp.calibration.report ... --choose_threshold`")
+    if "ada" in grid.schedule and "auto" in grid.stop_threshold and not any(map(may_store_threshold, pair.head)):
+        raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
+                         f"{', '.join(pair.head)} has one: choose one with "
+                         "`python -m specdecpp.calibration.report ... --choose_threshold`")
+    if "verify-budget" in grid.schedule and budget_step_times_from(grid, "verify-budget", pair.head or []) is None:
+        raise ValueError("verify-budget prices its verifications with measured step times, and no --head folder "
+                         f"({', '.join(pair.head or []) or 'none given'}) stores them: pass --step_times_from a head "
+                         "folder (or calibration --output file) whose threshold was chosen with timed steps")
     check_writable(run.output)
+
+
+def budget_step_times_from(grid: MethodGrid, schedule: str, heads: list[str]) -> str | None:
+    """Where a budget schedule's method reads its step times (`threshold.stored_step_times`):
+    `--step_times_from`; else, for verify-budget, the first head folder of `heads` that stores them
+    (None: ada-budget reads its own head's, `DecodingSettings.budget_step_times`)."""
+    if grid.step_times_from is not None or schedule == "ada-budget":
+        return grid.step_times_from
+    return next((head_dir for head_dir in heads if stores_step_times(head_dir)), None)
+
+
+def stores_step_times(head_dir: str) -> bool:
+    """Whether `head_dir` is a local head folder whose threshold selection stores step times."""
+    config_file = os.path.join(head_dir, "config.json")
+    if not os.path.isfile(config_file):
+        return False
+    with open(config_file, encoding="utf-8") as f:
+        return "judged_step_times" in (json.load(f).get("threshold_selection") or {})
 
 
 def may_store_threshold(head_dir: str) -> bool:

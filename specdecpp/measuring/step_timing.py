@@ -3,8 +3,9 @@ and the steps behind the flat view's cost ratio `c` (`EngineSteps`, which `CostP
 
 Every figure is timed through the engine's own step functions, eager or compiled as the decoding
 will run (`decoding.step_models`: the draft's `draft_step`, `decoding.verify`, the schedule's
-`stop_after`); `StepProbe` lays them out in rounds as the loop does, so that the cache state each
-step meets is the loop's (see `specdecpp.measuring.costs` for what each figure prices). The first round of a
+`stop_after`); `StepProbe` takes its rounds through the loop's own `decoding.draft_round` and
+`decoding.verify`, so that the cache state each step meets is the loop's and each step is timed
+as the loop times it (see `specdecpp.measuring.costs` for what each figure prices). The first round of a
 generation also reads the prompt: its first draft step and its verification are prefill forwards,
 priced apart by `prefill_extra_ms`.
 """
@@ -19,9 +20,9 @@ from dataclasses import replace
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.engine.decoding import decode, step_models, verify
+from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step_models, verify
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import Ada
+from specdecpp.engine.schedules import Ada, DraftStep, Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread
@@ -52,11 +53,12 @@ class StepProbe:
     """Times the loop's steps on the context `input_ids` `[1, length]` kept in both KV caches, one
     pass at a time (`sample`), so that an evaluation can spread its timing over a run and machine
     load hits it as it hits the methods. A pass takes `max_draft + 1` target-alone steps back to
-    back, then rounds of every length `k = 0..max_draft` as the loop takes them (each drafted token
-    judged by `head` when given), timing each draft step, judgement and verification apart, and
-    crops both caches back so that every round sees the same context. Greedy steps unless
-    `do_sample` (warpers of temperature 1, no filtering); the compiled engine's steps when
-    `compile` (its draft step then includes the judgement); `warmup` passes run untimed."""
+    back, then rounds of every length `k = 0..max_draft` through the loop's own `draft_round` and
+    `verify` (each drafted token judged by `head` when given, `TimedRound`), timing each draft step,
+    judgement and verification apart, and crops both caches back so that every round sees the same
+    context. Greedy steps unless `do_sample` (warpers of temperature 1, no filtering); the compiled
+    engine's steps when `compile` (its draft step then includes the judgement); `warmup` passes run
+    untimed."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                  head: AcceptancePredictionHead | None = None, do_sample: bool = False, warmup: int = 2,
@@ -109,7 +111,7 @@ class StepProbe:
                          busy=busy_machine(spread, f"the {self.engine} engine's steps"))
 
     def _pass(self) -> tuple[list[float], list[list[float]], list[list[float]], list[float]]:
-        seq, processing, generator, judge = self.seq, self.processing, self.generator, self.judge
+        seq, processing, generator = self.seq, self.processing, self.generator
         alone, drafts, verified, judged = [], [[] for _ in range(self.max_draft)], [], []
         for _ in range(self.max_draft + 1):  # target-alone steps, back to back as in a target-alone decode
             start = time.perf_counter()
@@ -117,26 +119,54 @@ class StepProbe:
             self.target_model.crop(len(seq) - 1)
             alone.append(1000 * (time.perf_counter() - start))
         for k in range(self.max_draft + 1):
-            drafted, draft_probs = [], []
-            if judge is not None:
-                judge.start_round()
-            for j in range(1, k + 1):
-                start = time.perf_counter()
-                step = self.draft_model.draft_step(seq + drafted, j, generator)
-                middle = time.perf_counter()
-                if judge is not None:
-                    judge.stop_after(step)
-                drafts[j - 1].append(1000 * (middle - start))
-                judged.append(1000 * (time.perf_counter() - middle))
-                drafted.append(step.token)
-                if processing.do_sample:
-                    draft_probs.append(step.probs)
+            stats = GenerationStats()
+            policy = TimedRound(k, self.judge, stats)
+            policy.start_round()
+            drafted, draft_probs = draft_round(self.draft_model, seq, policy, k, processing.do_sample, generator, stats)
+            for j, (draft_ms, judge_ms) in enumerate(policy.step_ms()):
+                drafts[j].append(draft_ms)
+                judged.append(judge_ms)
             start = time.perf_counter()
             verify(self.target_model, seq, drafted, draft_probs, processing, generator)
             self.target_model.crop(len(seq) - 1)
             self.draft_model.crop(len(seq) - 1)
             verified.append([1000 * (time.perf_counter() - start)])
         return alone, drafts, verified, judged
+
+
+class TimedRound(Schedule):
+    """A probe's round as the loop drafts it (`decoding.draft_round`): exactly `k` tokens, each
+    judged by `judge` when given (`ada`'s rule; the judgement is timed and its decision ignored).
+    The loop adds each draft step's time and its stop decision's to `stats` after that decision, so
+    the running totals read at each `stop_after` and once after the round, differenced, are each
+    step's times as the loop measures them (`step_ms`)."""
+
+    def __init__(self, k: int, judge: Ada | None, stats: GenerationStats):
+        self.k, self.judge, self.stats = k, judge, stats
+        self.totals = []
+
+    def start_round(self) -> None:
+        """No step timed yet; the judge's product starts afresh."""
+        self.totals = []
+        if self.judge is not None:
+            self.judge.start_round()
+
+    def max_draft(self) -> int:
+        """The round's length, `k`."""
+        return self.k
+
+    def stop_after(self, step: DraftStep) -> bool:
+        """Read the totals before this step's (the loop adds them after), judge `step`, go on."""
+        self.totals.append((self.stats.draft_time, self.stats.schedule_time))
+        if self.judge is not None:
+            self.judge.stop_after(step)
+        return False
+
+    def step_ms(self) -> list[tuple[float, float]]:
+        """`(draft step, judgement)` in ms for each drafted token, once the round is drafted."""
+        totals = self.totals + [(self.stats.draft_time, self.stats.schedule_time)]
+        return [(1000 * (after[0] - before[0]), 1000 * (after[1] - before[1]))
+                for before, after in zip(totals, totals[1:])]
 
 
 def loaded_models(models, seq: list[int], generator: torch.Generator | None = None) -> tuple:

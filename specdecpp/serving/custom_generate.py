@@ -22,17 +22,15 @@ Either returns what `generate` returns: the token tensor, or (`return_dict_in_ge
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
-from transformers.generation import (GenerateDecoderOnlyOutput, LogitsProcessorList, StoppingCriteriaList,
-                                     StopStringCriteria)
-from transformers.generation.streamers import BaseStreamer
+from transformers.generation import (BaseStreamer, GenerateDecoderOnlyOutput, LogitsProcessorList,
+                                     StoppingCriteriaList, StopStringCriteria)
 
-from specdecpp.compat import CACHE_NAMES, cache_in
+from specdecpp.compat import CACHE_NAMES, cache_in, custom_generate_argument
 from specdecpp.engine.decoding import GenerationStats, decode
 from specdecpp.engine.online import RECALIBRATION_FILE, OnlineAcceptanceEstimator
 from specdecpp.engine.processing import PROCESSOR_FIELDS, Processing
@@ -182,13 +180,9 @@ def saved_recalibration(location: str | os.PathLike) -> OnlineAcceptanceEstimato
 
 
 def _custom_generate_location() -> str:
-    """The folder or Hub id that the running `generate(custom_generate=...)` call named.
-    transformers runs a copy of `generate.py` from its modules cache, so the file cannot find its
-    folder from its own path; `generate`'s frame still holds the name."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        location = frame.f_locals.get("custom_generate") if frame.f_code.co_name == "generate" else None
-        if isinstance(location, (str, os.PathLike)):
-            return str(location)
-        frame = frame.f_back
-    raise RuntimeError("no generate(custom_generate=...) call to take the head from: pass head=FOLDER_OR_HUB_ID")
+    """The folder or Hub id that the running `generate(custom_generate=...)` call named
+    (`compat.custom_generate_argument`), or RuntimeError outside such a call."""
+    location = custom_generate_argument()
+    if location is None:
+        raise RuntimeError("no generate(custom_generate=...) call to take the head from: pass head=FOLDER_OR_HUB_ID")
+    return location

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from transformers.trainer_utils import EvalPrediction
+    from transformers import EvalPrediction
 
 IGNORE = -100.0  # label of positions the loss skips (Trainer also pads predictions with -100)
 
