@@ -13,7 +13,7 @@ import specdecpp.data.build_data as build_module
 from specdecpp.checks import trim_at_eos
 from specdecpp.data.build_data import BuildDataArguments, build_batch, build_data, main
 from specdecpp.data.io import read_records
-from specdecpp.engine.decoding import EagerDraft
+from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import build_processing
 from specdecpp.engine.sampling import logits_to_probs, make_warpers
 from specdecpp.engine.settings import DecodingSettings

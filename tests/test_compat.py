@@ -16,7 +16,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from conftest import OurDeprecatedCall, tiny_llama
 from specdecpp import compat
-from specdecpp.engine.decoding import CachedModel
+from specdecpp.engine.draft_step import CachedModel
 from specdecpp.evaluation.hf_baselines import count_forwards, rounds_from_target_calls
 
 

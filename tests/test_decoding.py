@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.engine.decoding import CachedModel
+from specdecpp.engine.draft_step import CachedModel
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.sampling import logits_to_probs, make_warpers
 from specdecpp.engine.schedules import SCHEDULES, VerifyBudget

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from specdecpp.engine.decoding import EagerDraft
+from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.head.model import FEATURES, step_features
 from specdecpp.training.head_data import head_inputs

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
+from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds, sigmoid
-from specdecpp.engine.schedules import SCHEDULES, Ada, DraftStep, Heuristic, draft_log_odds, make_schedule
+from specdecpp.engine.schedules import SCHEDULES, Ada, Heuristic, draft_log_odds, make_schedule
 from specdecpp.head.model import AcceptancePredictionHead
 
 

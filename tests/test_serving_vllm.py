@@ -109,7 +109,7 @@ def test_a_request_alone_drafts_the_rounds_of_speculative_generate(folders, sche
 
 
 def test_requests_drafted_together_draft_the_rounds_they_draft_alone(folders):
-    # Steps after a round's first run batched over the requests still drafting (decoding.draft_steps):
+    # Steps after a round's first run batched over the requests still drafting (draft_step.draft_steps):
     # the same proposals and, from the same states, the same judgements and round lengths.
     knobs = {"head": str(folders["root"] / "head"), "stop_threshold": 0.5, "bound": (1, 20)}
     together = make_proposer(folders, **knobs)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecpp.engine.decoding import EagerDraft, GenerationStats, draft_round
+from specdecpp.engine.decoding import GenerationStats, draft_round
+from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.schedules import Ada
 from specdecpp.head.model import AcceptancePredictionHead

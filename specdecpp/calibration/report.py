@@ -34,11 +34,11 @@ import torch
 from matplotlib.figure import Figure  # not pyplot: files only, and no backend chosen for the process
 from transformers import HfArgumentParser
 
-from specdecpp.calibration.threshold import choose_threshold, stored_step_times
+from specdecpp.calibration.threshold import choose_threshold
 from specdecpp.checks import check_data_fits_draft
 from specdecpp.cli import common_field, input_errors
 from specdecpp.data.io import atomic_write, read_records
-from specdecpp.head.folder import REPLAYED_ROUNDS
+from specdecpp.head.folder import REPLAYED_ROUNDS, stored_step_times
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 from specdecpp.measuring.step_timing import torch_threads

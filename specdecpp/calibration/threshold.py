@@ -24,7 +24,6 @@ replay predicts. `choose_threshold` replays a grid of thresholds and keeps the c
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 
@@ -32,9 +31,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.checks import read_head_config
+from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds, log_odds_from_log
-from specdecpp.engine.schedules import Constant, DraftStep, Dynamic, Oracle, ProductRule, Schedule, VerifyBudget
+from specdecpp.engine.schedules import Constant, Dynamic, Oracle, ProductRule, Schedule, VerifyBudget
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.measuring.step_timing import measure_costs
@@ -235,7 +234,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     processing the records were built under, `records_processing`), ready to store with
     `head.with_threshold`. `predictions`: the head's predictions over the records
     (`head_data.predict`) when the caller already has them; `times`: the step times `(plain,
-    judged)` to price rounds with (`stored_step_times`), instead of timing the pair now on the
+    judged)` to price rounds with (`head.folder.stored_step_times`), instead of timing the pair now on the
     engine decoding will run (compiled when `compile`; the times record which). ValueError when
     the replay shows the times to be wrong (`check_replayed_costs`)."""
     if head.alignment != "proposer":
@@ -354,20 +353,6 @@ def check_replayed_costs(selection: dict, times: StepTimes) -> None:
                          f"({causal[cheapest]:.3f}), which must guess which tokens are accepted: the step times are "
                          "wrong (verifications of 0, 1, ... drafted tokens priced at "
                          + " ".join(f"{v:.2f}" for v in times.verify_ms) + f" ms); {way_out}")
-
-
-def stored_step_times(path: str) -> tuple[StepTimes, StepTimes]:
-    """The step times `(plain, judged)` stored by a threshold choice: in a head folder's config, or
-    in a JSON file holding a selection or a calibration report (`--output`) with one."""
-    if os.path.isdir(path):
-        selection = read_head_config(path).get("threshold_selection") or {}
-    else:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        selection = data.get("threshold", data)
-    if "judged_step_times" not in selection:
-        raise ValueError(f"{path} stores no step times: choose a head's threshold there first (--choose_threshold)")
-    return StepTimes(**selection["step_times"]), StepTimes(**selection["judged_step_times"])
 
 
 def probe_input(records: list[dict]) -> torch.LongTensor:

@@ -32,9 +32,9 @@ from transformers import PreTrainedModel, StaticCache
 from specdecpp.checks import vocab_size
 from specdecpp.compat import (STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs, compile_guarded_state,
                               is_sliding, special_layers)
+from specdecpp.engine.draft_step import DraftStep, proposed_step
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.sampling import SAMPLING_WARPERS, make_warpers, widened
-from specdecpp.engine.schedules import DraftStep, proposed_step
 from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead, logit_features
 
@@ -329,13 +329,13 @@ class ProcessedDraft:
     """One generation's draft under logits processors that read the prefix: the shared `forward`
     engine (`DraftForward`) runs the forward as one graph; this generation's `processing` with the
     prefix, the choice of token and the head's judgement then run as in the eager draft
-    (`schedules.proposed_step`)."""
+    (`draft_step.proposed_step`)."""
 
     def __init__(self, forward: DraftForward, processing: Processing):
         self.forward, self.processing = forward, processing
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
-        """The draft's forward after `tokens` as one graph, then `schedules.proposed_step`."""
+        """The draft's forward after `tokens` as one graph, then `draft_step.proposed_step`."""
         logits, state = self.forward.step(tokens)
         return proposed_step(self.processing, tokens, logits, state, num_drafted, generator)
 

@@ -18,56 +18,14 @@ settings pass one in, which then carries its learning across generations.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 
+from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, best_verify_length, clamp_log_odds, log_odds
-from specdecpp.engine.processing import Processing
-from specdecpp.engine.sampling import sample, widened
 from specdecpp.engine.settings import SCHEDULES, DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, step_features
 from specdecpp.measuring.costs import StepTimes
 
-
-
-@dataclass
-class DraftStep:
-    """What the loop knows right after drafting token `y_j` (`num_drafted = j`): the token, the
-    draft's probability of it and the distribution `probs` `[vocab]` it was drawn from (after any
-    sampling warpers; `warped` says whether they changed it), the draft's raw logits `[vocab]` that
-    proposed it (float32 or wider), and the draft's last-layer hidden state at the input position
-    of that forward — the state of `y_{j-1}`, or of the last verified token when `j == 1` (only
-    computed when the schedule asks for hidden states). `accept_prob` is the head's judgement when
-    the step already made it (the compiled engine judges inside its draft graph), else None."""
-
-    num_drafted: int
-    token_prob: float
-    hidden: torch.Tensor | None = None
-    token: int = -1
-    logits: torch.Tensor | None = None
-    probs: torch.Tensor | None = None
-    warped: bool = False
-    accept_prob: float | None = None
-
-    @property
-    def raw_probs(self) -> torch.Tensor | None:
-        """The softmax of the raw logits when the step computed it (unwarped), else None."""
-        return None if self.warped else self.probs
-
-
-def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tensor, hidden: torch.Tensor | None,
-                  num_drafted: int, generator: torch.Generator | None) -> DraftStep:
-    """The `DraftStep` of a draft forward after `tokens` whose raw logits are `logits` `[vocab]`:
-    the logits processed with that prefix, the token proposed from them (the argmax, greedy, or a
-    sample of their softmax) and the hidden state `hidden` a head reads. The softmax is computed
-    once and serves the choice, the acceptance test and (when nothing processed the logits) the
-    head's features; the judgement is left to the schedule."""
-    logits = widened(logits)
-    processed = processing.logits(tokens, logits[None])[0]
-    probs = processed.softmax(-1)
-    token = int(sample(probs[None], generator)) if processing.do_sample else int(processed.argmax())
-    return DraftStep(num_drafted, float(probs[token]), hidden, token, logits, probs, warped=processing.changes_logits)
 
 
 class Schedule:

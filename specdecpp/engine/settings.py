@@ -161,7 +161,7 @@ class DecodingSettings:
         if stored is None:
             raise ValueError(f"schedule {self.schedule!r} prices each verified length with measured step times, and "
                              "none were given: pass step_times=StepTimes(...) (specdecpp.measuring.step_timing.measure_costs "
-                             "times this pair; specdecpp.calibration.threshold.stored_step_times reads those a head folder "
+                             "times this pair; specdecpp.head.folder.stored_step_times reads those a head folder "
                              "stores), or a head whose threshold selection stores them")
         return StepTimes(**stored)
 

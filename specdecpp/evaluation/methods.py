@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.calibration.threshold import stored_step_times
 from specdecpp.engine.decoding import decode
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.settings import BUDGET_SCHEDULES, DecodingSettings
 from specdecpp.evaluation.settings import MethodGrid, Prompt, budget_step_times_from, may_store_threshold
+from specdecpp.head.folder import stored_step_times
 from specdecpp.head.model import AcceptancePredictionHead
 
 
@@ -128,7 +128,7 @@ def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
                     decoding: DecodingSettings) -> DecodingSettings:
     """The engine's decoding settings for `spec`: `decoding` (bound, sampling) with the spec's
     schedule and knobs, `head` for ada and ada-budget, and the step times stored where the spec
-    says (`threshold.stored_step_times`; with the head's judgements for ada-budget);
+    says (`head.folder.stored_step_times`; with the head's judgements for ada-budget);
     `max_new_tokens` is set per prompt."""
     knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
                                ("stop_threshold", spec.stop_threshold),

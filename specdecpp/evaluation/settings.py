@@ -174,7 +174,7 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
 
 
 def budget_step_times_from(grid: MethodGrid, schedule: str, heads: list[str]) -> str | None:
-    """Where a budget schedule's method reads its step times (`threshold.stored_step_times`):
+    """Where a budget schedule's method reads its step times (`head.folder.stored_step_times`):
     `--step_times_from`; else, for verify-budget, the first head folder of `heads` that stores them
     (None: ada-budget reads its own head's, `DecodingSettings.budget_step_times`)."""
     if grid.step_times_from is not None or schedule == "ada-budget":

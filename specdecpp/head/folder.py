@@ -12,7 +12,8 @@ the folder holds (`card_facts`):
 - `*.png`: reliability diagrams and cost curves.
 Whoever changes any of them (saving, training, calibration) re-renders with `write_card`, and
 publishing renders the staged copy, so the card is never edited as text and can be rendered again
-at any time. `custom_generate/generate.py` (`SHIM`) and `custom_generate/requirements.txt` make the
+at any time. `stored_step_times` reads back the step times a threshold choice stored (in the
+config, or in a calibration report). `custom_generate/generate.py` (`SHIM`) and `custom_generate/requirements.txt` make the
 folder a `custom_generate` target for `transformers`' `generate`. This module imports none of the
 decoding code (only `specdecpp.serving.custom_generate`, which the shim names, does), so the head and
 training write their folders without loading the engine.
@@ -26,6 +27,7 @@ from pathlib import Path
 import yaml
 from huggingface_hub import ModelCardData
 
+from specdecpp.checks import read_head_config
 from specdecpp.head.card_data import LIBRARY_NAME, PAPER_URL, TAGS
 from specdecpp.measuring.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 
@@ -288,3 +290,17 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 head = AcceptancePredictionHead.from_pretrained("{repo_id}")
 out = speculative_generate(target, draft, **inputs, head=head, {settings})
 ```"""
+
+
+def stored_step_times(path: str) -> tuple[StepTimes, StepTimes]:
+    """The step times `(plain, judged)` stored by a threshold choice: in a head folder's config, or
+    in a JSON file holding a selection or a calibration report (`--output`) with one."""
+    if os.path.isdir(path):
+        selection = read_head_config(path).get("threshold_selection") or {}
+    else:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        selection = data.get("threshold", data)
+    if "judged_step_times" not in selection:
+        raise ValueError(f"{path} stores no step times: choose a head's threshold there first (--choose_threshold)")
+    return StepTimes(**selection["step_times"]), StepTimes(**selection["judged_step_times"])

@@ -21,8 +21,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step_models, verify
+from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import Ada, DraftStep, Schedule
+from specdecpp.engine.schedules import Ada, Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
-from specdecpp.engine.decoding import EagerDraft, GenerationStats, draft_rounds
+from specdecpp.engine.decoding import GenerationStats, draft_rounds
+from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.schedules import Schedule, make_schedule
 from specdecpp.engine.settings import DecodingSettings
