@@ -35,8 +35,9 @@ import numpy as np
 from harness import DRAFT, HEAD, load_pair
 
 from specdecpp.calibration.report import calibration_report
-from specdecpp.calibration.threshold import (CONFIDENCES, THRESHOLDS, RoundLength, ada_length, budget_length, constant_length,
-                                 dynamic_length, greedy_log_odds, online_length, oracle_length, replay)
+from specdecpp.calibration.threshold import (CONFIDENCES, THRESHOLDS, RoundLength, ada_length, budget_length,
+                                             constant_length, dynamic_length, greedy_log_odds, online_length,
+                                             oracle_length, replay)
 from specdecpp.data.io import read_records
 from specdecpp.engine.online import OnlineAcceptanceEstimator, fit_offline, log_odds
 from specdecpp.head.folder import stored_step_times

@@ -35,7 +35,7 @@ from harness import DRAFT, load_pair
 
 from specdecpp.calibration.report import calibration_report
 from specdecpp.calibration.threshold import (CONFIDENCES, THRESHOLDS, ada_length, constant_length, dynamic_length,
-                                 replay)
+                                             replay)
 from specdecpp.data.io import read_records
 from specdecpp.head.model import FEATURES, AcceptancePredictionHead
 from specdecpp.measuring.costs import StepTimes

@@ -7,7 +7,7 @@ import importlib
 # does not load the decoding engine.
 _EXPORTS = {"speculative_generate": "specdecpp.engine.decoding", "SpeculativeOutput": "specdecpp.engine.decoding",
             "GenerationStats": "specdecpp.engine.decoding", "AcceptancePredictionHead": "specdecpp.head.model",
-            "hf_generate": "specdecpp.serving.custom_generate"}
+            "hf_generate": "specdecpp.custom_generate"}
 
 __all__ = ["speculative_generate", "SpeculativeOutput", "GenerationStats", "AcceptancePredictionHead", "hf_generate"]
 __version__ = "0.1.0"

@@ -7,10 +7,8 @@ import itertools
 import pytest
 import torch
 from conftest import perturbed_copy, tiny_llama
-from test_decoding import (
-    HIDDEN, chi_square_pvalue, constant_head, exact_first_two_token_distribution, prompts, random_proposer,
-    target_greedy, tiny_family_model, with_budget_knobs,
-)
+from test_decoding import (HIDDEN, chi_square_pvalue, constant_head, exact_first_two_token_distribution, prompts,
+                           random_proposer, target_greedy, tiny_family_model, with_budget_knobs)
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, MistralConfig
 

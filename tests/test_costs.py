@@ -9,7 +9,7 @@ import pytest
 
 from specdecpp.calibration.threshold import constant_length, replay
 from specdecpp.measuring.costs import (StepTimes, busy_machine, cost_per_token, cost_ratio, fit_verify_ms, flat_costs,
-                             flat_spent, pass_spread)
+                                       flat_spent, pass_spread)
 
 
 def test_flat_view_is_target_calls_plus_c_times_draft_calls_per_token():

@@ -13,10 +13,10 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 import specdecpp
 from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.custom_generate import SpeculativeGenerateOutput
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.schedules import SCHEDULES
 from specdecpp.head.folder import CUSTOM_GENERATE_FILES
-from specdecpp.serving.custom_generate import SpeculativeGenerateOutput
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 HEAD_DIR = str(ZOO_DIR / "head")

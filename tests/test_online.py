@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdecpp.engine.online import (OnlineAcceptanceEstimator, best_verify_length, fit_offline, log_odds,
-                              log_odds_from_log, sigmoid)
+                                     log_odds_from_log, sigmoid)
 
 
 def test_cold_start_is_vllms():

@@ -13,7 +13,7 @@ from transformers import HfArgumentParser
 
 from specdecpp import recipe as recipe_module
 from specdecpp.training.recipe import (RECIPE_FILE, Recipe, Stage, StageError, launch, main, parse_args, recipe_changes,
-                              run_recipe, stages)
+                                       run_recipe, stages)
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "checkpoints" / "zoo"

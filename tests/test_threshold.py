@@ -12,9 +12,9 @@ import torch
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.calibration.report import main as calibration_main
-from specdecpp.calibration.threshold import (ada_length, budget_length, choose_threshold, constant_length, dynamic_length,
-                                 greedy_log_odds, marginal_scale, online_length, oracle_length, replay,
-                                 replayed_rounds)
+from specdecpp.calibration.threshold import (ada_length, budget_length, choose_threshold, constant_length,
+                                             dynamic_length, greedy_log_odds, marginal_scale, online_length,
+                                             oracle_length, replay, replayed_rounds)
 from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.measuring.costs import StepTimes, fit_verify_ms

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
-from specdecpp.checks import (check_can_roll_back, check_head_fits_draft, check_same_vocab, read_head_config, text_config,
-                              vocab_size)
+from specdecpp.checks import (check_can_roll_back, check_head_fits_draft, check_same_vocab, read_head_config,
+                              text_config, vocab_size)
 from specdecpp.cli import common_field
 from specdecpp.data.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.engine.schedules import SCHEDULES

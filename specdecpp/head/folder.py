@@ -15,7 +15,7 @@ publishing renders the staged copy, so the card is never edited as text and can 
 at any time. `stored_step_times` reads back the step times a threshold choice stored (in the
 config, or in a calibration report). `custom_generate/generate.py` (`SHIM`) and `custom_generate/requirements.txt` make the
 folder a `custom_generate` target for `transformers`' `generate`. This module imports none of the
-decoding code (only `specdecpp.serving.custom_generate`, which the shim names, does), so the head and
+decoding code (only `specdecpp.custom_generate`, which the shim names, does), so the head and
 training write their folders without loading the engine.
 """
 from __future__ import annotations
@@ -39,11 +39,11 @@ head stored in this folder / Hub repo. Needs the `specdecpp` package (see requir
     target.generate(**inputs, assistant_model=draft, custom_generate="<this folder or repo>",
                     trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
 """
-from specdecpp.serving.custom_generate import generate_from_head
+from specdecpp.custom_generate import generate_from_head
 
 
 def generate(model, **kwargs):
-    """Run SpecDec++ with this folder's head; see `specdecpp.serving.custom_generate.generate_from_head`."""
+    """Run SpecDec++ with this folder's head; see `specdecpp.custom_generate.generate_from_head`."""
     return generate_from_head(model, **kwargs)
 '''
 REQUIREMENTS = "specdecpp\n"

@@ -4,9 +4,9 @@ head stored in this folder / Hub repo. Needs the `specdecpp` package (see requir
     target.generate(**inputs, assistant_model=draft, custom_generate="<this folder or repo>",
                     trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
 """
-from specdecpp.serving.custom_generate import generate_from_head
+from specdecpp.custom_generate import generate_from_head
 
 
 def generate(model, **kwargs):
-    """Run SpecDec++ with this folder's head; see `specdecpp.serving.custom_generate.generate_from_head`."""
+    """Run SpecDec++ with this folder's head; see `specdecpp.custom_generate.generate_from_head`."""
     return generate_from_head(model, **kwargs)

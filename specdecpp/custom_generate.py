@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
-from transformers.generation import (BaseStreamer, GenerateDecoderOnlyOutput, LogitsProcessorList,
-                                     StoppingCriteriaList, StopStringCriteria)
+from transformers.generation import (BaseStreamer, GenerateDecoderOnlyOutput, LogitsProcessorList, StoppingCriteriaList,
+                                     StopStringCriteria)
 
 from specdecpp.compat import CACHE_NAMES, cache_in, custom_generate_argument
 from specdecpp.engine.decoding import GenerationStats, decode
