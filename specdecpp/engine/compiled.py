@@ -34,7 +34,7 @@ from specdecpp.compat import (STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kw
                               special_layers)
 from specdecpp.engine.draft_step import DraftStep, proposed_step
 from specdecpp.engine.processing import Processing
-from specdecpp.engine.sampling import SAMPLING_WARPERS, make_warpers, widened
+from specdecpp.engine.sampling import SAMPLING_WARPERS, draft_noise, make_warpers, proposed_token, widened
 from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead, logit_features
 
@@ -251,8 +251,7 @@ class CompiledDraft(StaticModel):
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         """The draft's proposal after `tokens` (the `num_drafted`-th of its round): one graph over
         the last one or two tokens the cache has not seen, earlier ones fed eagerly first."""
-        noise = None if self.warpers is None else \
-            torch.empty(self.vocab, dtype=torch.float64, device=self.device).exponential_(generator=generator)
+        noise = None if self.warpers is None else draft_noise(self.vocab, self.device, generator)
         values, probs = self._run(self.step_graph, self._new_ids(tokens), noise)
         self.length = len(tokens)
         token, token_prob, *judged = values.tolist()
@@ -274,10 +273,11 @@ class CompiledDraft(StaticModel):
         logits = widened(out.logits[0, -1])
         if self.warpers is None:
             probs = raw_probs = logits.softmax(-1)
-            token = probs.argmax()
+            token = proposed_token(logits, probs, None)
         else:
-            probs, raw_probs = self.warpers(None, logits[None])[0].softmax(-1), None
-            token = (probs / noise).argmax()  # an exact sample: argmax of p_i / E_i, E_i ~ Exp(1)
+            warped = self.warpers(None, logits[None])[0]
+            probs, raw_probs = warped.softmax(-1), None
+            token = proposed_token(warped, probs, noise)
         values = [token.double(), probs.gather(0, token[None])[0].double()]  # gather: indexing by a tensor breaks the graph
         if self.head is not None:  # the head's features and judgement, as the eager step's (`schedules.Ada.judge`)
             hidden = out.hidden_states[-1][0, -1] if self.reads_hidden else None

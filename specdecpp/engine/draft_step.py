@@ -18,7 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specdecpp.compat import cache_kwargs, special_layers, takes_logits_to_keep
 from specdecpp.engine.processing import Processing
-from specdecpp.engine.sampling import sample, widened
+from specdecpp.engine.sampling import draft_noise, proposed_token, widened
 
 
 @dataclass
@@ -56,7 +56,8 @@ def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tenso
     logits = widened(logits)
     processed = processing.logits(tokens, logits[None])[0]
     probs = processed.softmax(-1)
-    token = int(sample(probs[None], generator)) if processing.do_sample else int(processed.argmax())
+    noise = draft_noise(probs.shape[-1], probs.device, generator) if processing.do_sample else None
+    token = int(proposed_token(processed, probs, noise))
     return DraftStep(num_drafted, float(probs[token]), hidden, token, logits, probs, warped=processing.changes_logits)
 
 

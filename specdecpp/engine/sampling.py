@@ -46,6 +46,22 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def draft_noise(vocab: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+    """`E_i ~ Exp(1)` for each of `vocab` tokens (float64), drawn from `generator`: the randomness
+    of one sampled draft token (`proposed_token`), drawn outside the compiled draft graph, which
+    takes it as an input."""
+    return torch.empty(vocab, dtype=torch.float64, device=device).exponential_(generator=generator)
+
+
+def proposed_token(logits: torch.Tensor, probs: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+    """The draft's token choice, written once for every engine (the compiled graph traces this
+    code): greedy (`noise` None), the argmax of its processed `logits`; sampled, the argmax of
+    `probs / noise` with `noise` from `draft_noise`, an exact sample of `probs` (the exponential
+    race, which is how `torch.multinomial` draws one sample, so both engines draw the same tokens
+    from one generator)."""
+    return logits.argmax(-1) if noise is None else (probs / noise).argmax(-1)
+
+
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """`normalize(max(0, p - q))`: where to resample after a rejection. Falls back to `p` when
     the residual has no mass (p == q up to rounding), which leaves the output distribution exact."""
