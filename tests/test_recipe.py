@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import HfArgumentParser
 
-from specdecpp import recipe as recipe_module
+from specdecpp.training import recipe as recipe_module
 from specdecpp.training.recipe import (RECIPE_FILE, Recipe, Stage, StageError, launch, main, parse_args, recipe_changes,
                                        run_recipe, stages)
 
