@@ -5,6 +5,7 @@ command line in the docs and the zoo's cards parses. Parsing only: no model is l
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -110,7 +111,7 @@ COMMAND_MODULES = {"build_data": "specdecpp.data.build_data", "build-data": "spe
                    "gen_data": "specdecpp.data.build_data", "train": "specdecpp.train",
                    "calibration": "specdecpp.calibration.report", "evaluate": "specdecpp.evaluate",
                    "demo": "specdecpp.evaluation.demo", "zoo": "specdecpp.training.zoo", "head": "specdecpp.training.recipe"}
-INVOCATION = re.compile(r"(?:specdecpp/(\w+)\.py|-m specdecpp\.(\w+)|\bspecdecpp ([a-z-]+)|\b(\w+)\.sh)(.*)")
+INVOCATION = re.compile(r"(?:specdecpp/(\w+)\.py|-m specdecpp\.([\w.]+)|\bspecdecpp ([a-z-]+)|\b(\w+)\.sh)(.*)")
 
 
 def card_commands(card: object) -> list[str]:
@@ -133,8 +134,9 @@ def documented_commands() -> list[tuple[str, str, list[str]]]:
             for match in INVOCATION.finditer(line):
                 name = next(group for group in match.groups()[:4] if group)
                 rest = re.split(r"`|#|;|&&|\|| \(", match.group(5))[0]
-                if name in COMMAND_MODULES:
-                    found.append((where, COMMAND_MODULES[name], re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", rest)))
+                module = f"specdecpp.{name}" if match.group(2) else COMMAND_MODULES.get(name)  # -m names the module
+                if module in COMMAND_MODULES.values():
+                    found.append((where, module, re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", rest)))
     return found
 
 
@@ -145,3 +147,15 @@ def test_every_documented_command_line_uses_flags_its_command_takes():
     for where, module, flags in commands:
         known = HfArgumentParser(importlib.import_module(module).FLAGS)._option_string_actions
         assert not [flag for flag in flags if flag not in known], (where, module, flags)
+
+
+def test_every_documented_module_exists():
+    """A documented `python -m specdecpp.<module>` names a module of the package (the folders moved
+    modules, so `-m specdecpp.build_data` would no longer run)."""
+    texts = [(REPO / name).read_text(encoding="utf-8") for name in
+             ("README.md", "evaluate.sh", "train.sh", "data/gen_data.sh", "docs/design.md")]
+    texts += [json.dumps(json.loads(card.read_text(encoding="utf-8")))
+              for card in sorted(REPO.glob("checkpoints/zoo/*/card.json"))]
+    named = {module for text in texts for module in re.findall(r"-m (specdecpp(?:\.\w+)+)", text)}
+    assert "specdecpp.data.build_data" in named
+    assert not [module for module in named if importlib.util.find_spec(module) is None]
