@@ -3,7 +3,7 @@
 Two forms:
 
 - **A head folder or Hub repo.** Every folder `AcceptancePredictionHead.save_pretrained` writes carries
-  `custom_generate/generate.py` (`head_folder.SHIM`) and `custom_generate/requirements.txt`, so
+  `custom_generate/generate.py` (`head.folder.SHIM`) and `custom_generate/requirements.txt`, so
 
       target.generate(**inputs, assistant_model=draft, custom_generate=HEAD_DIR_OR_HUB_ID,
                       trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))

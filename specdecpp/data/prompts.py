@@ -73,7 +73,7 @@ def prompt_text(row: dict, where: str = "row") -> str:
 
 
 def _read_file_rows(path: str) -> list[dict]:
-    """The rows of a JSON array or JSON Lines file (`data_io.read_json_rows`, the records' reader);
+    """The rows of a JSON array or JSON Lines file (`data.io.read_json_rows`, the records' reader);
     a line that is not JSON is a ValueError naming the file and the line."""
     rows = [row for _, row in read_json_rows(path)]
     if not all(isinstance(r, dict) for r in rows):

@@ -298,7 +298,7 @@ class AcceptancePredictionHead(
     # stands on neither.
     def save_pretrained(self, save_directory: str | Path, *, model_card_kwargs: dict | None = None, **kwargs):
         """The mixin's `save_pretrained` (and `push_to_hub`, which calls it); `model_card_kwargs`, the
-        card's facts (`draft`, `target`, `training_data`, `eval_metrics`, see `head_folder`), are
+        card's facts (`draft`, `target`, `training_data`, `eval_metrics`, see `head.folder`), are
         kept in the folder's `card.json`, so that the card renders from the folder alone, now and later."""
         from specdecpp.head.folder import record_card_facts
 
@@ -309,7 +309,7 @@ class AcceptancePredictionHead(
     def _save_pretrained(self, save_directory: Path) -> None:
         """Save the weights (the mixin's way) and `config.json` (now, so that the card renders from
         it; the mixin then keeps it), then `custom_generate/` and the model card rendered from the
-        folder (`head_folder.write_head_files`), so `generate(custom_generate=FOLDER)` runs SpecDec++."""
+        folder (`head.folder.write_head_files`), so `generate(custom_generate=FOLDER)` runs SpecDec++."""
         from specdecpp.head.folder import write_head_files
 
         super()._save_pretrained(save_directory)
@@ -317,7 +317,7 @@ class AcceptancePredictionHead(
         write_head_files(save_directory)
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
-        """The model card of this head's config with the facts `kwargs` (see `head_folder.render_card`)."""
+        """The model card of this head's config with the facts `kwargs` (see `head.folder.render_card`)."""
         from specdecpp.head.folder import render_card
 
         return ModelCard(render_card(self.config, kwargs))

@@ -46,7 +46,7 @@ def published_files(head_dir: str | os.PathLike) -> list[str]:
 
 def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id: str | None = None) -> list[str]:
     """Copy what is published from `head_dir` into `staging`, write `custom_generate/` and the
-    model card rendered from the staged files there (`head_folder.write_head_files`, the repo id in
+    model card rendered from the staged files there (`head.folder.write_head_files`, the repo id in
     its examples), and return the staged files' relative paths, sorted. ValueError or
     FileNotFoundError, saying so, if `head_dir` is not a head (`models.load_head` checks it before
     loading, so a model folder is not mistaken for one)."""
