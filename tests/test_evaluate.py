@@ -323,7 +323,7 @@ def test_a_repetition_penalty_reaches_every_method_and_the_greedy_check(eval_dir
 
     args = make_args(eval_dirs, tmp_path, schedule=["constant"], num_assistant_tokens=[3],
                      baselines=["target", "hf:constant"], repetition_penalty=1.5, n_end=3, plots=False)
-    assert args.decoding.settings().processing() == {"repetition_penalty": 1.5}
+    assert args.decoding.settings().processing_fields() == {"repetition_penalty": 1.5}
     document = args.evaluate()
     records = json.loads(Path(document["records_file"]).read_text())
     assert document["settings"]["repetition_penalty"] == 1.5

@@ -330,7 +330,7 @@ def test_the_selection_stores_the_records_processing_and_auto_warns_only_on_anot
     import warnings
 
     target, draft = tiny_pair
-    penalty = DecodingSettings(repetition_penalty=1.2).processing()
+    penalty = DecodingSettings(repetition_penalty=1.2).processing_fields()
     records = [r | {"processing": penalty} for r in greedy_records(target, draft, 2, 12)]
     predictions = predict(proposer_head, draft, records)[1]
     with pytest.raises(ValueError, match="different logits processing"):
@@ -341,7 +341,7 @@ def test_the_selection_stores_the_records_processing_and_auto_warns_only_on_anot
     assert selection["processing"] == penalty
     copy.deepcopy(proposer_head).float().with_threshold(threshold, selection).save_pretrained(tmp_path / "head")
     head = AcceptancePredictionHead.from_pretrained(tmp_path / "head").double()
-    assert head.threshold_processing == penalty  # the same shape DecodingSettings.processing() returns
+    assert head.threshold_processing == penalty  # the same shape DecodingSettings.processing_fields() returns
     assert "repetition_penalty=1.2" in (tmp_path / "head" / "README.md").read_text()
     prompt = torch.tensor([records[0]["prefix"]])
     with warnings.catch_warnings():

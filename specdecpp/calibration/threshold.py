@@ -310,7 +310,7 @@ def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Calla
 
 def records_processing(records: list[dict]) -> dict:
     """The logits processing the records were built under (their `processing`; none when absent),
-    as `DecodingSettings.processing()` names it: what `auto` compares a generation's with. Records
+    as `DecodingSettings.processing_fields()` names it: what `auto` compares a generation's with. Records
     built under different processing are a ValueError: acceptance, hence the threshold, depends on it."""
     found = {json.dumps(r.get("processing", {}), sort_keys=True) for r in records}
     if len(found) > 1:

@@ -82,10 +82,10 @@ class BuildDataArguments:
         if not self.output.endswith(".jsonl"):
             raise ValueError(f"--output must end in .jsonl (records are JSON Lines), got {self.output}")
 
-    def processing(self) -> dict:
-        """The logits processing the records are built under, as `DecodingSettings.processing()`
+    def processing_fields(self) -> dict:
+        """The logits processing the records are built under, as `DecodingSettings.processing_fields()`
         names it (what the threshold chosen on them records, and `auto` compares)."""
-        return DecodingSettings(repetition_penalty=self.repetition_penalty).processing()
+        return DecodingSettings(repetition_penalty=self.repetition_penalty).processing_fields()
 
 
 # -- one batch -----------------------------------------------------------------------------------
@@ -136,22 +136,22 @@ def processed_logits(processings: list[Processing], contexts: list[list[int]], l
 @torch.no_grad()
 def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[list[int]], *, max_new_tokens: int,
                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                processing: dict | None = None, pad_token_id: int = 0,
+                processing_fields: dict | None = None, pad_token_id: int = 0,
                 eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0) -> list[dict]:
     """Records (`tokens`, `draft`, `log_p_draft`, `log_p_target`, `p_acc`, `target_entropy`,
     `processing`) for a batch of tokenized prompts: the target's continuation, then one
     teacher-forced forward of each model over it. Both models' logits are processed as decoding
-    processes them (`processing`: `generate`'s processor fields, as `DecodingSettings.processing()`
+    processes them (`processing_fields`: `generate`'s processor fields, as `DecodingSettings.processing_fields()`
     names them; then, sampling, the same temperature/top-k/top-p), each position with its own
     prefix. Sampling mode draws the target's continuation and the draft's proposals from `seed`
     and sets `p_acc = min(1, p/q)`; greedy mode sets `p_acc` to 1.0 exactly where the draft's
     processed argmax equals the target's."""
     if any(len(p) == 0 for p in prefixes):
         raise ValueError("every prompt needs at least one token")
-    processing = processing or {}
+    processing_fields = processing_fields or {}
     input_ids, attention_mask = left_pad(prefixes, pad_token_id, model_device(target))
     settings = DecodingSettings(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-                                top_k=top_k, top_p=top_p, **processing)
+                                top_k=top_k, top_p=top_p, **processing_fields)
     processings = [build_processing(target, settings.generation_config(len(prefix), set(eos_token_ids)),
                                     torch.tensor([prefix], device=input_ids.device)) for prefix in prefixes]
     # generate's own processing is neutral, set explicitly so that none comes from the checkpoint's
@@ -194,7 +194,7 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
         records.append({"tokens": tokens, "draft": proposals[start:end].tolist(),
                         "log_p_draft": log_q_tok[start:end].tolist(), "log_p_target": log_p_tok[start:end].tolist(),
                         "p_acc": p_acc[start:end].tolist(), "target_entropy": target_entropy[start:end].tolist(),
-                        "processing": processing})
+                        "processing": processing_fields})
         start = end
     return records
 
@@ -229,7 +229,7 @@ def run_settings(args: BuildDataArguments, pair: PairArguments) -> dict:
     settings |= {SETTING_NAMES.get(name, name): value for name, value in asdict(args).items()
                  if name not in ("output", "batch_size", "overwrite", "repetition_penalty")}
     # the processing by its set fields only, so that a build started before they existed still resumes
-    return settings | args.processing() | {"torch_dtype": pair.torch_dtype}
+    return settings | args.processing_fields() | {"torch_dtype": pair.torch_dtype}
 
 
 def check_settings(parts_dir: str, settings: dict) -> None:
@@ -323,7 +323,7 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
             batch = todo[b: b + args.batch_size]
             records = build_batch(target, draft, [prompts[i][1] for i in batch], max_new_tokens=args.max_new_tokens,
                                   do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, processing=args.processing(), pad_token_id=pad, eos_token_ids=eos,
+                                  top_p=args.top_p, processing_fields=args.processing_fields(), pad_token_id=pad, eos_token_ids=eos,
                                   seed=args.seed * 1_000_003 + batch[0])
             for i, record in zip(batch, records):
                 text = tokenizer.decode(record["tokens"], skip_special_tokens=True)

@@ -91,7 +91,7 @@ def speculative_generate(
     logits_processor: LogitsProcessorList | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
     tokenizer=None,
-    **processing,
+    **processing_fields,
 ) -> SpeculativeOutput:
     """Generate from `target` with `draft` proposing candidates, the candidate length chosen by
     `schedule` (one of `none`, `constant`, `heuristic`, `dynamic`, `ada`, `online`, `oracle`,
@@ -106,7 +106,7 @@ def speculative_generate(
     those stored with `head`'s threshold); `ada-budget` does the same with a proposer `head`'s
     scores. Greedy output equals `target.generate(do_sample=False)` token for token; sampled output (temperature, top-k,
     top-p applied to both models) follows the target's distribution, reproducibly given
-    `generator`. `processing`: `generate`'s fields that
+    `generator`. `processing_fields`: `generate`'s fields that
     add logits processors (`repetition_penalty`, `no_repeat_ngram_size`, `min_new_tokens`,
     `min_length`, `bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `sequence_bias`,
     `forced_eos_token_id`) or stopping criteria (`stop_strings`, which needs `tokenizer`,
@@ -128,7 +128,7 @@ def speculative_generate(
         online=online, estimator=estimator, step_times=step_times, max_new_tokens=max_new_tokens,
         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
         eos_token_id=eos_token_id, compile=compile, logits_processor=logits_processor,
-        stopping_criteria=stopping_criteria, **processing)
+        stopping_criteria=stopping_criteria, **processing_fields)
     return decode(target, draft, input_ids, settings, attention_mask=attention_mask, generator=generator,
                   streamer=streamer, tokenizer=tokenizer)
 

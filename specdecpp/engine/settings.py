@@ -174,13 +174,13 @@ class DecodingSettings:
                           f"decoding, chosen on {self.head.threshold_mode} records, and this generation is "
                           f"{mode}: a head trained and calibrated on {mode} records predicts better here",
                           stacklevel=4)
-        if self.head.threshold_processing != self.processing():
+        if self.head.threshold_processing != self.processing_fields():
             warnings.warn(f"stop_threshold='auto' is this head's threshold for the processing "
                           f"{self.head.threshold_processing or 'none'}, and this generation applies "
-                          f"{self.processing() or 'none'}: a threshold chosen on records built with this "
+                          f"{self.processing_fields() or 'none'}: a threshold chosen on records built with this "
                           "processing fits better here", stacklevel=4)
 
-    def processing(self) -> dict:
+    def processing_fields(self) -> dict:
         """The logits processing fields that are set (neither None nor neutral), by name: what records
         built for a head, and the threshold chosen on them, record (`threshold_selection["processing"]`)."""
         values = {name: getattr(self, name) for name in PROCESSOR_FIELDS}
@@ -192,7 +192,7 @@ class DecodingSettings:
         sampling = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p) if self.do_sample else {}
         fields_set = {name: getattr(self, name) for name in CRITERIA_FIELDS if getattr(self, name) is not None}
         return GenerationConfig(do_sample=self.do_sample, max_length=prompt_length + self.max_new_tokens,
-                                eos_token_id=sorted(eos) or None, **sampling, **self.processing(), **fields_set)
+                                eos_token_id=sorted(eos) or None, **sampling, **self.processing_fields(), **fields_set)
 
     def as_kwargs(self) -> dict:
         """The settings as `speculative_generate`'s keyword arguments."""

@@ -118,10 +118,10 @@ def head_label(head_dir: str) -> str:
 
 def generation_kwargs(decoding: DecodingSettings) -> dict:
     """The keyword arguments of Hugging Face's `generate` that decode as these settings do: the
-    sampling settings and the logits processing (`DecodingSettings.processing()`)."""
+    sampling settings and the logits processing (`DecodingSettings.processing_fields()`)."""
     sampling = dict(do_sample=True, temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p) \
         if decoding.do_sample else dict(do_sample=False)
-    return sampling | decoding.processing()
+    return sampling | decoding.processing_fields()
 
 
 def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,

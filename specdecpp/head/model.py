@@ -210,7 +210,7 @@ class AcceptancePredictionHead(
 
     @property
     def threshold_processing(self) -> dict:
-        """The logits processing (`DecodingSettings.processing()`) of the records the stored threshold
+        """The logits processing (`DecodingSettings.processing_fields()`) of the records the stored threshold
         was chosen on: `{}` for none (and for selections that predate the field)."""
         return (self.threshold_selection or {}).get("processing", {})
 
