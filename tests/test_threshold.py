@@ -323,8 +323,6 @@ def test_auto_warns_when_the_threshold_was_chosen_for_the_other_mode(tiny_pair, 
     assert head.threshold_mode == "sampling"
 
 
-
-
 def test_the_selection_stores_the_records_processing_and_auto_warns_only_on_another(tiny_pair, proposer_head,
                                                                                       tmp_path):
     import warnings

@@ -1,1 +1,2 @@
-"""The decoding engine: the loop, its draft-step backends (eager, compiled), the schedules, the settings, logits processing and sampling."""
+"""The decoding engine: the loop, the draft step and its backends (eager, compiled), the
+schedules, the settings, logits processing and sampling."""

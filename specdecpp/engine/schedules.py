@@ -18,6 +18,7 @@ settings pass one in, which then carries its learning across generations.
 from __future__ import annotations
 
 import math
+
 import torch
 
 from specdecpp.engine.draft_step import DraftStep
@@ -25,7 +26,6 @@ from specdecpp.engine.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, bes
 from specdecpp.engine.settings import SCHEDULES, DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, step_features
 from specdecpp.measuring.costs import StepTimes
-
 
 
 class Schedule:

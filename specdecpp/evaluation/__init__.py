@@ -4,8 +4,9 @@
 that need no model; prompts and pair loading) is the bottom; `methods` (method specs and our
 engine's adapter) and `hf_baselines` (Hugging Face's assisted generation, counted from the
 outside) build on it; `report` (summary, tables, figures) and `runner` (the measurement loop with
-resume, `Evaluation`, `evaluate`) sit on top. Nothing here imports upward or reads a command
-line; `specdecpp/evaluate.py` is the command.
+resume, `Evaluation`, `evaluate`) sit on top, `plots` drawing the report's figures. Nothing
+here imports upward; the one command here is `demo` (`specdecpp demo`, over the runner), and
+`specdecpp/evaluate.py` is the evaluate command.
 """
 from specdecpp.evaluation.methods import Counts, Method, MethodSpec, method_specs
 from specdecpp.evaluation.report import report, run_title

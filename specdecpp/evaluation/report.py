@@ -43,7 +43,6 @@ def machine_info() -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-
 def run_title(source: str, prompts: list[Prompt], decoding: DecodingSettings) -> str:
     """What a run measured, in a few words: `humaneval prompts 0-163, greedy, 128 new tokens`."""
     how = f"sampled (temperature {decoding.temperature:g})" if decoding.do_sample else "greedy"
