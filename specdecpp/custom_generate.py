@@ -6,7 +6,7 @@ Two forms:
   `custom_generate/generate.py` (`head.folder.SHIM`) and `custom_generate/requirements.txt`, so
 
       target.generate(**inputs, assistant_model=draft, custom_generate=HEAD_DIR_OR_HUB_ID,
-                      trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
+                      trust_remote_code=True, max_new_tokens=128)
 
   runs SpecDec++ with that head. transformers executes the shim, which calls `generate_from_head`:
   it loads the head from the folder or repo `custom_generate` named and hands the decoding loop

@@ -32,10 +32,9 @@ from transformers import PreTrainedModel, StaticCache
 from specdecpp.checks import vocab_size
 from specdecpp.compat import (STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs, compile_guarded_state, is_sliding,
                               special_layers)
-from specdecpp.engine.draft_step import DraftStep, proposed_step
+from specdecpp.engine.draft_step import proposed_step
 from specdecpp.engine.processing import Processing
-from specdecpp.engine.sampling import SAMPLING_WARPERS, draft_noise, make_warpers, proposed_token, widened
-from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
+from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, make_warpers, proposed_token, widened
 from specdecpp.head.model import AcceptancePredictionHead, logit_features
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
@@ -50,25 +49,21 @@ def recompiles_forbidden(enabled: bool = True):
     return torch.compiler.set_stance("fail_on_recompile") if enabled else contextlib.nullcontext()
 
 
-def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
-                    max_length: int, processing: Processing | None = None, with_hidden_states: bool = False
+def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_length: int, processing: Processing,
+                    with_hidden_states: bool = False, head: AcceptancePredictionHead | None = None,
+                    sampling: tuple[float, int, float] | None = None
                     ) -> tuple[StaticModel, CompiledDraft | ProcessedDraft | None, float]:
-    """The compiled engine's target and (unless `draft` is None) draft for `settings` (its
-    sampling settings; the head of `ada` and `ada-budget`), with empty caches holding at least
-    `max_length` tokens. Under `processing` beyond the sampling warpers the draft's graph applies
-    (`sampling.SAMPLING_WARPERS`: a repetition penalty, ...) the draft is this generation's
-    `ProcessedDraft` over a shared `DraftForward`, whose steps return the hidden states a head
-    reads. Engines are built and warmed up on first use and reused after; returns them and the
-    seconds this call spent compiling (0 when both were ready)."""
+    """The compiled target and (unless None) draft, empty, for at least `max_length` tokens: the
+    draft judging with `head` and sampling with `(temperature, top_k, top_p)` inside its graph, or,
+    under processors beyond the sampling warpers, a `ProcessedDraft`. Engines are built and warmed
+    up on first use; returns them and the seconds this call spent compiling."""
     target_model, seconds = _engine(target, ("target",), max_length, lambda capacity: StaticModel(target, capacity))
     if draft is None:
         return target_model, None, seconds
-    if processing is not None and any(not isinstance(p, SAMPLING_WARPERS) for p in processing.processors):
+    if any(not isinstance(p, SAMPLING_WARPERS) for p in processing.processors):
         forward, draft_seconds = _engine(draft, ("processed draft", with_hidden_states), max_length,
                                          lambda capacity: DraftForward(draft, capacity, with_hidden_states))
         return target_model, ProcessedDraft(forward, processing), seconds + draft_seconds
-    head = settings.head if settings.schedule in HEAD_SCHEDULES else None
-    sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
     draft_model, draft_seconds = _engine(draft, ("draft", sampling, head_shape(head)), max_length,
                                          lambda capacity: CompiledDraft(draft, capacity, sampling, head))
     if head is not None:
@@ -144,14 +139,13 @@ class StaticModel:
         """New compiled graphs for the steps (compiled on their first call)."""
         self.verify_graph = _compile(self._logits, dynamic=None, cuda=self.cuda_graphs)
 
-    def forward(self, seq: list[int], num_logits: int, with_hidden_states: bool = False) -> tuple[torch.Tensor, None]:
+    def logits(self, seq: list[int], num_logits: int) -> torch.Tensor:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` from the
-        verification graph, after feeding eagerly the earlier tokens the cache has not seen.
-        (`with_hidden_states` is the eager `CachedModel`'s; the compiled target never returns a state.)"""
+        verification graph, earlier tokens the cache has not seen fed eagerly first."""
         self._feed(seq[:-num_logits])
         logits = self._run(self.verify_graph, self._ids(seq[-num_logits:]))
         self.length = len(seq)
-        return logits, None
+        return logits
 
     def crop(self, length: int) -> None:
         """Forget everything past the first `length` tokens (moves the cache's counter)."""
@@ -169,7 +163,7 @@ class StaticModel:
         with torch.inference_mode():
             self._feed([0])
             for length in (1, 2, 3):
-                self.forward([0] * (1 + length), num_logits=length)
+                self.logits([0] * (1 + length), num_logits=length)
                 self.crop(1)
         self.reset()
 

@@ -1,15 +1,35 @@
-"""Logits processing and sampling shared by both models, the engine and the data builder.
-
-Temperature, top-k and top-p are Hugging Face's own logits warpers, applied in `generate`'s
-order, so speculative sampling targets exactly the distribution `target.generate` samples from.
-"""
+"""Sampling: `generate`'s warpers, the draft's proposal (`DraftStep`, `proposed_token`), sampling
+and the residual distribution."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 # The warpers `make_warpers` builds: all the compiled draft step applies inside its graph.
 SAMPLING_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+
+@dataclass
+class DraftStep:
+    """The `num_drafted`-th drafted token of a round: the token, its draft probability, the
+    distribution `probs` it was drawn from (`warped`: processed), the raw `logits`, the hidden state
+    a head reads (at the forward's input position) and `accept_prob` when the step judged it."""
+
+    num_drafted: int
+    token_prob: float
+    hidden: torch.Tensor | None = None
+    token: int = -1
+    logits: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    warped: bool = False
+    accept_prob: float | None = None
+
+    @property
+    def raw_probs(self) -> torch.Tensor | None:
+        """The softmax of the raw logits when the step computed it (unwarped), else None."""
+        return None if self.warped else self.probs
 
 
 def make_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> LogitsProcessorList:
@@ -28,12 +48,6 @@ def make_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -
     if top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p))
     return warpers
-
-
-def logits_to_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
-    """Rows of logits `[n, vocab]` -> probabilities after the warpers, computed in float32 or
-    wider (half-precision softmax would bias the acceptance ratio)."""
-    return warpers(None, widened(logits)).softmax(-1)
 
 
 def widened(logits: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp.engine.decoding import decode
-from specdecpp.engine.online import OnlineAcceptanceEstimator
-from specdecpp.engine.settings import BUDGET_SCHEDULES, DecodingSettings
+from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.settings import MethodGrid, Prompt, budget_step_times_from, may_store_threshold
 from specdecpp.head.folder import stored_step_times
 from specdecpp.head.model import AcceptancePredictionHead
@@ -95,8 +95,8 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
     if schedule == "online":
         return [MethodSpec(f"{engine}:online@{t:g}", engine, schedule, stop_threshold=t)
                 for t in dict.fromkeys(grid.online_threshold)]
-    if schedule in BUDGET_SCHEDULES:  # one per block K, and for ada-budget per head
-        block_heads = list(dict.fromkeys(heads)) if schedule == "ada-budget" else [None]
+    if SCHEDULES[schedule].needs_step_times:  # one per block K, and per head for one that reads a head
+        block_heads = list(dict.fromkeys(heads)) if SCHEDULES[schedule].needs_head else [None]
         return [MethodSpec(f"{engine}:{schedule}" + (f"[{head_label(head)}]" if len(block_heads) > 1 else "")
                            + f"@K={k}", engine, schedule, num_assistant_tokens=k, head=head,
                            step_times_from=budget_step_times_from(grid, schedule, heads))
@@ -135,7 +135,7 @@ def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
                                ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
     if spec.step_times_from is not None:
         plain, judged = stored_step_times(spec.step_times_from)
-        knobs["step_times"] = judged if spec.schedule == "ada-budget" else plain
+        knobs["step_times"] = judged if SCHEDULES[spec.schedule].needs_head else plain
     return replace(decoding, schedule=spec.schedule, head=head, online=spec.online, **knobs)
 
 
@@ -152,12 +152,7 @@ def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrained
     alone_is_draft = spec.engine is None and spec.name == "draft"
 
     def restart() -> None:
-        if settings.schedule == "online":
-            settings.estimator = OnlineAcceptanceEstimator(settings.bound[1])
-        elif settings.schedule == "verify-budget":
-            settings.estimator = OnlineAcceptanceEstimator(settings.num_assistant_tokens)
-        elif settings.online:
-            settings.estimator = OnlineAcceptanceEstimator.recalibration(settings.bound[1])
+        settings.estimator = settings.schedule_class.new_estimator(settings)
 
     def generate(prompt: Prompt, seed: int) -> Counts:
         device = target.get_input_embeddings().weight.device

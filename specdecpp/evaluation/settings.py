@@ -26,7 +26,7 @@ from specdecpp.checks import (check_can_roll_back, check_head_fits_draft, check_
 from specdecpp.cli import common_field
 from specdecpp.data.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.engine.schedules import SCHEDULES
-from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
+from specdecpp.engine.settings import DecodingSettings, default
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.models import HeadPairArguments, load_head, load_model, load_tokenizer
 
@@ -50,14 +50,14 @@ class MethodGrid:
     schedule: list[str] = field(default_factory=lambda: ["constant", "ada"], metadata={
         "aliases": ["--num_assistant_tokens_schedule"], "choices": SCHEDULES,
         "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
-    num_assistant_tokens: list[int] = field(default_factory=lambda: [5], metadata={
+    num_assistant_tokens: list[int] = field(default_factory=lambda: [default("num_assistant_tokens")], metadata={
         "help": "K for constant (one method per value); heuristic, ours and Hugging Face's, starts from the first"})
-    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [0.4], metadata={
+    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [default("assistant_confidence_threshold")], metadata={
         "help": "dynamic: stop drafting when the draft's token probability falls below this (one method of ours "
                 "per value; Hugging Face's dynamic starts from the first and moves it itself)"})
     dynamic_num_assistant_tokens: int = field(default=20, metadata={
         "help": "dynamic: the most tokens drafted per round (Hugging Face's default, 20)"})
-    stop_threshold: list[str] = field(default_factory=lambda: ["0.3"], metadata={
+    stop_threshold: list[str] = field(default_factory=lambda: [str(default("stop_threshold"))], metadata={
         "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
                 "head that has one"})
     online: bool = field(default=False, metadata={
@@ -80,17 +80,17 @@ class DecodingArguments:
     """How every method decodes (`settings()`: the engine's `DecodingSettings`, each method's
     schedule and knobs set from its spec)."""
 
-    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
+    bound: list[int] = field(default_factory=lambda: list(default("bound")), metadata={
         "help": "ada: MIN MAX drafted tokens per round"})
-    max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
-    do_sample: bool = field(default=False, metadata={"help": "sample instead of greedy decoding"})
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    max_new_tokens: int = field(default=default("max_new_tokens"), metadata={"help": "tokens generated per prompt at most"})
+    do_sample: bool = field(default=default("do_sample"), metadata={"help": "sample instead of greedy decoding"})
+    temperature: float = default("temperature")
+    top_k: int = default("top_k")
+    top_p: float = default("top_p")
     repetition_penalty: float = field(default=1.0, metadata={
         "help": "generate's repetition penalty (1: off), for every method, Hugging Face's baselines included; "
                 "ada's 'auto' threshold fits best when chosen on records built with the same (build_data's flag)"})
-    compile: bool = field(default=False, metadata={
+    compile: bool = field(default=default("compile"), metadata={
         "help": "run our methods (the target and draft alone included) on the compiled engine: static caches, "
                 "each step one torch.compile'd graph, compiled in the warm-up (its time is reported, not timed)"})
 
@@ -155,9 +155,9 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
     target_config = _model_config(pair.target)
     if draft_config is not None and target_config is not None:
         check_same_vocab(target_config.vocab_size, draft_config.vocab_size)
-    if grid.online and "ada" not in grid.schedule:
-        raise ValueError("--online recalibrates ada's head online: add ada to --schedule")
-    if head_schedules := [schedule for schedule in HEAD_SCHEDULES if schedule in grid.schedule]:
+    if grid.online and not any(SCHEDULES[schedule].recalibrates for schedule in grid.schedule):
+        raise ValueError("--online recalibrates a head online: add ada to --schedule")
+    if head_schedules := [schedule for schedule in grid.schedule if SCHEDULES[schedule].needs_head]:
         if not pair.head:
             raise ValueError(f"schedule {head_schedules[0]!r} needs --head (a trained acceptance prediction head)")
         for head_dir in pair.head:
@@ -166,18 +166,19 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
         raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
                          f"{', '.join(pair.head)} has one: choose one with "
                          "`python -m specdecpp.calibration.report ... --choose_threshold`")
-    if "verify-budget" in grid.schedule and budget_step_times_from(grid, "verify-budget", pair.head or []) is None:
-        raise ValueError("verify-budget prices its verifications with measured step times, and no --head folder "
-                         f"({', '.join(pair.head or []) or 'none given'}) stores them: pass --step_times_from a head "
-                         "folder (or calibration --output file) whose threshold was chosen with timed steps")
+    for schedule in grid.schedule:
+        if SCHEDULES[schedule].needs_step_times and budget_step_times_from(grid, schedule, pair.head or []) is None:
+            raise ValueError(f"{schedule} prices its verifications with measured step times, and no --head folder "
+                             f"({', '.join(pair.head or []) or 'none given'}) stores them: pass --step_times_from a "
+                             "head folder (or calibration --output file) whose threshold was chosen with timed steps")
     check_writable(run.output)
 
 
 def budget_step_times_from(grid: MethodGrid, schedule: str, heads: list[str]) -> str | None:
     """Where a budget schedule's method reads its step times (`head.folder.stored_step_times`):
-    `--step_times_from`; else, for verify-budget, the first head folder of `heads` that stores them
-    (None: ada-budget reads its own head's, `DecodingSettings.budget_step_times`)."""
-    if grid.step_times_from is not None or schedule == "ada-budget":
+    `--step_times_from`; else, without a head of its own, the first head folder of `heads` that
+    stores them (None: it reads its own head's, `DecodingSettings.budget_step_times`)."""
+    if grid.step_times_from is not None or SCHEDULES[schedule].needs_head:
         return grid.step_times_from
     return next((head_dir for head_dir in heads if stores_step_times(head_dir)), None)
 
