@@ -7,8 +7,7 @@ Every command reports input it rejects the same way (`input_errors`): one line, 
 Every command also speaks one vocabulary (`ALIASES`, `common_field`): `--target`, `--draft`,
 `--head` for the models (with `--torch_dtype`, `--device`: `models.PairArguments` and
 `HeadPairArguments`), `--prompts` for a prompt source, `--records` for a records file, `--seed`,
-`--output`. The spellings of the reference and of earlier versions stay accepted as aliases, so
-recorded commands keep working. Each command module lists its flag dataclasses in `FLAGS`.
+`--output`. The reference's spellings stay accepted as aliases. Each command module lists its flag dataclasses in `FLAGS`.
 """
 from __future__ import annotations
 
@@ -30,20 +29,19 @@ COMMANDS = {
     "push": ("specdecpp.head.publish", "publish a head folder on the Hub (head files and custom_generate/ only)"),
 }
 
-# The common flags and the other spellings each command accepts for them (the reference's, and this
-# project's before the names were shared). `--data_path` and `--output_dir` differ by command: a
-# command adds the ones it used in its `common_field` call.
+# The common flags and the reference's spellings of them. `--data_path` and `--output_dir` differ by
+# command: a command adds the ones it used in its `common_field` call.
 ALIASES = {
-    "target": ["--target_name_or_path", "--target_name", "--target_model_name", "--model_name"],
-    "draft": ["--draft_name_or_path", "--draft_name", "--assistant_name", "--model_name_or_path"],
-    "head": ["--head_name_or_path", "--assist_acc_head_dir"],
-    "prompts": ["--dataset"],
-    "prompts_split": ["--dataset_split", "--data_split"],
+    "target": ["--model_name"],
+    "draft": ["--assistant_name", "--model_name_or_path"],
+    "head": ["--assist_acc_head_dir"],
+    "prompts": [],
+    "prompts_split": ["--data_split"],
     "records": [],
     "eval_records": ["--eval_data_path"],
     "seed": ["--random_seed"],
-    "output": ["--output_file", "--save_path"],
-    "device": ["--device_map"],
+    "output": ["--save_path"],
+    "device": [],
 }
 
 

@@ -63,7 +63,7 @@ class CalibrationArguments:
         "help": "the head's training weight w: undo it (w s / (1 - s + w s)) before comparing with the labels; "
                 "1 judges the raw predictions"})
     plot_path: str = field(default="reliability.png", metadata={"help": "where the reliability diagram goes"})
-    output: str | None = common_field("output", aliases=("--output_json",), default=None, help=(
+    output: str | None = common_field("output", default=None, help=(
         "also write the report as JSON here"))
     choose_threshold: bool = field(default=False, metadata={"help": (
         "also choose the head's stop threshold by replaying rounds on these records (greedy, or expected over "

@@ -8,7 +8,7 @@ the folder holds (`card_facts`):
   what a person adds: how the head was made), and for a head made by `specdecpp head` its `recipe`
   and short `evaluation` (`specdecpp.training.recipe`); training records its part with `record_card_facts`,
   and a hand-made record (the embedded zoo heads') may hold more;
-- `calibration*.json`: calibration reports (`specdecpp.calibration.report --output_json`);
+- `calibration*.json`: calibration reports (`specdecpp.calibration.report --output`);
 - `*.png`: reliability diagrams and cost curves.
 Whoever changes any of them (saving, training, calibration) re-renders with `write_card`, and
 publishing renders the staged copy, so the card is never edited as text and can be rendered again
