@@ -186,10 +186,9 @@ def verify(target_model: Target, seq: list[int], drafted: list[int], draft_probs
 
 def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: torch.Tensor, do_sample: bool,
             generator: torch.Generator | None) -> tuple[int, int]:
-    """Given the target's processed logits `[k + 1, vocab]` at `[last verified, y_1..y_k]`, return
-    how many drafted tokens are accepted and the token the target adds after them. Greedy: accept
-    while the target's argmax agrees. Sampling: accept `y_i` with probability `min(1, p_i / q_i)`,
-    resample the first rejection from `normalize(max(0, p - q))`, or sample `p_{k+1}` if none."""
+    """The acceptance test on the target's processed logits `[k + 1, vocab]`: how many drafted tokens
+    are accepted and the token the target adds. Greedy: while the argmax agrees; sampling: accept
+    `y_i` with `min(1, p_i / q_i)`, resample a rejection from the residual, else sample `p_{k+1}`."""
     if not do_sample:
         target_tokens = target_logits.argmax(-1).tolist()
         num_accepted = 0
