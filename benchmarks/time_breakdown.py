@@ -29,6 +29,7 @@ from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, per_token, 
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.engine.decoding import GenerationStats
+from specdecpp.engine.settings import default
 from specdecpp.measuring.costs import judged_tokens, loop_overhead_ms
 from specdecpp.measuring.step_timing import StepProbe, measure_round_overhead, prefill_extra_ms
 
@@ -68,7 +69,7 @@ def main() -> None:
     target, draft, head = load_pair(args.target, args.draft, args.head)
     prompts = load_prompt_ids(args.data_path, args.target, args.n_begin, args.n_end)
     stored_bound = (head.threshold_selection or {}).get("bound")
-    bound = tuple(args.bound or stored_bound or (2, 20))
+    bound = tuple(args.bound or stored_bound or default("bound"))
     table = methods(head, bound, args.stop_threshold)
 
     mean_length = sum(p.shape[1] for p in prompts) / len(prompts)

@@ -250,7 +250,8 @@ class CompiledDraft(StaticModel):
             warped = self.warpers(None, logits[None])[0]
             probs, raw_probs = warped.softmax(-1), None
             token = proposed_token(warped, probs, noise)
-        values = [token.double(), probs.gather(0, token[None])[0].double()]  # gather: indexing by a tensor breaks the graph
+        # gather: indexing by a tensor breaks the graph
+        values = [token.double(), probs.gather(0, token[None])[0].double()]
         if self.head is not None:  # the judgement the eager step's `schedules.HeadJudge` makes
             hidden = out.hidden_states[-1][0, -1] if self.reads_hidden else None
             features = logit_features(logits, token, self.features, raw_probs) if self.features else None

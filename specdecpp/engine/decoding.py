@@ -51,16 +51,6 @@ class SpeculativeOutput(ModelOutput):
     stats: GenerationStats | None = None
 
 
-def speculative_generate(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor, *,
-                         attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                         streamer=None, tokenizer=None, **settings) -> SpeculativeOutput:
-    """Generate from `target` (batch size 1, no padding) with `draft` proposing; `settings` are
-    `DecodingSettings`' fields with its defaults, `generate`'s processing fields among them. Greedy
-    output equals `target.generate`'s token for token; sampled output follows its distribution."""
-    return decode(target, draft, input_ids, DecodingSettings(**settings), attention_mask=attention_mask,
-                  generator=generator, streamer=streamer, tokenizer=tokenizer)
-
-
 def _signature_from_settings(function):
     """`function`'s signature with `DecodingSettings`' fields (and defaults) as keyword arguments."""
     signature = inspect.signature(function)
@@ -73,7 +63,15 @@ def _signature_from_settings(function):
     return function
 
 
-_signature_from_settings(speculative_generate)
+@_signature_from_settings
+def speculative_generate(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor, *,
+                         attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                         streamer=None, tokenizer=None, **settings) -> SpeculativeOutput:
+    """Generate from `target` (batch size 1, no padding) with `draft` proposing; `settings` are
+    `DecodingSettings`' fields with its defaults, `generate`'s processing fields among them. Greedy
+    output equals `target.generate`'s token for token; sampled output follows its distribution."""
+    return decode(target, draft, input_ids, DecodingSettings(**settings), attention_mask=attention_mask,
+                  generator=generator, streamer=streamer, tokenizer=tokenizer)
 
 
 def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
@@ -95,9 +93,8 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     if processing is None:
         processing = build_processing(target, settings.generation_config(prompt_length, eos), input_ids,
                                       settings.logits_processor, settings.stopping_criteria, tokenizer)
-    knows_target = settings.schedule_class.knows_target
     policy = make_schedule(settings, _draft_correct(target, draft, input_ids, settings, processing)
-                           if knows_target else None)
+                           if settings.schedule_class.knows_target else None)
 
     stats = GenerationStats()
     target_model, draft_model, stats.compile_time = step_models(

@@ -11,7 +11,8 @@ from typing import ClassVar
 
 import torch
 
-from specdecpp.engine.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, best_verify_length, clamp_log_odds, log_odds
+from specdecpp.engine.online import (MAX_LOG_ODDS, OnlineAcceptanceEstimator, best_verify_length, clamp_log_odds,
+                                     log_odds)
 from specdecpp.engine.sampling import DraftStep
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, step_features
 from specdecpp.measuring.costs import StepTimes
@@ -46,6 +47,11 @@ class Schedule:
     def new_estimator(cls, settings) -> OnlineAcceptanceEstimator | None:
         """A cold-start estimator for a generation of this schedule, or None for one that learns nothing."""
         return None
+
+    @classmethod
+    def estimator_for(cls, settings) -> OnlineAcceptanceEstimator | None:
+        """`settings.estimator` (which carries learning across generations), else `new_estimator`."""
+        return settings.estimator if settings.estimator is not None else cls.new_estimator(settings)
 
     @classmethod
     def check(cls, settings, name) -> None:
@@ -242,9 +248,8 @@ class Ada(ProductRule):
 
     @classmethod
     def from_settings(cls, settings, draft_correct=None):
-        estimator = settings.estimator if settings.estimator is not None else cls.new_estimator(settings)
         return cls(settings.head, settings.head.resolve_stop_threshold(settings.stop_threshold), tuple(settings.bound),
-                   estimator if settings.online else None)
+                   cls.estimator_for(settings) if settings.online else None)
 
     @classmethod
     def new_estimator(cls, settings):
@@ -268,8 +273,7 @@ class Online(ProductRule):
 
     @classmethod
     def from_settings(cls, settings, draft_correct=None):
-        estimator = settings.estimator if settings.estimator is not None else cls.new_estimator(settings)
-        return cls(estimator, settings.stop_threshold, tuple(settings.bound),
+        return cls(cls.estimator_for(settings), settings.stop_threshold, tuple(settings.bound),
                    settings.temperature if settings.do_sample else 1.0)
 
     @classmethod
@@ -297,8 +301,8 @@ class VerifyBudget(Schedule):
 
     @classmethod
     def from_settings(cls, settings, draft_correct=None):
-        estimator = settings.estimator if settings.estimator is not None else cls.new_estimator(settings)
-        return cls(DraftConfidence(estimator), settings.num_assistant_tokens, settings.budget_step_times(), False)
+        judge = DraftConfidence(cls.estimator_for(settings))
+        return cls(judge, settings.num_assistant_tokens, settings.budget_step_times(), judged=False)
 
     @classmethod
     def new_estimator(cls, settings):
@@ -366,8 +370,8 @@ class Oracle(Schedule):
         return cls(draft_correct, settings.bound[1])
 
     def max_draft(self) -> int:
-        run = 0
-        while run < self.max_k and self.position + run < len(self.draft_correct) and self.draft_correct[self.position + run]:
+        run, correct = 0, self.draft_correct[self.position:]
+        while run < min(self.max_k, len(correct)) and correct[run]:
             run += 1
         return run
 

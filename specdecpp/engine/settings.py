@@ -149,7 +149,7 @@ class DecodingSettings:
         return {name: value for name, value in values.items() if value is not None and value != NEUTRAL.get(name)}
 
     def generation_config(self, prompt_length: int, eos: set[int]) -> GenerationConfig:
-        """The generation config `generate` would decode these settings with (processors and criteria are built from it)."""
+        """The generation config `generate` would decode these settings with."""
         sampling = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p) if self.do_sample else {}
         fields_set = {name: getattr(self, name) for name in CRITERIA_FIELDS if getattr(self, name) is not None}
         return GenerationConfig(do_sample=self.do_sample, max_length=prompt_length + self.max_new_tokens,

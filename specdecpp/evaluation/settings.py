@@ -43,7 +43,8 @@ class MethodGrid:
         "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
     num_assistant_tokens: list[int] = field(default_factory=lambda: [default("num_assistant_tokens")], metadata={
         "help": "K for constant (one method per value); heuristic, ours and Hugging Face's, starts from the first"})
-    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [default("assistant_confidence_threshold")], metadata={
+    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [
+            default("assistant_confidence_threshold")], metadata={
         "help": "dynamic: stop drafting when the draft's token probability falls below this (one method of ours "
                 "per value; Hugging Face's dynamic starts from the first and moves it itself)"})
     dynamic_num_assistant_tokens: int = field(default=20, metadata={
@@ -72,7 +73,8 @@ class DecodingArguments:
 
     bound: list[int] = field(default_factory=lambda: list(default("bound")), metadata={
         "help": "ada: MIN MAX drafted tokens per round"})
-    max_new_tokens: int = field(default=default("max_new_tokens"), metadata={"help": "tokens generated per prompt at most"})
+    max_new_tokens: int = field(default=default("max_new_tokens"), metadata={
+        "help": "tokens generated per prompt at most"})
     do_sample: bool = field(default=default("do_sample"), metadata={"help": "sample instead of greedy decoding"})
     temperature: float = default("temperature")
     top_k: int = default("top_k")
