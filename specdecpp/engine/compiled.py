@@ -143,7 +143,6 @@ class StaticModel:
             self.length = length
 
     def reset(self) -> None:
-        """An empty cache (stale states past the length are never attended)."""
         self.crop(0)
 
     def warm_up(self) -> None:
@@ -211,7 +210,6 @@ class CompiledDraft(StaticModel):
         self.vocab = vocab_size(model)
 
     def build_graphs(self) -> None:
-        """New compiled graphs: the verification's (unused) and the draft step's."""
         super().build_graphs()
         self.step_graph = _compile(self._step, dynamic=False, cuda=self.cuda_graphs)
 
@@ -231,7 +229,6 @@ class CompiledDraft(StaticModel):
                          accept_prob=judged[0] if judged else None)
 
     def warm_up(self) -> None:
-        """Compile the draft step for 1 and 2 new tokens, then reset."""
         generator = torch.Generator(self.device).manual_seed(0)  # the user's generator is not drawn from
         with torch.inference_mode():
             for tokens in ([0, 0], [0, 0, 0]):
@@ -271,7 +268,6 @@ class DraftForward(StaticModel):
             _check_last_hidden_state(model)
 
     def build_graphs(self) -> None:
-        """New compiled graphs: the verification's (unused) and the forward's."""
         super().build_graphs()
         self.step_graph = _compile(self._step, dynamic=False, cuda=self.cuda_graphs)
 
@@ -282,7 +278,6 @@ class DraftForward(StaticModel):
         return logits, state if self.with_hidden_states else None
 
     def warm_up(self) -> None:
-        """Compile the forward for 1 and 2 new tokens, then reset."""
         with torch.inference_mode():
             for tokens in ([0, 0], [0, 0, 0]):
                 self._feed([0])

@@ -94,7 +94,6 @@ class CachedModel:
         return out.logits[0, -num_logits:], state
 
     def crop(self, length: int) -> None:
-        """Forget everything past the first `length` tokens."""
         extra = self.cache.get_seq_length() - length
         if extra > 0:
             self.cache.crop(-extra)  # transformers 5: a negative count removes that many positions
