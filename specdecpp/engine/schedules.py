@@ -139,7 +139,8 @@ class Dynamic(Constant):
 class Judge:
     """P(accept) of each token a round judges: `value(step)` (the step's own `accept_prob` here, as
     the compiled draft step and the replay hand it) or, with an `estimator`, the estimator's
-    prediction from that value as its feature, learned from each round's outcome."""
+    prediction from that value as its feature, learned from each round's outcome. A step whose
+    value is None judges nothing (P = 1)."""
 
     def __init__(self, estimator: OnlineAcceptanceEstimator | None = None):
         self.estimator = estimator
@@ -150,6 +151,8 @@ class Judge:
 
     def __call__(self, step: DraftStep) -> float:
         value = self.value(step)
+        if value is None:
+            return 1.0
         if self.estimator is None:
             return value
         p = self.estimator.predict(len(self.features), value)
@@ -157,7 +160,7 @@ class Judge:
         self.predictions.append(p)
         return p
 
-    def value(self, step: DraftStep) -> float:
+    def value(self, step: DraftStep) -> float | None:
         return step.accept_prob
 
     def end_round(self, num_verified: int, num_accepted: int) -> None:
@@ -175,10 +178,9 @@ class HeadJudge(Judge):
         self.reader = head.alignment != "proposer"
         super().__init__(estimator)
 
-    def __call__(self, step: DraftStep) -> float:
-        return 1.0 if self.reader and step.num_drafted == 1 else super().__call__(step)
-
-    def value(self, step: DraftStep) -> float:
+    def value(self, step: DraftStep) -> float | None:
+        if self.reader and step.num_drafted == 1:
+            return None
         p = step.accept_prob
         if p is None:
             features = step_features(step.logits, step.raw_probs, step.token, self.head_features) \
