@@ -278,7 +278,7 @@ def make_schedule(settings: DecodingSettings | str, *, draft_correct: list[bool]
         if settings.online:
             recalibration = settings.estimator if settings.estimator is not None \
                 else OnlineAcceptanceEstimator.recalibration(bound[1])
-        return Ada(head, head.resolve_stop_threshold(settings.stop_threshold), bound, recalibration)
+        return Ada(head, head.resolve_stop_threshold(settings.stop_threshold, settings.step_times), bound, recalibration)
     if name == "online":
         estimator = settings.estimator if settings.estimator is not None else OnlineAcceptanceEstimator(bound[1])
         return Online(estimator, settings.stop_threshold, bound, settings.temperature if settings.do_sample else 1.0)
