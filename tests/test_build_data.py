@@ -15,7 +15,7 @@ from specdecpp.data.build_data import BuildDataArguments, build_batch, build_dat
 from specdecpp.data.io import read_records
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import build_processing
-from specdecpp.engine.sampling import logits_to_probs, make_warpers
+from specdecpp.engine.sampling import make_warpers, widened
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.models import PairArguments, load_model
 
@@ -88,8 +88,8 @@ def test_sampling_records_match_recomputation(pair_dirs, prompts_file, loaded, t
     target, draft = loaded
     warpers = make_warpers(0.8, 20, 1.0)
     for record in records:
-        q = logits_to_probs(teacher_forced(draft, record["prefix"], record["tokens"]), warpers)
-        p = logits_to_probs(teacher_forced(target, record["prefix"], record["tokens"]), warpers)
+        q = warpers(None, widened(teacher_forced(draft, record["prefix"], record["tokens"]))).softmax(-1)
+        p = warpers(None, widened(teacher_forced(target, record["prefix"], record["tokens"]))).softmax(-1)
         proposals = torch.tensor(record["draft"])
         q_tok, p_tok = q.gather(-1, proposals[:, None])[:, 0], p.gather(-1, proposals[:, None])[:, 0]
         assert (q_tok > 0).all(), "a sampled proposal must have mass under the warped draft distribution"

@@ -7,7 +7,7 @@ import torch
 from specdecpp.engine.decoding import GenerationStats, draft_round
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import Ada
+from specdecpp.engine.schedules import HeadJudge
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring import step_timing
 from specdecpp.measuring.step_timing import StepProbe, TimedRound, measure_cost_ratio
@@ -23,11 +23,18 @@ def proposer_head(accept_prob: float) -> AcceptancePredictionHead:
 
 
 def test_a_timed_round_drafts_k_tokens_through_the_loop_and_splits_its_times_by_step(tiny_pair):
-    """`TimedRound` drafts exactly k tokens in `draft_round` even under a judge that would stop at
-    once, and its per-step times add up to what the loop recorded."""
+    """`TimedRound` drafts exactly k tokens in `draft_round`, judging each, and its per-step times
+    add up to what the loop recorded."""
     _, draft = tiny_pair
     stats = GenerationStats()
-    judge = Ada(proposer_head(0.1), stop_threshold=0.0, bound=(1, 8))  # alone, it stops after one token
+    judged = []
+
+    class CountingJudge(HeadJudge):
+        def __call__(self, step):
+            judged.append(step.num_drafted)
+            return super().__call__(step)
+
+    judge = CountingJudge(proposer_head(0.1))
     policy = TimedRound(4, judge, stats)
     policy.start_round()
     seq = [5, 9, 17, 3]
@@ -40,7 +47,7 @@ def test_a_timed_round_drafts_k_tokens_through_the_loop_and_splits_its_times_by_
     assert len(steps) == 4 and all(draft_ms > 0 and judge_ms > 0 for draft_ms, judge_ms in steps)
     assert sum(draft_ms for draft_ms, _ in steps) == pytest.approx(1000 * stats.draft_time)
     assert sum(judge_ms for _, judge_ms in steps) == pytest.approx(1000 * stats.schedule_time)
-    assert judge.p_all_accepted == pytest.approx(0.1 ** 4)  # every drafted token was judged
+    assert judged == [1, 2, 3, 4]  # every drafted token was judged
 
 
 def test_the_probe_times_the_loops_own_draft_round_and_verify(tiny_pair, monkeypatch):

@@ -234,7 +234,7 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
     calibration_main(["--head", str(head_dir), "--draft", pair_dirs[1], "--target", pair_dirs[0],
                       "--data_path", str(data), "--choose_threshold", "--bound", "1", "8",
                       "--plot_path", str(tmp_path / "rel.png"), "--threshold_plot_path", str(tmp_path / "threshold.png"),
-                      "--output_json", str(tmp_path / "report.json")])
+                      "--output", str(tmp_path / "report.json")])
     report = json.loads((tmp_path / "report.json").read_text())
     saved = AcceptancePredictionHead.from_pretrained(head_dir)
     assert saved.stop_threshold == report["threshold"]["stop_threshold"]

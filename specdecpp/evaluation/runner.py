@@ -22,7 +22,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecpp.data.io import write_json
-from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
+from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
 from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, method_specs
 from specdecpp.evaluation.report import report, run_title
@@ -171,13 +172,9 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding
 def run_cost(records: list[dict], probe: step_timing.CostProbe, steps_per_prompt: int) -> dict:
     """The run's cost ratio c: the median over prompts of the draft step and of the target
     verification timed after each prompt (`costs.cost_ratio`), with `steps_per_prompt` and the
-    number of `prompts` timed. Records saved by a version that timed c only once carry no
-    timings; if none does, the probe times as many steps now."""
-    timed = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records if "draft_step_ms" in r}
-    if timed:
-        draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
-    else:
-        draft_ms, target_ms = probe.sample(steps_per_prompt * len({r["id"] for r in records}))
+    number of `prompts` timed."""
+    timed = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records}
+    draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
     return {**costs.cost_ratio(draft_ms, target_ms, probe.k), "steps_per_prompt": steps_per_prompt,
             "prompts": len(timed)}
 
@@ -240,7 +237,7 @@ class Evaluation:
     def pair(self) -> Pair:
         """The loaded target, draft, heads (when a method needs one) and tokenizer."""
         if self._pair is None:
-            need_head = any(spec.schedule in HEAD_SCHEDULES for spec in self.specs)
+            need_head = any(SCHEDULES[spec.schedule].needs_head for spec in self.specs)
             self._pair = load_pair(self.pair_arguments, self.tokenizer, need_head)
         return self._pair
 

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step_models, verify
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import Ada, Schedule
+from specdecpp.engine.schedules import HeadJudge, Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread
@@ -74,7 +74,7 @@ class StepProbe:
         self.device, self.engine = str(target.device), "compiled" if compile else "eager"
         self.processing = sampling_only(do_sample)
         self.generator = torch.Generator(target.device).manual_seed(0) if do_sample else None
-        self.judge = Ada(head, stop_threshold=1.0, bound=(1, max(max_draft, 1))) if head is not None else None
+        self.judge = HeadJudge(head) if head is not None else None
         self.models = lambda: step_models(target, draft, DecodingSettings(
             schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile),
             self.processing, head is not None, len(self.seq) + max_draft + 1)[:2]
@@ -143,12 +143,12 @@ class StepProbe:
 
 class TimedRound(Schedule):
     """A probe's round as the loop drafts it (`decoding.draft_round`): exactly `k` tokens, each
-    judged by `judge` when given (`ada`'s rule; the judgement is timed and its decision ignored).
+    judged by `judge` (a `HeadJudge`) when given, the judgement timed.
     The loop adds each draft step's time and its stop decision's to `stats` after that decision, so
     the running totals read at each `stop_after` and once after the round, differenced, are each
     step's times as the loop measures them (`step_ms`)."""
 
-    def __init__(self, k: int, judge: Ada | None, stats: GenerationStats):
+    def __init__(self, k: int, judge: HeadJudge | None, stats: GenerationStats):
         self.k, self.judge, self.stats = k, judge, stats
         self.totals = []
 
@@ -166,7 +166,7 @@ class TimedRound(Schedule):
         """Read the totals before this step's (the loop adds them after), judge `step`, go on."""
         self.totals.append((self.stats.draft_time, self.stats.schedule_time))
         if self.judge is not None:
-            self.judge.stop_after(step)
+            self.judge(step)
         return False
 
     def step_ms(self) -> list[tuple[float, float]]:
@@ -183,7 +183,7 @@ def loaded_models(models, seq: list[int], generator: torch.Generator | None = No
     loads them again before it samples."""
     target_model, draft_model = models()
     with torch.inference_mode():
-        target_model.forward(seq, num_logits=1)
+        target_model.logits(seq, num_logits=1)
         draft_model.draft_step(seq, 1, generator)
     target_model.crop(len(seq) - 1)
     draft_model.crop(len(seq) - 1)
@@ -255,7 +255,7 @@ def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bo
     cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False), False, len(seq))
     with torch.inference_mode():
         start = time.perf_counter()
-        cached.forward(seq, num_logits=1)
+        cached.logits(seq, num_logits=1)
         return 1000 * (time.perf_counter() - start)
 
 
