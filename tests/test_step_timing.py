@@ -8,6 +8,7 @@ from specdecpp.engine.decoding import GenerationStats, draft_round
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.schedules import HeadJudge
+from specdecpp import speculative_generate
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring import step_timing
 from specdecpp.measuring.step_timing import StepProbe, TimedRound, measure_cost_ratio
@@ -102,6 +103,11 @@ def test_auto_prices_the_device_it_runs_on_once_and_keeps_the_times(tiny_pair, t
     monkeypatch.setattr(step_timing, "measure_costs", lambda *args, **kwargs: pytest.fail("timed twice"))
     assert step_timing.auto_step_times(head, target, draft) == times  # read back, not timed again
     assert head.resolve_stop_threshold("auto", times) == head.threshold_for(times) in (0.1, 0.9)
+    prompt = torch.tensor([[1, 2, 3]])
+    for step_times, threshold, source in ((times, head.threshold_for(times), "cpu eager"), (None, 0.5, "cuda:0 eager")):
+        stats = speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", bound=(1, 4),
+                                     step_times=step_times, max_new_tokens=6).stats
+        assert stats.stop_threshold == threshold and stats.threshold_step_times.startswith(source)
 
     bare = AcceptancePredictionHead(draft.config.hidden_size, 1, "proposer", ["log_q"]).with_threshold(
         0.5, {"judged_step_times": {**here, "device": "cuda:0"}})
