@@ -23,6 +23,8 @@ from specdecpp.engine.online import RECALIBRATION_FILE, OnlineAcceptanceEstimato
 from specdecpp.engine.processing import PROCESSOR_FIELDS, Processing
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.measuring.costs import StepTimes
+from specdecpp.measuring.step_timing import auto_step_times
 
 
 # What `generate` prepares that the SpecDec++ loop may safely ignore: it keeps its own caches, and the
@@ -55,6 +57,7 @@ def hf_generate(
     compile: bool = False,
     online: bool = False,
     estimator: OnlineAcceptanceEstimator | None = None,
+    step_times: StepTimes | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """The SpecDec++ loop in the shape `generate` calls a `custom_generate` callable. `head` is a head or
@@ -81,6 +84,8 @@ def hf_generate(
         stop_threshold = "auto"
         bound = bound if bound is not None else (head.threshold_selection or {}).get("bound")
     knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None}
+    if stop_threshold == "auto" and schedule in (None, "ada") and step_times is None:
+        step_times = auto_step_times(head, model, draft, compile)
     eos = config.eos_token_id
     settings = DecodingSettings(
         schedule=schedule, head=head, max_new_tokens=int(config.max_length) - input_ids.shape[-1],
@@ -88,7 +93,7 @@ def hf_generate(
         top_k=config.top_k or 0, top_p=1.0 if config.top_p is None else config.top_p,
         eos_token_id=[] if eos is None else eos, num_assistant_tokens=config.num_assistant_tokens,
         assistant_confidence_threshold=config.assistant_confidence_threshold, compile=compile, online=online,
-        estimator=estimator,
+        estimator=estimator, step_times=step_times,
         **{name: value for name, value in knobs.items() if value is not None},
         # what a head's stored threshold is compared with; the processors themselves come built
         **{name: getattr(config, name) for name in PROCESSOR_FIELDS})

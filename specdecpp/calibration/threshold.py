@@ -85,14 +85,22 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
     (`StepTimes.round_ms` per round) and both views of `specdecpp.measuring.costs`: `cost_per_token` (measured,
     in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
     verifications, `c` from `times`), summing over the positions a round can
-    start at, weighted by the probability that one does (for greedy records, the one path)."""
+    start at, weighted by the probability that one does (for greedy records, the one path), and
+    `round_weights[k]`, the expected number of rounds that draft and verify `k` tokens (None when
+    a round verifies fewer than it drafts), which `StepTimes.rounds_ms` prices at other times."""
     target_calls, draft_calls, total_ms = 0.0, 0.0, 0.0
+    round_weights = []
     for _, _, weight, k, drafted in replayed_rounds(accept, predictions, round_length, max_draft):
         target_calls, draft_calls = target_calls + weight, draft_calls + weight * drafted
         total_ms += weight * times.round_ms(drafted, drafted if judged else 0, k)
+        if round_weights is not None and k == drafted:
+            round_weights.extend([0.0] * (drafted + 1 - len(round_weights)))
+            round_weights[drafted] += weight
+        else:
+            round_weights = None  # rounds that verify fewer than they draft are not priced by length alone
     tokens = sum(len(acc) for acc in accept)
     return {"tokens": tokens, "target_calls": float(target_calls), "draft_calls": float(draft_calls),
-            "ms_per_token": total_ms / tokens,
+            "round_weights": round_weights, "ms_per_token": total_ms / tokens,
             "cost_per_token": cost_per_token(total_ms, tokens, unit_ms or times.target_alone_ms),
             "flat_cost_per_token": cost_per_token(flat_spent(target_calls, draft_calls, times.cost_ratio()), tokens)}
 
@@ -234,11 +242,13 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
 
     calls = {}  # method -> [target calls, draft calls] per token: the counts behind every cost
+    round_weights = {}  # method -> its rounds counted by length (`replay`)
 
     def cost(method: str, round_length: RoundLength, times: StepTimes = plain,
              values: list[np.ndarray] = predictions) -> float:
         replayed = replay(accept, values, round_length, bound[1], times, times is judged, plain.target_alone_ms)
         calls[method] = [round(replayed[f"{kind}_calls"] / replayed["tokens"], 5) for kind in ("target", "draft")]
+        round_weights[method] = replayed["round_weights"]
         return round(replayed["cost_per_token"], 5)
 
     curve = [cost(f"ada@{t:g}", ada_length(t, bound[0]), judged) for t in thresholds]
@@ -248,6 +258,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                  "mode": "greedy" if greedy else "sampling", "processing": processing,
                  "step_times": plain.as_dict(), "judged_step_times": judged.as_dict(),
                  "thresholds": list(thresholds), "cost_per_token": curve,
+                 "round_weights": [round_weights[f"ada@{t:g}"] for t in thresholds],
                  "marginal_scale": scale, "marginal_cost_per_token": marginal_curve,
                  "constant_k_cost_per_token": {str(k): cost(f"K={k}", constant_length(k)) for k in range(1, 7)},
                  "dynamic_cost_per_token": {f"{c:g}": cost(f"dynamic@{c:g}", dynamic_length(c), values=draft_probs)

@@ -27,7 +27,8 @@ class GenerationStats:
     """Counts for one generation: forward passes (`target_calls`, `draft_calls`), per round the
     tokens drafted, verified and accepted, the drafted tokens not kept, and seconds spent drafting,
     verifying, in the schedule and compiling (outside `wall_time`). Without a stop inside the last
-    round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`."""
+    round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`. For
+    `stop_threshold="auto"`: the threshold used and where the step times that chose it were timed."""
 
     target_calls: int = 0
     draft_calls: int = 0
@@ -41,6 +42,8 @@ class GenerationStats:
     verify_time: float = 0.0
     schedule_time: float = 0.0
     compile_time: float = 0.0
+    stop_threshold: float | None = None
+    threshold_step_times: str | None = None
 
 
 @dataclass
@@ -97,6 +100,8 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
                            if settings.schedule_class.knows_target else None)
 
     stats = GenerationStats()
+    if settings.stop_threshold == "auto" and settings.schedule == "ada":
+        stats.stop_threshold, stats.threshold_step_times = policy.stop_threshold, _priced_on(settings)
     target_model, draft_model, stats.compile_time = step_models(
         target, draft if settings.schedule_class.needs_draft else None, settings, processing,
         policy.needs_hidden_states, prompt_length + max_new_tokens)
@@ -228,6 +233,16 @@ def _check_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor 
     if not bool((attention_mask == 1).all()):
         raise ValueError("attention_mask holds zeros (padding): speculative_generate decodes one prompt without "
                          "padding; pass the prompt alone (tokenizer(text, return_tensors='pt'), no padding=...)")
+
+
+def _priced_on(settings: DecodingSettings) -> str:
+    """Where the step times that chose an `auto` threshold were timed."""
+    if settings.step_times is not None:
+        times, source = settings.step_times.as_dict(), "given"
+    else:
+        times, source = (settings.head.threshold_selection or {}).get("judged_step_times") or {}, "stored with the head"
+    threads = f", {times.get('threads')} thread(s)" if times.get("device") == "cpu" else ""
+    return f"{times.get('device')} {times.get('engine', 'eager')}{threads} ({source})"
 
 
 def _check_input_ids(input_ids: torch.LongTensor) -> torch.LongTensor:

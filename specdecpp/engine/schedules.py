@@ -250,8 +250,8 @@ class Ada(ProductRule):
 
     @classmethod
     def from_settings(cls, settings, draft_correct=None):
-        return cls(settings.head, settings.head.resolve_stop_threshold(settings.stop_threshold), tuple(settings.bound),
-                   cls.estimator_for(settings) if settings.online else None)
+        threshold = settings.head.resolve_stop_threshold(settings.stop_threshold, settings.step_times)
+        return cls(settings.head, threshold, tuple(settings.bound), cls.estimator_for(settings) if settings.online else None)
 
     @classmethod
     def new_estimator(cls, settings):

@@ -43,7 +43,9 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
         return Method(spec, *engine_generate(spec, model, None, None, decoding))
     head = pair.heads.get(spec.head)
     if head is not None and spec.stop_threshold is not None:  # ada's (ada-budget has none)
-        spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold))
+        times = step_timing.auto_step_times(head, pair.target, pair.draft, decoding.compile) \
+            if spec.stop_threshold == "auto" else None
+        spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold, times))
     return Method(spec, *engine_generate(spec, pair.target, pair.draft, head, decoding))
 
 

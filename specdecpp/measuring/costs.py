@@ -167,6 +167,11 @@ class StepTimes:
         return self.verify_ms[min(verified, len(self.verify_ms) - 1)] + drafting + judged * self.judge_ms \
             + self.round_overhead_ms
 
+    def rounds_ms(self, round_weights: list[float], judged: bool = False) -> float:
+        """The time of rounds counted by length: `round_weights[k]` rounds (expected, in a replay)
+        that draft and verify `k` tokens, each drafted token judged by a head when `judged`."""
+        return sum(weight * self.round_ms(k, k if judged else 0) for k, weight in enumerate(round_weights) if weight)
+
     def predicted_ms(self, draft_lengths: list[int], judged: int = 0, with_draft: bool = True) -> float:
         """The time that a generation's rounds (`draft_lengths`, one entry per round) and its
         `judged` head judgements cost, prefill left out (see `prefill_extra_ms`); without a draft
