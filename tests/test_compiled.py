@@ -323,5 +323,8 @@ def test_compiled_engine_with_cuda_graph_steps_equals_target_generate(tiny_pair,
                 out = compiled_generate(target, draft, prompt, schedule=schedule, stop_threshold=0.5,
                                         max_new_tokens=24, bound=(1, 6), **knobs)
                 assert torch.equal(out.sequences, target_greedy(target, prompt, 24)), (schedule, prompt)
+                # every verification's length had its CUDA graph recorded before the generation
+                [engine] = compiled._engines[target].values()
+                assert max(out.stats.verified_lengths) + 1 <= engine.warmed_lengths == 7
     finally:
         compiled._engines.clear()

@@ -33,13 +33,15 @@ def recompiles_forbidden(enabled: bool = True):
 
 def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_length: int, processing: Processing,
                     with_hidden_states: bool = False, head: AcceptancePredictionHead | None = None,
-                    sampling: tuple[float, int, float] | None = None
+                    sampling: tuple[float, int, float] | None = None, longest_verification: int = 3
                     ) -> tuple[StaticModel, CompiledDraft | ProcessedDraft | None, float]:
     """The compiled target and (unless None) draft, empty, for at least `max_length` tokens: the
     draft judging with `head` and sampling with `(temperature, top_k, top_p)` inside its graph, or,
     under processors beyond the sampling warpers, a `ProcessedDraft`. Engines are built and warmed
-    up on first use; returns them and the seconds this call spent compiling."""
+    up on first use, the target for verifications of up to `longest_verification` tokens; returns
+    them and the seconds this call spent compiling."""
     target_model, seconds = _engine(target, ("target",), max_length, lambda capacity: StaticModel(target, capacity))
+    seconds += target_model.warm_lengths(longest_verification)
     if draft is None:
         return target_model, None, seconds
     if any(not isinstance(p, SAMPLING_WARPERS) for p in processing.processors):
@@ -113,7 +115,7 @@ class StaticModel:
         _check_full_attention(self.cache, model)
         self.model_kwargs = cache_kwargs(model, self.cache)
         self.cuda_graphs = uses_cuda_graphs(self.device)
-        self.length = 0
+        self.length = self.warmed_lengths = 0
         self.compiled_for = NotImplemented  # the guarded state its graphs were warmed up for: none yet
         self._allocate()
         self.build_graphs()
@@ -147,12 +149,25 @@ class StaticModel:
 
     def warm_up(self) -> None:
         """Compile the verification graphs for 1, 2 and 3 tokens (the third reuses the dynamic one)."""
+        self.warmed_lengths = 0
+        self.warm_lengths(3)
+
+    def warm_lengths(self, longest: int) -> float:
+        """Run the verification for every length up to `longest` tokens not run since the warm-up,
+        so that no CUDA graph (one per length of the dynamic graph) is recorded mid-generation;
+        on other devices only the first warm-up runs. Returns the seconds spent."""
+        lengths = range(self.warmed_lengths + 1, longest + 1) if self.cuda_graphs or not self.warmed_lengths else ()
+        if not lengths:
+            return 0.0
+        start = time.perf_counter()
         with torch.inference_mode():
             self._feed([0])
-            for length in (1, 2, 3):
+            for length in lengths:
                 self.logits([0] * (1 + length), num_logits=length)
                 self.crop(1)
         self.reset()
+        self.warmed_lengths = longest
+        return time.perf_counter() - start
 
     def _logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), **self.model_kwargs)

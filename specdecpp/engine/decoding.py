@@ -153,7 +153,8 @@ def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings
     if not settings.compile:
         return CachedModel(target), EagerDraft(draft, processing, with_hidden_states) if draft else None, 0.0
     sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
-    return compiled_models(target, draft, max_length, processing, with_hidden_states, settings.judging_head, sampling)
+    return compiled_models(target, draft, max_length, processing, with_hidden_states, settings.judging_head, sampling,
+                           longest_verification=max(settings.bound[1], settings.num_assistant_tokens) + 1)
 
 
 def draft_round(draft_model: Draft | None, seq: list[int], policy: Schedule, max_tokens: int, do_sample: bool,
