@@ -6,7 +6,7 @@
 
 (the reference's `--model_name_or_path`, `--data_path`, `--eval_data_path`, `--output_dir` work too).
 
-Each record becomes one example laid out for the head's alignment (`specdecpp.training.head_data`): a
+Each record becomes one example laid out for the head's alignment (`specdecpp.head.inputs`): a
 `proposer` head (the default) reads the draft's state at `tokens[i-1]` of the target's continuation
 plus features of `draft[i]` under the logits there; a `reader` head (the reference's) reads the
 state at `z_i` of `prefix + z`, `z_i` the draft's proposal or, with probability `mixing_ratio`, the
@@ -42,11 +42,16 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from specdecpp.checks import check_data_fits_draft, check_head_fits_draft, hidden_size, text_config
 from specdecpp.cli import common_field, input_errors
 from specdecpp.data.io import read_records
+from specdecpp.head.inputs import head_inputs, make_example, pad_batch
 from specdecpp.head.model import ALIGNMENTS, FEATURES, AcceptancePredictionHead
+from specdecpp.head.objective import IGNORE, acceptance_loss, compute_metrics
 from specdecpp.head.publish import push_head
 from specdecpp.models import PairArguments, load_head, load_model
-from specdecpp.training.head_data import examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
-from specdecpp.training.objective import IGNORE, acceptance_loss, compute_metrics
+
+
+def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignment: str = "reader") -> Dataset:
+    """The records as training examples (see `make_example`)."""
+    return Dataset.from_list([make_example(r, i, mixing_ratio, seed, alignment) for i, r in enumerate(records)])
 
 
 @dataclass

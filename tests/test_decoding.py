@@ -11,11 +11,11 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.costs import StepTimes
 from specdecpp.engine.draft_step import CachedModel
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.sampling import logits_to_probs, make_warpers
 from specdecpp.engine.schedules import SCHEDULES, VerifyBudget
-from specdecpp.measuring.costs import StepTimes
 
 HIDDEN = 32
 

@@ -137,7 +137,7 @@ TRAINING = ("accelerate", "datasets", "transformers.Trainer", "transformers.Trai
 def test_the_head_stands_on_neither_its_card_nor_the_cost_model():
     """The nn.Module the engine loads does not load the card renderer (`head_folder`) or the cost
     model it prices with; saving a folder imports them when it is called."""
-    assert not reach(import_graph(), "specdecpp.head.model") & {"specdecpp.head.folder", "specdecpp.measuring.costs"}
+    assert not reach(import_graph(), "specdecpp.head.model") & {"specdecpp.head.folder", "specdecpp.costs"}
 
 
 def test_the_loss_and_the_metric_load_no_training():
@@ -145,7 +145,7 @@ def test_the_loss_and_the_metric_load_no_training():
     what measures a head (calibration, the benchmarks) does not import `train`."""
     graph = import_graph()
     files = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    loaded = {name for module in reach(graph, "specdecpp.training.objective") for name in outside_imports(files[module])}
+    loaded = {name for module in reach(graph, "specdecpp.head.objective") for name in outside_imports(files[module])}
     assert not {name for name in loaded if name.startswith(TRAINING)}, loaded
     assert "specdecpp.train" not in reach(graph, "specdecpp.calibration.report")
     for benchmark in sorted((PACKAGE.parent / "benchmarks").glob("*.py")):

@@ -13,11 +13,11 @@ from conftest import free_port
 from safetensors.torch import load_file
 from transformers import set_seed
 
+from specdecpp.head.inputs import make_example
 from specdecpp.head.model import AcceptancePredictionHead, logit_features
+from specdecpp.head.objective import IGNORE, binary_kl
 from specdecpp.models import PairArguments, load_model
-from specdecpp.train import (DataArguments, HeadTrainingArguments, ModelArguments, latest_complete_checkpoint, main,
-                             make_example, train)
-from specdecpp.training.objective import IGNORE, binary_kl
+from specdecpp.train import DataArguments, HeadTrainingArguments, ModelArguments, latest_complete_checkpoint, main, train
 
 N_RECORDS = 12
 

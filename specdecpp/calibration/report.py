@@ -37,14 +37,14 @@ from transformers import HfArgumentParser
 from specdecpp.calibration.threshold import choose_threshold
 from specdecpp.checks import check_data_fits_draft
 from specdecpp.cli import common_field, input_errors
+from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 from specdecpp.data.io import atomic_write, read_records
 from specdecpp.head.folder import REPLAYED_ROUNDS, stored_step_times
+from specdecpp.head.inputs import predict
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
+from specdecpp.head.objective import binary_kl
 from specdecpp.measuring.step_timing import torch_threads
 from specdecpp.models import HeadPairArguments, load_head, load_model
-from specdecpp.training.head_data import predict
-from specdecpp.training.objective import binary_kl
 
 
 @dataclass

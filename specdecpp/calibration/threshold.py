@@ -16,7 +16,7 @@ Sampled records replay under the assumption training makes too: each acceptance 
 the target's prefix. A proposer head's prediction for `draft[i]` comes from that same prefix; a
 reader head judges states that have read each proposal, which records hold only for accepted ones,
 so only proposer heads are replayed. Each round is priced with the pair's measured times
-(`specdecpp.measuring.costs.StepTimes`): its draft steps, the head's judgement of each, the target's
+(`specdecpp.costs.StepTimes`): its draft steps, the head's judgement of each, the target's
 verification as a function of its length (on a CPU it grows with the tokens checked) and the loop's
 overhead per round, all timed through the engine's own steps. The cost per token is in units of one target-alone step, so 1 / cost is the speedup the
 replay predicts. `choose_threshold` replays a grid of thresholds and keeps the cheapest.
@@ -31,13 +31,13 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds, log_odds_from_log
 from specdecpp.engine.schedules import Constant, Dynamic, Oracle, ProductRule, Schedule, VerifyBudget
+from specdecpp.head.inputs import predict
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.measuring.step_timing import measure_costs
-from specdecpp.training.head_data import predict
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed beside the head
@@ -81,7 +81,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
     at most `max_draft` and never past the record's end, every drafted
     token judged by the head when `judged` (a round that verifies fewer than it drafted pays
     every draft step and the verification of those it verifies). Returns the expected counts, time per token
-    (`StepTimes.round_ms` per round) and both views of `specdecpp.measuring.costs`: `cost_per_token` (measured,
+    (`StepTimes.round_ms` per round) and both views of `specdecpp.costs`: `cost_per_token` (measured,
     in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
     verifications, `c` from `times`), summing over the positions a round can
     start at, weighted by the probability that one does (for greedy records, the one path)."""
@@ -233,7 +233,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     replayed alike, and the logits
     processing the records were built under, `records_processing`), ready to store with
     `head.with_threshold`. `predictions`: the head's predictions over the records
-    (`head_data.predict`) when the caller already has them; `times`: the step times `(plain,
+    (`inputs.predict`) when the caller already has them; `times`: the step times `(plain,
     judged)` to price rounds with (`head.folder.stored_step_times`), instead of timing the pair now on the
     engine decoding will run (compiled when `compile`; the times record which). ValueError when
     the replay shows the times to be wrong (`check_replayed_costs`)."""

@@ -16,6 +16,7 @@ from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaL
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
 from specdecpp.compat import ModelOutput
+from specdecpp.costs import StepTimes
 from specdecpp.engine.compiled import CompiledDraft, ProcessedDraft, StaticModel, compiled_models, recompiles_forbidden
 from specdecpp.engine.draft_step import CachedModel, EagerDraft, draft_steps
 from specdecpp.engine.online import OnlineAcceptanceEstimator
@@ -24,7 +25,6 @@ from specdecpp.engine.sampling import residual_distribution, sample
 from specdecpp.engine.schedules import Schedule, make_schedule
 from specdecpp.engine.settings import DecodingSettings, default_schedule
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes
 
 
 @dataclass
@@ -102,7 +102,7 @@ def speculative_generate(
     `specdecpp.engine.online.OnlineAcceptanceEstimator`, which then carries what it learned to the next
     call) or, without one, in a fresh one for this generation. `verify-budget` (vLLM's adaptive
     verification, greedy only) drafts blocks of `num_assistant_tokens` scored by that estimator and
-    verifies the prefix worth its price at `step_times` (a `specdecpp.measuring.costs.StepTimes`; default:
+    verifies the prefix worth its price at `step_times` (a `specdecpp.costs.StepTimes`; default:
     those stored with `head`'s threshold); `ada-budget` does the same with a proposer `head`'s
     scores. Greedy output equals `target.generate(do_sample=False)` token for token; sampled output (temperature, top-k,
     top-p applied to both models) follows the target's distribution, reproducibly given

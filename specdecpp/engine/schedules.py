@@ -21,11 +21,11 @@ import math
 
 import torch
 
+from specdecpp.costs import StepTimes
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import MAX_LOG_ODDS, OnlineAcceptanceEstimator, best_verify_length, clamp_log_odds, log_odds
 from specdecpp.engine.settings import SCHEDULES, DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, step_features
-from specdecpp.measuring.costs import StepTimes
 
 
 class Schedule:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, fields
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
+from specdecpp.costs import StepTimes
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes
 
 SCHEDULES = ("none", "constant", "heuristic", "dynamic", "ada", "online", "oracle", "verify-budget", "ada-budget")
 BUDGET_SCHEDULES = ("verify-budget", "ada-budget")  # draft a block, verify the prefix worth its price (step_times)

@@ -6,7 +6,7 @@ with the best constant K, our `dynamic` schedule (the draft's own confidence, th
 that needs no training) at its best confidence threshold, vLLM's online acceptance estimator
 (`online`, learning over the evaluated prompts in order) and SpecDec++ (`ada`, our engine with the
 trained head). The best K, confidence (and ada and online thresholds, when several are given) are chosen
-beforehand on separate tuning prompts, by the lowest flat cost per token (`specdecpp.measuring.costs`, in target
+beforehand on separate tuning prompts, by the lowest flat cost per token (`specdecpp.costs`, in target
 verifications: `(target calls + c * draft calls) / token`, with the draft/target cost ratio `c` measured
 in the same run). The evaluated prompts play no part in
 that choice, so no method is tuned on the prompts it is scored on.
@@ -21,12 +21,12 @@ from transformers import HfArgumentParser
 from transformers import logging as hf_logging
 
 from specdecpp.cli import common_field
+from specdecpp.costs import FLAT_COST
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.methods import MethodSpec
 from specdecpp.evaluation.runner import Evaluation
 from specdecpp.evaluation.settings import MethodGrid, Prompt, PromptSource, RunOptions
 from specdecpp.measuring import metrics
-from specdecpp.measuring.costs import FLAT_COST
 from specdecpp.models import HeadPairArguments
 
 

@@ -28,7 +28,8 @@ from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, me
 from specdecpp.evaluation.report import report, run_title
 from specdecpp.evaluation.settings import (MethodGrid, Pair, Prompt, PromptSource, RunOptions,
                                            check_results_replaceable, load_inputs, load_pair, results_file, zoo_pair)
-from specdecpp.measuring import costs, metrics, step_timing
+from specdecpp import costs
+from specdecpp.measuring import step_timing
 from specdecpp.models import HeadPairArguments
 
 

@@ -7,7 +7,7 @@ as much as their tokens. Wall-clock figures are medians over prompts of per-prom
 speedup is paired: each prompt's target-alone time over the method's time on the same prompt in
 the same run, so machine drift between prompts cancels.
 
-Cost per token is the flat view of `specdecpp.measuring.costs` (`costs.FLAT_COST`, in target
+Cost per token is the flat view of `specdecpp.costs` (`costs.FLAT_COST`, in target
 verifications): `target_calls + c * draft_calls` per token, with `c` = (one draft step) / (one
 target verification of k = 4 drafted tokens), both timed by `step_timing.CostProbe` on this
 machine in this run.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 
-from specdecpp.measuring.costs import FLAT_COST, FLAT_UNIT, cost_per_token, flat_spent
+from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, flat_spent
 
 
 # -- the summary: one row per method -------------------------------------------------------------

@@ -5,7 +5,7 @@ Every figure is timed through the engine's own step functions, eager or compiled
 will run (`decoding.step_models`: the draft's `draft_step`, `decoding.verify`, the schedule's
 `stop_after`); `StepProbe` takes its rounds through the loop's own `decoding.draft_round` and
 `decoding.verify`, so that the cache state each step meets is the loop's and each step is timed
-as the loop times it (see `specdecpp.measuring.costs` for what each figure prices). The first round of a
+as the loop times it (see `specdecpp.costs` for what each figure prices). The first round of a
 generation also reads the prompt: its first draft step and its verification are prefill forwards,
 priced apart by `prefill_extra_ms`.
 """
@@ -20,13 +20,13 @@ from dataclasses import replace
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread
 from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step_models, verify
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.schedules import Ada, Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread
 
 
 def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,

@@ -1,9 +1,5 @@
-"""What the head is trained and measured by, without the Trainer: the weighted BCE on the soft
-acceptance labels (docs/design.md, Training the head), the mean binary KL(label || prediction)
-that training's evaluation and the calibration report give, and `IGNORE`, the label of positions
-neither counts. This module imports neither accelerate, datasets nor the Trainer, so calibration
-and the benchmarks measure a head without loading training.
-"""
+"""What the head is trained and measured by: the weighted BCE on soft acceptance labels, the
+mean binary KL, and `IGNORE`. Imports no accelerate, datasets or Trainer."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

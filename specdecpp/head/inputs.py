@@ -1,27 +1,17 @@
-"""From training records to what the head reads: examples, batches, and the head's inputs.
-
-One record (docs/design.md, The record format) becomes one example, laid out by the head's alignment:
-- `proposer`: `input_ids = prefix + tokens[:-1]` (the target's continuation); the state at
-  `tokens[i-1]` (the last prompt token for `i = 0`) is labelled `p_acc[i]` and its `candidates`
-  entry is `draft[i]`, whose features under the draft's logits there the head also reads;
-- `reader` (the reference's): `input_ids = prefix + z`, `z_i` the draft's proposal `draft[i]` or,
-  with probability `mixing_ratio`, the target's token (label ignored); the state at `z_i` is
-  labelled `p_acc[i]`.
-Prefix positions are ignored. Training, the calibration report and the threshold choice all build
-the head's inputs here, so they see the same positions.
-"""
+"""Records to what the head reads (examples, batches, hidden states and features, laid out by
+alignment as docs/design.md, Training the head, says), and `predict`: the head run over records.
+Training, calibration and the threshold choice all read the head's inputs here."""
 from __future__ import annotations
 
 import numpy as np
 import torch
-from datasets import Dataset
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from specdecpp.checks import check_head_fits_draft, hidden_size
 from specdecpp.head.model import AcceptancePredictionHead, logit_features
+from specdecpp.head.objective import IGNORE
 from specdecpp.models import last_hidden_states, model_device, positions_from_mask
-from specdecpp.training.objective import IGNORE
 
 NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
 
@@ -42,11 +32,6 @@ def make_example(record: dict, index: int, mixing_ratio: float, seed: int, align
     z = np.where(mixed, record["tokens"], record["draft"])
     labels = np.where(mixed, IGNORE, np.asarray(record["p_acc"], dtype=np.float64))
     return {"input_ids": prefix + z.tolist(), "labels": [IGNORE] * len(prefix) + labels.tolist()}
-
-
-def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignment: str = "reader") -> Dataset:
-    """The records as training examples (see `make_example`)."""
-    return Dataset.from_list([make_example(r, i, mixing_ratio, seed, alignment) for i, r in enumerate(records)])
 
 
 def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
