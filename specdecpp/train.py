@@ -29,7 +29,6 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from accelerate import PartialState
 from datasets import Array2D, Dataset, Features, Sequence, Value, concatenate_datasets

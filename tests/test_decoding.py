@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_llama, tiny_recurrent
+from conftest import HIDDEN, VOCAB, perturbed_copy, tiny_llama, tiny_recurrent
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
@@ -17,7 +17,6 @@ from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.sampling import logits_to_probs, make_warpers
 from specdecpp.engine.schedules import SCHEDULES, VerifyBudget
 
-HIDDEN = 32
 
 
 def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> torch.Tensor:
@@ -36,16 +35,6 @@ def constant_head(accept_logit: float, **config) -> AcceptancePredictionHead:
     with torch.no_grad():
         head.model[-1].weight.zero_()
         head.model[-1].bias.copy_(torch.tensor([0.0, accept_logit]))
-    return head
-
-
-@pytest.fixture(scope="module")
-def random_head():
-    torch.manual_seed(3)
-    head = AcceptancePredictionHead(HIDDEN, num_layers=2)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.5)
     return head
 
 
@@ -387,16 +376,6 @@ def test_streamer_receives_the_prompt_then_every_token(tiny_pair):
 
 
 # -- sampling: the output distribution is the target's ---------------------------------------------
-
-VOCAB = 6
-
-
-@pytest.fixture(scope="module")
-def small_vocab_pair():
-    """A tiny-vocabulary target and an unrelated draft, so rejections and residual draws are common."""
-    return (tiny_llama(vocab_size=VOCAB, seed=0, initializer_range=0.5),
-            tiny_llama(vocab_size=VOCAB, seed=5, initializer_range=0.5))
-
 
 def exact_first_two_token_distribution(target, prompt, warpers) -> torch.Tensor:
     """P(x1, x2) under the target with the same logits processing, `[VOCAB * VOCAB]`."""

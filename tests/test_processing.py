@@ -8,9 +8,9 @@ import itertools
 import pytest
 import torch
 from test_compiled import needs_static_crop
-from test_custom_generate import HEAD_DIR, PROMPTS, zoo  # noqa: F401 (fixture)
-from test_decoding import (VOCAB, chi_square_pvalue, prompts, random_head,  # noqa: F401 (fixtures)
-                           random_proposer, small_vocab_pair, target_greedy, with_budget_knobs)
+from conftest import VOCAB
+from test_custom_generate import HEAD_DIR, PROMPTS
+from test_decoding import chi_square_pvalue, prompts, random_proposer, target_greedy, with_budget_knobs
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
 from transformers.generation import WatermarkLogitsProcessor
 

@@ -107,7 +107,7 @@ class LeanJudge:
     for autograd to record), returning a Python float. It shares the head's weights, so it must be
     rebuilt after the head's weights are replaced (an in-place copy is seen)."""
 
-    def __init__(self, head: "AcceptancePredictionHead"):
+    def __init__(self, head: AcceptancePredictionHead):
         self.blocks = [(weight.detach(), bias.detach()) for weight, bias in head.blocks()]
         self.output = tuple(t.detach() for t in head.output())
         self.features = head.features

@@ -300,9 +300,9 @@ def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[],
     times and each verification's times."""
     draft_ms, verify_ms = [], [[] for _ in verifies]
     for _ in range(steps):
-        for times, verify in zip(verify_ms, verifies):
+        for times, verification in zip(verify_ms, verifies):
             draft_ms.append(1000 * timed(draft_step))
-            times.append(1000 * timed(verify))
+            times.append(1000 * timed(verification))
     return draft_ms, verify_ms
 
 

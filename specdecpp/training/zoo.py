@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,11 @@ from tqdm.auto import tqdm
 from specdecpp.cli import common_field
 from specdecpp.data import stdlib_corpus
 from specdecpp.measuring.step_timing import measure_cost_ratio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from transformers import LlamaForCausalLM
 
 EOS = "<|endoftext|>"
 
@@ -201,7 +206,7 @@ def train_texts(args: ZooArguments) -> list[str]:
     return [text for _, text in stdlib_corpus.read_split("train")][:args.max_train_files or None]
 
 
-def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -> tuple["LlamaForCausalLM", dict]:
+def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -> tuple[LlamaForCausalLM, dict]:
     """The build's draft phase: a draft of `draft_layers` initialised from `target` and distilled
     on its logits (plus `draft_hard_label_weight` x cross-entropy on its argmax) over `stream`.
     Returns the draft and its training log."""
