@@ -127,9 +127,9 @@ VOCAB = 6
 
 
 @pytest.mark.parametrize("schedule,settings", [
-    ("dynamic", dict(temperature=0.8)),
-    ("ada", dict(top_k=5)),
     ("ada-proposer", dict(top_p=0.9)),
+    pytest.param("dynamic", dict(temperature=0.8), marks=pytest.mark.slow),
+    pytest.param("ada", dict(top_k=5), marks=pytest.mark.slow),
 ])
 @needs_static_crop
 def test_compiled_sampling_follows_the_target_distribution(schedule, settings):

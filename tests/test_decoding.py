@@ -403,16 +403,19 @@ def chi_square_pvalue(samples: list[tuple[int, int]], expected_probs: torch.Tens
     return chisquare(counts.numpy(), expected.numpy() * len(samples) / expected.sum().item()).pvalue
 
 
+# One end-to-end case runs by default (the acceptance step itself: test_sampling.py); the others are slow.
 @pytest.mark.parametrize("schedule,settings", [
-    ("constant", dict()),
-    ("constant", dict(temperature=0.7, top_k=4)),
-    ("heuristic", dict(top_p=0.8)),
-    ("ada", dict(temperature=1.3)),
-    ("ada-proposer", dict(top_k=5)),
-    ("ada-proposer", dict()),  # unwarped: the head's features reuse the draft step's softmax
-    ("ada-features-alone", dict(temperature=0.8)),
-    ("online", dict(temperature=0.8)),
     ("ada-online", dict(top_k=5)),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+        ("constant", dict()),
+        ("constant", dict(temperature=0.7, top_k=4)),
+        ("heuristic", dict(top_p=0.8)),
+        ("ada", dict(temperature=1.3)),
+        ("ada-proposer", dict(top_k=5)),
+        ("ada-proposer", dict()),  # unwarped: the head's features reuse the draft step's softmax
+        ("ada-features-alone", dict(temperature=0.8)),
+        ("online", dict(temperature=0.8)),
+    ]),
 ])
 def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, settings):
     target, draft = small_vocab_pair

@@ -102,7 +102,7 @@ def exact_processed_distribution(target, prompt, processors) -> torch.Tensor:
     return (p1[:, None] * p2).reshape(-1)
 
 
-@pytest.mark.parametrize("schedule", ["constant", "ada"])
+@pytest.mark.parametrize("schedule", ["ada", pytest.param("constant", marks=pytest.mark.slow)])
 def test_sampling_follows_the_processed_target_distribution(small_vocab_pair, random_head, schedule):
     target, draft = small_vocab_pair
     prompt = torch.tensor([[1, 4, 2]])
