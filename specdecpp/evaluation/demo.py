@@ -1,5 +1,7 @@
-"""`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command. K, the
-confidence and the thresholds are chosen by flat cost per token on tuning prompts that are not scored."""
+"""`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command.
+
+K, the confidence and the thresholds are chosen by flat cost per token on tuning prompts that are not scored.
+"""
 from __future__ import annotations
 
 import sys
