@@ -1,6 +1,6 @@
-"""Records to what the head reads (examples, batches, hidden states and features, laid out by
-alignment as docs/design.md, Training the head, says), and `predict`: the head run over records.
-Training, calibration and the threshold choice all read the head's inputs here."""
+"""Records to what the head reads (examples, batches, hidden states and features, laid out by alignment), and
+`predict`, the head run over records. Training, calibration and the threshold choice all read the head's inputs
+here."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,10 +17,8 @@ NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
 
 
 def make_example(record: dict, index: int, mixing_ratio: float, seed: int, alignment: str = "reader") -> dict:
-    """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a
-    proposer head, `candidates` (the judged draft token at each labelled position). A reader's
-    mixing draws depend only on (seed, record index): fixed per record, whatever the number of
-    ranks, epochs, or whether hidden states are cached."""
+    """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a proposer,
+    `candidates`. A reader's mixing draws depend only on (seed, record index)."""
     prefix, n = list(record["prefix"]), len(record["tokens"])
     if alignment == "proposer":
         ignored = [IGNORE] * (len(prefix) - 1)
@@ -35,8 +33,8 @@ def make_example(record: dict, index: int, mixing_ratio: float, seed: int, align
 
 
 def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
-    """Right-pad a list of examples into tensors: `input_ids` + `attention_mask` (+ `candidates`),
-    or the cached `hidden_states` (+ `features`); `labels` padded with IGNORE."""
+    """Right-pad examples into tensors (`input_ids` and `attention_mask`, or cached `hidden_states`), `labels`
+    padded with IGNORE."""
     width = max(len(f["labels"]) for f in features)
 
     def padded(name: str, fill: float, dtype: torch.dtype) -> torch.Tensor:
@@ -62,9 +60,8 @@ def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
 
 def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: torch.Tensor,
                 attention_mask: torch.Tensor, candidates: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The draft's last-layer hidden states `[batch, seq, hidden]` and, when the head reads
-    `feature_names`, the features of each position's candidate token under the draft's logits
-    there (`[batch, seq, len(feature_names)]`; zeros where there is no candidate)."""
+    """The draft's last hidden states `[batch, seq, hidden]` and, for `feature_names`, each position's candidate's
+    features (zeros where there is none)."""
     if not feature_names:
         return last_hidden_states(draft, input_ids, attention_mask), None
     position_ids = positions_from_mask(attention_mask)
@@ -77,9 +74,8 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
 
 @torch.no_grad()
 def record_features(draft: PreTrainedModel, records: list[dict], names: list[str]) -> list[np.ndarray]:
-    """The named `logit_features` of each record's proposals (`draft[i]`) under the draft's raw
-    logits, teacher-forced on the target's prefix as a proposer head reads them: one
-    `[len(p_acc), len(names)]` array per record, in record order."""
+    """The named `logit_features` of each record's proposals, teacher-forced on the target's prefix: one
+    `[len(p_acc), len(names)]` array per record."""
     device = model_device(draft)
     features = []
     for record in tqdm(records, desc="features", unit="record"):
@@ -92,9 +88,8 @@ def record_features(draft: PreTrainedModel, records: list[dict], names: list[str
 @torch.no_grad()
 def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: list[dict], mixing_ratio: float = 0.15,
             seed: int = 42, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """`(labels, predictions)` over every labelled position of the records, in record order: `p_acc`
-    and the head's accept probability, on the examples training builds for the head's alignment
-    (a proposer head's positions are each record's `p_acc` in full)."""
+    """`(labels, predictions)` over every labelled position of the records, in order: `p_acc` and the head's
+    P(accept) on the examples training builds."""
     check_head_fits_draft(head.hidden_size, hidden_size(draft.config))
     device = model_device(draft)
     head = head.to(device)
