@@ -112,6 +112,7 @@ def test_compiled_eos_inside_a_round_and_the_length_limit_mid_round(tiny_pair):
             assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens, eos_token_id=None))
 
 
+@pytest.mark.slow  # compiles every family
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "opt"])
 @needs_static_crop
 def test_compiled_greedy_equal_across_model_families(family):
