@@ -278,3 +278,51 @@ def test_a_head_reading_a_state_the_graph_cannot_see_is_refused(tiny_pair, monke
     monkeypatch.setattr(draft, "get_output_embeddings", lambda: None)
     with pytest.raises(ValueError, match="last hidden state is not its output layer's input"):
         compiled_generate(target, draft, prompts(1)[0], schedule="ada", head=random_proposer(), max_new_tokens=4)
+
+
+def _moving_lazy_initialization(monkeypatch):
+    """Make the static cache's first allocation copy its counter, as `.to("cuda")` does on a GPU
+    (on the CPU `.to` returns the same tensor, so a counter made in inference mode never shows)."""
+    from transformers.cache_utils import StaticLayer
+    original = StaticLayer.lazy_initialization
+
+    def lazy_initialization(self, key_states, value_states):
+        self.cumulative_length = self.cumulative_length.clone()
+        original(self, key_states, value_states)
+
+    monkeypatch.setattr(StaticLayer, "lazy_initialization", lazy_initialization)
+
+
+@needs_static_crop
+def test_engines_hold_no_inference_tensors_so_they_crop_outside_inference_mode(tiny_pair, monkeypatch):
+    """Every tensor of an engine's cache is an ordinary one, whichever mode the first forward ran
+    in, so `crop` and `reset` work outside inference mode (on CUDA the cache allocates its counter
+    in its first forward)."""
+    _moving_lazy_initialization(monkeypatch)
+    target, draft = tiny_pair
+    for engine in (compiled.StaticModel(target, 256), compiled.CompiledDraft(draft, 256, None, random_proposer())):
+        engine.warm_up()
+        engine._feed([1, 2, 3])
+        engine.crop(1)
+        layers = engine.cache.layers
+        assert not any(t.is_inference() for layer in layers for t in (layer.keys, layer.values,
+                                                                       layer.cumulative_length))
+        assert all(int(layer.cumulative_length) == 1 for layer in layers)
+
+
+@needs_static_crop
+def test_compiled_engine_with_cuda_graph_steps_equals_target_generate(tiny_pair, monkeypatch):
+    """The branch a GPU takes (`mode="reduce-overhead"`, a step marked before each replay and its
+    outputs cloned out of the graph's pool) keeps greedy output the target's; on the CPU the
+    compiler skips the CUDA graphs themselves."""
+    monkeypatch.setattr(compiled, "uses_cuda_graphs", lambda device: True)
+    compiled._engines.clear()
+    target, draft = tiny_pair
+    try:
+        for schedule, knobs in (("ada", {"head": random_proposer()}), ("dynamic", {})):
+            for prompt in prompts(2, seed=7):
+                out = compiled_generate(target, draft, prompt, schedule=schedule, stop_threshold=0.5,
+                                        max_new_tokens=24, bound=(1, 6), **knobs)
+                assert torch.equal(out.sequences, target_greedy(target, prompt, 24)), (schedule, prompt)
+    finally:
+        compiled._engines.clear()

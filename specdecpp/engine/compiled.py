@@ -110,10 +110,16 @@ def _engine(model: PreTrainedModel, key: tuple, max_length: int, build) -> tuple
     return engine, time.perf_counter() - start
 
 
+def uses_cuda_graphs(device: torch.device) -> bool:
+    """Whether the engine's graphs on `device` run as CUDA graphs (launch overhead is what a small
+    model's step pays on a GPU)."""
+    return device.type == "cuda"
+
+
 def _compile(method, dynamic: bool | None, cuda: bool):
     """`torch.compile` of a private copy of the bound `method`. Dynamo keeps compiled graphs per
     code object, so a copy per engine keeps each engine's graphs, guards and recompile budget apart
-    from other models'. CUDA graphs on a GPU (launch overhead is what a small model's step pays)."""
+    from other models'."""
     function = method.__func__
     own = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
                              function.__defaults__, function.__closure__)
@@ -135,10 +141,18 @@ class StaticModel:
         self.cache = StaticCache(config=model.config, max_cache_len=capacity)
         _check_full_attention(self.cache, model)
         self.model_kwargs = cache_kwargs(model, self.cache)
-        self.cuda_graphs = self.device.type == "cuda"
+        self.cuda_graphs = uses_cuda_graphs(self.device)
         self.length = 0
         self.compiled_for = NotImplemented  # the guarded state its graphs were warmed up for: none yet
+        self._allocate()
         self.build_graphs()
+
+    def _allocate(self) -> None:
+        """Allocate the cache (its layers do so in their first forward) outside inference mode, so
+        that its tensors are ordinary ones that `crop` may change in any mode."""
+        with torch.no_grad():
+            self._feed([0])
+        self.reset()
 
     def build_graphs(self) -> None:
         """New compiled graphs for the steps (compiled on their first call)."""
