@@ -25,6 +25,7 @@ def load_benchmark(name: str):
     return module
 
 
+@pytest.mark.slow  # compiles both engines for a benchmark
 @pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_compiled_steps_times_both_engines_on_models_built_from_configs(tmp_path):
     benchmark = load_benchmark("compiled_steps")
