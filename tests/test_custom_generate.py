@@ -35,6 +35,7 @@ def test_folder_form_greedy_equals_target_generate(zoo, prompt):
     assert isinstance(out, torch.Tensor) and torch.equal(out, expected)
 
 
+@pytest.mark.slow  # compiles the zoo pair
 @pytest.mark.skipif(not specdecpp.engine.compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_folder_form_runs_the_compiled_engine_when_asked(zoo):
     target, draft, tokenizer = zoo
