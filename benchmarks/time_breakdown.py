@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, per_token, 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.costs import judged_tokens, loop_overhead_ms
 from specdecpp.engine.decoding import GenerationStats
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.measuring.step_timing import StepProbe, measure_round_overhead, prefill_extra_ms
 
 
@@ -45,6 +48,134 @@ def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: 
         table[f"ada@{threshold}"] = dict(schedule="ada", head=head, stop_threshold=threshold, bound=bound)
     table["oracle"] = dict(schedule="oracle", bound=bound)
     return table
+
+
+def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch.Tensor], table: dict[str, dict],
+              engines: list[str], max_new_tokens: int, bound: tuple[int, int],
+              reference: Callable[[torch.Tensor, int], torch.Tensor] | None = None, probe_length: int | None = None
+              ) -> dict:
+    """Every method of `table` on every engine of `engines` over `prompts` (see the module
+    docstring; `reference(prompt, max_new_tokens)`, when given, runs in the same rotation as one
+    more method, named "reference"; steps are timed in rounds of up to `probe_length` tokens, by
+    default `bound`'s longest, longer rounds priced at the last). Returns the rows, the step times, the compile seconds, the
+    context length and each method's output sequences per prompt (the warm-up prompt's included)."""
+    mean_length = sum(p.shape[1] for p in prompts) / len(prompts)
+    typical = min(prompts, key=lambda p: abs(p.shape[1] - mean_length))
+    context = speculative_generate(target, None, typical, max_new_tokens=max_new_tokens // 2,
+                                   eos_token_id=[]).sequences
+    compiled = {engine: engine == "compiled" for engine in engines}
+    grid = [(engine, name) for name in table for engine in engines]
+    outputs = {method: [] for method in grid}
+
+    def run(method: tuple[str, str], prompt: torch.Tensor, max_new_tokens: int) -> GenerationStats:
+        engine, name = method
+        settings = table[name]
+        out = speculative_generate(target, None if settings["schedule"] == "none" else draft, prompt,
+                                   max_new_tokens=max_new_tokens, eos_token_id=[], compile=compiled[engine],
+                                   **settings)
+        outputs[method].append(out.sequences)
+        return out.stats
+
+    # Compiled graphs (and caches that hold the longest prompt) are built before anything is timed.
+    compile_seconds = warm_up(run, [m for m in grid if compiled[m[0]]], prompts, max_new_tokens, compile=True) \
+        if "compiled" in engines else 0.0
+    for method in outputs:
+        outputs[method].clear()
+    probes = {(engine, kind): StepProbe(target, draft, context, probe_length or bound[1],
+                                        head=head if kind == "ada" else None, compile=compiled[engine])
+              for engine in engines for kind in ("plain", "ada")}
+    runs, overheads, reference_ms = [], {engine: [] for engine in engines}, [0.0, 0]
+    for i, prompt in enumerate(prompts):
+        for method in rotated(grid + ([("reference", None)] if reference else []), i):
+            if method[0] == "reference":
+                start = time.perf_counter()
+                outputs.setdefault(method, []).append(reference(prompt, max_new_tokens))
+                if i > 0:
+                    reference_ms[0] += 1000 * (time.perf_counter() - start)
+                    reference_ms[1] += outputs[method][-1].shape[1] - prompt.shape[1]
+                continue
+            stats = run(method, prompt, max_new_tokens)
+            if i > 0:  # the first prompt is a warm-up
+                runs.append((*method, prompt, stats))
+        # Step times sampled between prompts, so that machine load hits them as it hits the methods.
+        for probe in probes.values():
+            probe.sample()
+        for engine in engines:
+            overheads[engine].append(measure_round_overhead(target, draft, context, runs=1, compile=compiled[engine]))
+    times = {}
+    for engine in engines:
+        plain = replace(probes[engine, "plain"].times(), round_overhead_ms=statistics.median(overheads[engine]))
+        times[engine] = plain, replace(probes[engine, "ada"].times(), round_overhead_ms=plain.round_overhead_ms)
+
+    # Counts and wall times pooled per method (`harness.summed`), beside what the step times predict.
+    measured = {method: [] for method in grid}
+    predicted, judged, own_ms = dict.fromkeys(grid, 0.0), dict.fromkeys(grid, 0), dict.fromkeys(grid, 0.0)
+    prefills = {}
+    for engine, name, prompt, stats in runs:
+        alone, is_ada = table[name]["schedule"] == "none", table[name]["schedule"] == "ada"
+        plain, judged_times = times[engine]
+        key = (engine, id(prompt), alone)
+        if key not in prefills:
+            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain, compile=compiled[engine])
+        step_times = judged_times if is_ada else plain
+        count = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
+        predicted[engine, name] += step_times.predicted_ms(stats.draft_lengths, count, with_draft=not alone) \
+            + prefills[key]
+        judged[engine, name] += count
+        own_ms[engine, name] += loop_overhead_ms(stats) * stats.target_calls
+        measured[engine, name].append(stats)
+    totals = {method: summed(runs_of) for method, runs_of in measured.items()}
+    rows = []
+    for engine, name in sorted(grid, key=lambda method: engines.index(method[0])):
+        total = totals[engine, name]
+        tokens, ms_per_token = total["generated_length"], 1000 * per_token(total, "wall_time")
+        row = {"engine": engine, "method": name, "measured_ms_per_token": ms_per_token,
+               "predicted_ms_per_token": predicted[engine, name] / tokens,
+               "target_calls_per_token": per_token(total, "target_calls"),
+               "draft_calls_per_token": per_token(total, "draft_calls"), "judged_per_token": judged[engine, name] / tokens,
+               "stop_decision_ms_per_draft_step": 1000 * total["schedule_time"] / total["draft_calls"]
+               if total["draft_calls"] else None,
+               "loop_ms_per_round": own_ms[engine, name] / total["target_calls"]}
+        row["ratio"] = row["measured_ms_per_token"] / row["predicted_ms_per_token"]
+        row["speedup"] = 1000 * per_token(totals[engine, "target alone"], "wall_time") / ms_per_token
+        if reference:
+            row["speedup_over_reference"] = reference_ms[0] / reference_ms[1] / ms_per_token
+        eager = totals.get(("eager", name))
+        row["eager_over_this"] = 1000 * per_token(eager, "wall_time") / ms_per_token if eager else None
+        rows.append(row)
+    return {"rows": rows, "step_times": {engine: plain.as_dict() for engine, (plain, _) in times.items()},
+            "judged_step_times": {engine: judged.as_dict() for engine, (_, judged) in times.items()},
+            "compile_seconds": compile_seconds, "context_tokens": context.shape[1], "outputs": outputs,
+            "reference_ms_per_token": reference_ms[0] / reference_ms[1] if reference else None}
+
+
+def format_breakdown(result: dict) -> str:
+    """The step times and the table of `breakdown`'s `result`, in Markdown."""
+    lines = []
+    for engine, plain in result["step_times"].items():
+        for label, t in (("without a head", plain), ("ada with the head", result["judged_step_times"][engine])):
+            lines.append(f"{engine} step times {label} (ms, {t['device']}, {t['threads']} thread(s), context "
+                         f"{result['context_tokens']} tokens): target alone {t['target_alone_ms']:.2f}; judgement "
+                         f"{t['judge_ms']:.3f}; round overhead {t['round_overhead_ms']:.3f}\n  draft step "
+                         f"j=1..{len(t['draft_ms'])}: " + " ".join(f"{v:.2f}" for v in t["draft_ms"])
+                         + f"\n  verify k=0..{len(t['verify_ms']) - 1}: " + " ".join(f"{v:.2f}" for v in t["verify_ms"]))
+    reference = result["reference_ms_per_token"] is not None
+    lines += ["", "| engine | method | measured ms/tok | predicted ms/tok | measured / predicted | speedup "
+              + ("| over reference " if reference else "") + "| eager / this | target calls/tok | draft calls/tok "
+              "| stop decision ms/draft step | loop's own ms/round |",
+              "| --- | --- | ---: | ---: | ---: | ---: " + ("| ---: " if reference else "") + "| ---: | ---: | ---: "
+              "| ---: | ---: |"]
+    if reference:
+        lines.append(f"| - | reference | {result['reference_ms_per_token']:.3f} | | | | 1.00x | | 1.000 | | | |")
+    for row in result["rows"]:
+        decision = "-" if row["stop_decision_ms_per_draft_step"] is None else f"{row['stop_decision_ms_per_draft_step']:.3f}"
+        gain = "-" if row["eager_over_this"] is None else f"{row['eager_over_this']:.2f}x"
+        over = f"| {row['speedup_over_reference']:.2f}x " if reference else ""
+        lines.append(f"| {row['engine']} | {row['method']} | {row['measured_ms_per_token']:.3f} | "
+                     f"{row['predicted_ms_per_token']:.3f} | {row['ratio']:.3f} | {row['speedup']:.2f}x {over}| {gain} | "
+                     f"{row['target_calls_per_token']:.3f} | {row['draft_calls_per_token']:.3f} | {decision} | "
+                     f"{row['loop_ms_per_round']:.3f} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -67,104 +198,20 @@ def main() -> None:
 
     target, draft, head = load_pair(args.target, args.draft, args.head)
     prompts = load_prompt_ids(args.data_path, args.target, args.n_begin, args.n_end)
-    stored_bound = (head.threshold_selection or {}).get("bound")
-    bound = tuple(args.bound or stored_bound or (2, 20))
-    table = methods(head, bound, args.stop_threshold)
-
-    mean_length = sum(p.shape[1] for p in prompts) / len(prompts)
-    typical = min(prompts, key=lambda p: abs(p.shape[1] - mean_length))
-    context = speculative_generate(target, None, typical, max_new_tokens=args.max_new_tokens // 2,
-                                   eos_token_id=[]).sequences
-    engines = list(dict.fromkeys(args.engine))
-    compiled = {engine: engine == "compiled" for engine in engines}
-    grid = [(engine, name) for name in table for engine in engines]
-
-    def run(method: tuple[str, str], prompt: torch.Tensor, max_new_tokens: int) -> GenerationStats:
-        engine, name = method
-        settings = table[name]
-        return speculative_generate(target, None if settings["schedule"] == "none" else draft, prompt,
-                                    max_new_tokens=max_new_tokens, eos_token_id=[], compile=compiled[engine],
-                                    **settings).stats
-
-    # Compiled graphs (and caches that hold the longest prompt) are built before anything is timed.
-    compile_seconds = warm_up(run, [m for m in grid if compiled[m[0]]], prompts, args.max_new_tokens, compile=True) \
-        if "compiled" in engines else 0.0
-    probes = {(engine, kind): StepProbe(target, draft, context, bound[1], head=head if kind == "ada" else None,
-                                        compile=compiled[engine])
-              for engine in engines for kind in ("plain", "ada")}
-    runs, overheads = [], {engine: [] for engine in engines}
-    for i, prompt in enumerate(prompts):
-        for engine, name in rotated(grid, i):
-            stats = run((engine, name), prompt, args.max_new_tokens)
-            if i > 0:  # the first prompt is a warm-up
-                runs.append((engine, name, prompt, stats))
-        # Step times sampled between prompts, so that machine load hits them as it hits the methods.
-        for probe in probes.values():
-            probe.sample()
-        for engine in engines:
-            overheads[engine].append(measure_round_overhead(target, draft, context, runs=1, compile=compiled[engine]))
-    times = {}
-    for engine in engines:
-        plain = replace(probes[engine, "plain"].times(), round_overhead_ms=statistics.median(overheads[engine]))
-        times[engine] = plain, replace(probes[engine, "ada"].times(), round_overhead_ms=plain.round_overhead_ms)
-        for label, step_times in (("without a head", times[engine][0]), ("ada with the head", times[engine][1])):
-            print(f"{engine} step times {label} (ms, {step_times.device}, {step_times.threads} thread(s), context "
-                  f"{context.shape[1]} tokens): target alone {step_times.target_alone_ms:.2f}; judgement "
-                  f"{step_times.judge_ms:.3f}; round overhead {step_times.round_overhead_ms:.3f}\n  draft step "
-                  f"j=1..{len(step_times.draft_ms)}: " + " ".join(f"{v:.2f}" for v in step_times.draft_ms)
-                  + f"\n  verify k=0..{len(step_times.verify_ms) - 1}: "
-                  + " ".join(f"{v:.2f}" for v in step_times.verify_ms))
-
-    # Counts and wall times pooled per method (`harness.summed`), beside what the step times predict.
-    measured = {method: [] for method in grid}
-    predicted, judged, own_ms = dict.fromkeys(grid, 0.0), dict.fromkeys(grid, 0), dict.fromkeys(grid, 0.0)
-    prefills = {}
-    for engine, name, prompt, stats in runs:
-        alone, is_ada = table[name]["schedule"] == "none", table[name]["schedule"] == "ada"
-        plain, judged_times = times[engine]
-        key = (engine, id(prompt), alone)
-        if key not in prefills:
-            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain, compile=compiled[engine])
-        step_times = judged_times if is_ada else plain
-        count = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
-        predicted[engine, name] += step_times.predicted_ms(stats.draft_lengths, count, with_draft=not alone) \
-            + prefills[key]
-        judged[engine, name] += count
-        own_ms[engine, name] += loop_overhead_ms(stats) * stats.target_calls
-        measured[engine, name].append(stats)
-    totals = {method: summed(runs_of) for method, runs_of in measured.items()}
-
-    print(f"\n{len(prompts) - 1} prompts of {args.data_path} (after one warm-up), {args.max_new_tokens} new tokens, "
-          f"greedy; ada bound {bound}; compiling took {compile_seconds:.1f} s (not timed)")
-    print("| engine | method | measured ms/tok | predicted ms/tok | measured / predicted | speedup | eager / this "
-          "| target calls/tok | draft calls/tok | stop decision ms/draft step | loop's own ms/round |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    rows = []
-    for engine, name in sorted(grid, key=lambda method: engines.index(method[0])):
-        total = totals[engine, name]
-        tokens, ms_per_token = total["generated_length"], 1000 * per_token(total, "wall_time")
-        row = {"engine": engine, "method": name, "measured_ms_per_token": ms_per_token,
-               "predicted_ms_per_token": predicted[engine, name] / tokens,
-               "target_calls_per_token": per_token(total, "target_calls"),
-               "draft_calls_per_token": per_token(total, "draft_calls"), "judged_per_token": judged[engine, name] / tokens,
-               "stop_decision_ms_per_draft_step": 1000 * total["schedule_time"] / total["draft_calls"]
-               if total["draft_calls"] else None,
-               "loop_ms_per_round": own_ms[engine, name] / total["target_calls"]}
-        row["ratio"] = row["measured_ms_per_token"] / row["predicted_ms_per_token"]
-        row["speedup"] = 1000 * per_token(totals[engine, "target alone"], "wall_time") / ms_per_token
-        eager = totals.get(("eager", name))
-        row["eager_over_this"] = 1000 * per_token(eager, "wall_time") / ms_per_token if eager else None
-        rows.append(row)
-        decision = "-" if row["stop_decision_ms_per_draft_step"] is None else f"{row['stop_decision_ms_per_draft_step']:.3f}"
-        gain = "-" if row["eager_over_this"] is None else f"{row['eager_over_this']:.2f}x"
-        print(f"| {engine} | {name} | {row['measured_ms_per_token']:.3f} | {row['predicted_ms_per_token']:.3f} | "
-              f"{row['ratio']:.3f} | {row['speedup']:.2f}x | {gain} | {row['target_calls_per_token']:.3f} | "
-              f"{row['draft_calls_per_token']:.3f} | {decision} | {row['loop_ms_per_round']:.3f} |")
+    bound = head_bound(head, args.bound)
+    result = breakdown(target, draft, head, prompts, methods(head, bound, args.stop_threshold),
+                       list(dict.fromkeys(args.engine)), args.max_new_tokens, bound)
+    print(f"{len(prompts) - 1} prompts of {args.data_path} (after one warm-up), {args.max_new_tokens} new tokens, "
+          f"greedy; ada bound {bound}; compiling took {result['compile_seconds']:.1f} s (not timed)")
+    print(format_breakdown(result))
     if args.output_json:
-        Path(args.output_json).write_text(json.dumps({
-            "step_times": {engine: plain.as_dict() for engine, (plain, _) in times.items()},
-            "judged_step_times": {engine: judged.as_dict() for engine, (_, judged) in times.items()},
-            "compile_seconds": compile_seconds, "context_tokens": context.shape[1], "rows": rows}, indent=2) + "\n")
+        Path(args.output_json).write_text(json.dumps({key: value for key, value in result.items()
+                                                      if key != "outputs"}, indent=2) + "\n")
+
+
+def head_bound(head: AcceptancePredictionHead, bound: list[int] | None) -> tuple[int, int]:
+    """`ada`'s bound: `bound` when given, else the one the head's threshold was chosen for, else the default."""
+    return tuple(bound or (head.threshold_selection or {}).get("bound") or DecodingSettings().bound)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,209 @@
+"""The GPU check: everything only a GPU shows, in one command that writes its results to a folder.
+
+1. The zoo pair in float32 and bfloat16, both engines: every schedule's greedy output against
+   `target.generate`'s (a difference where the target's top-two logits are within
+   `metrics.NEAR_TIE_MARGIN` is named a near-tie), and ms/token beside what its counts predict,
+   methods interleaved with `target.generate` (`time_breakdown.breakdown`).
+2. Where a compiled round's time goes: a profiler summary of `ada` and `dynamic` generations (the
+   top operators, and the host syncs per generated token).
+3. Step times and compile seconds of random-weight pairs of real shapes, eager and compiled
+   (`compiled_steps.time_pair`: a SmolLM2-135M-shaped draft with 1.7B- and 8B-shaped targets).
+
+Sections run in that order and each is written as soon as it ends; one that would start after
+`--budget_s` is skipped and says so. It needs transformers >= 5.24 for the compiled engine (older:
+the eager engine alone, and the summary says which wheel to carry).
+
+    python benchmarks/gpu_check.py --out results/gpu-check              # one H100/H200, about 6 minutes
+    python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu  # the CPU smoke run (the tests')
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import compiled_steps
+import torch
+import transformers
+from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids
+from time_breakdown import breakdown, format_breakdown, head_bound, methods
+
+from specdecpp import speculative_generate
+from specdecpp.compat import STATIC_CACHE_CROPS
+from specdecpp.measuring.metrics import NEAR_TIE_MARGIN
+
+SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")
+
+
+def greedy_identity(target, prompts: list[torch.Tensor], outputs: dict, reference: list[torch.Tensor]) -> dict:
+    """Per method: how many outputs equal the reference, and for each that differs, where and the
+    target's top-two logit margin there (a near-tie below `NEAR_TIE_MARGIN`)."""
+    report = {}
+    for (engine, name), sequences in outputs.items():
+        if engine == "reference":
+            continue
+        same, ties, failures = 0, [], []
+        for prompt, got, want in zip(prompts, sequences, reference):
+            if torch.equal(got.cpu(), want.cpu()):
+                same += 1
+                continue
+            n = min(got.shape[1], want.shape[1])
+            differ = (got[0, :n].cpu() != want[0, :n].cpu()).nonzero()
+            where = int(differ[0]) if len(differ) else n
+            with torch.inference_mode():
+                logits = target(want[:, :where].to(target.device)).logits[0, -1].float()
+            top = logits.topk(2).values
+            margin = float(top[0] - top[1])
+            (ties if margin < NEAR_TIE_MARGIN else failures).append(
+                {"prompt_tokens": prompt.shape[1], "position": where - prompt.shape[1], "margin": margin})
+        report[f"{engine} {name}"] = {"identical": same, "of": len(sequences), "near_ties": ties, "failures": failures}
+    return report
+
+
+def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, engines: list[str], quick: bool) -> dict:
+    """Section 1 for one dtype: identity and ms/token of every method, as a dict."""
+    target, draft, head = load_pair(TARGET, DRAFT, HEAD, dtype)
+    target, draft, head = target.to(device), draft.to(device), head.to(device)
+    prompts = [p.to(device) for p in load_prompt_ids("stdlib-heldout", TARGET, 0, n_prompts)]
+    bound = head_bound(head, None)
+    table = methods(head, bound, ["auto"])
+    if quick:
+        table = {name: table[name] for name in ("target alone", "dynamic@0.4", "ada@auto")}
+
+    def reference(prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                              max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+        synchronize(device)
+        return out
+
+    reference(prompts[0], 4)  # target.generate's own first-call work, untimed
+    result = breakdown(target, draft, head, prompts, table, engines, max_new_tokens, bound, reference=reference,
+                       probe_length=4 if quick else None)
+    identity = greedy_identity(target, prompts, result["outputs"], result["outputs"]["reference", None])
+    del result["outputs"]
+    return {"dtype": dtype, "prompts": n_prompts, "max_new_tokens": max_new_tokens, "bound": bound,
+            "identity": identity, **result}
+
+
+def profile_section(device: str, max_new_tokens: int, engine: str) -> dict:
+    """Section 2: one `ada@auto` and one `dynamic@0.4` generation of the zoo pair (float32) under
+    the profiler, after a warm-up: the top operators by self time, and host syncs per token."""
+    from torch.profiler import ProfilerActivity, profile
+    target, draft, head = load_pair(TARGET, DRAFT, HEAD, "float32")
+    target, draft, head = target.to(device), draft.to(device), head.to(device)
+    prompt = load_prompt_ids("stdlib-heldout", TARGET, 0, 1)[0].to(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    report = {}
+    for name, knobs in (("ada@auto", dict(schedule="ada", head=head, stop_threshold="auto", bound=head_bound(head, None))),
+                        ("dynamic@0.4", dict(schedule="dynamic", num_assistant_tokens=20,
+                                             assistant_confidence_threshold=0.4))):
+        def generate():
+            return speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, eos_token_id=[],
+                                        compile=engine == "compiled", **knobs)
+        generate()
+        with profile(activities=activities) as prof:
+            out = generate()
+            synchronize(device)
+        events = prof.key_averages()
+        tokens = out.stats.generated_length
+        sort = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+        report[name] = {"engine": engine, "tokens": tokens,
+                        "stats_ms_per_token": {part: 1000 * getattr(out.stats, part) / tokens
+                                               for part in ("wall_time", "draft_time", "verify_time", "schedule_time")},
+                        "syncs_per_token": {e.key: e.count / tokens for e in events if e.key in SYNC_EVENTS},
+                        "table": events.table(sort_by=sort, row_limit=15)}
+    return report
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def environment(device: str) -> dict:
+    """What ran the check, and what it needs."""
+    needs = [] if STATIC_CACHE_CROPS else [
+        f"transformers {transformers.__version__} is installed; the compiled engine needs >= 5.24: carry its wheel "
+        "(and regex's) beside the project and install them first (the device tool's README says how)"]
+    return {"device": compiled_steps.device_name(device), "torch": torch.__version__,
+            "transformers": transformers.__version__, "needs": needs}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the sections within the budget, writing each to `--out`; returns what was written."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for summary.md and the sections' JSON")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="few prompts and tokens, the tiny shapes (CPU smoke run)")
+    parser.add_argument("--prompts", type=int, default=None, help="zoo prompts, the first a warm-up (default 9; quick 2)")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="default 96; quick 12")
+    parser.add_argument("--dtypes", nargs="+", default=None, help="default float32 bfloat16; quick float32")
+    parser.add_argument("--pairs", nargs="+", default=None, choices=sorted(compiled_steps.PAIRS),
+                        help="real-shape pairs (default 1.7b 8b; quick tiny)")
+    parser.add_argument("--engines", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
+    parser.add_argument("--budget_s", type=float, default=330.0, help="no section starts after this many seconds")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    prompts = args.prompts or (2 if args.quick else 9)
+    max_new_tokens = args.max_new_tokens or (12 if args.quick else 96)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(args.device)
+    engines = [engine for engine in args.engines if STATIC_CACHE_CROPS or engine == "eager"]
+    summary = [f"# GPU check on {env['device']}", "",
+               f"torch {env['torch']}, transformers {env['transformers']}; engines {', '.join(engines)}. "
+               f"Command: `python benchmarks/gpu_check.py {' '.join(sys.argv[1:] if argv is None else argv)}`"]
+    summary += [f"- needs: {need}" for need in env["needs"]]
+    written = {"environment": env}
+
+    def section(name: str, run) -> None:
+        elapsed = time.perf_counter() - started
+        if elapsed > args.budget_s:
+            summary.extend(["", f"## {name}", "", f"skipped: {elapsed:.0f} s spent of the {args.budget_s:.0f} s budget"])
+        else:
+            begin = time.perf_counter()
+            try:
+                text, data = run()
+            except Exception:  # one failing section must not cost the others their run on a lent machine
+                text, data = f"failed:\n\n```\n{traceback.format_exc()}```", {"failed": traceback.format_exc()}
+            summary.extend(["", f"## {name} ({time.perf_counter() - begin:.0f} s)", "", text])
+            written[name] = data
+            (out / f"{name.split()[0].lower()}.json").write_text(json.dumps(written[name], indent=1, default=str) + "\n")
+        (out / "summary.md").write_text("\n".join(summary) + "\n")
+        print(summary[-1], flush=True)
+
+    for dtype in args.dtypes or (["float32"] if args.quick else ["float32", "bfloat16"]):
+        def zoo(dtype=dtype):
+            result = zoo_section(dtype, args.device, prompts, max_new_tokens, engines, args.quick)
+            lines = [f"{prompts - 1} stdlib-heldout prompts after a warm-up, {max_new_tokens} tokens, greedy, EOS off; "
+                     f"ada bound {result['bound']}; compiling took {result['compile_seconds']:.1f} s; reference: "
+                     "`target.generate`, interleaved with the methods", "",
+                     "| method | identical | near-ties | failures |", "| --- | ---: | ---: | ---: |"]
+            lines += [f"| {name} | {r['identical']}/{r['of']} | {len(r['near_ties'])} | {len(r['failures'])} |"
+                      for name, r in result["identity"].items()]
+            return "\n".join(lines) + "\n\n" + format_breakdown(result), result
+        section(f"zoo-{dtype} pair", zoo)
+
+    def profiled():
+        report = profile_section(args.device, max_new_tokens, engines[-1])
+        text = "\n\n".join(f"{name} ({r['engine']}, {r['tokens']} tokens): stats ms/token "
+                           + json.dumps({k: round(v, 3) for k, v in r["stats_ms_per_token"].items()})
+                           + "; host syncs per token " + json.dumps({k: round(v, 2) for k, v in r["syncs_per_token"].items()})
+                           + f"\n\n```\n{r['table']}\n```" for name, r in report.items())
+        return text, report
+    section("profile of a round", profiled)
+
+    for pair in args.pairs or (["tiny"] if args.quick else ["1.7b", "8b"]):
+        def shapes(pair=pair):
+            result = compiled_steps.time_pair(pair, args.device, torch.float32 if args.quick else torch.bfloat16,
+                                              context=128, max_draft=8, passes=3 if args.quick else 5)
+            return compiled_steps.format_result(result), result
+        section(f"shapes-{pair} pair", shapes)
+    return written
+
+
+if __name__ == "__main__":
+    main()
