@@ -290,6 +290,7 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # compiles every method's graphs
 @pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_compile_runs_our_methods_compiled_and_reports_the_compile_time(eval_dirs, tmp_path):
     """--compile: our methods (the models alone included) compile in the warm-up, never in a timed
