@@ -433,7 +433,7 @@ def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, se
                  else OnlineAcceptanceEstimator(4, refit_interval=5))
     generator = torch.Generator().manual_seed(0)
     samples = []
-    for _ in range(2000):
+    for _ in range(1000):
         out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, bound=(1, 4),
                                    num_assistant_tokens=3, max_new_tokens=2, do_sample=True, stop_threshold=0.5,
                                    online=online, estimator=estimator if online or schedule == "online" else None,
