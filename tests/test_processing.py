@@ -108,7 +108,7 @@ def test_sampling_follows_the_processed_target_distribution(small_vocab_pair, ra
     prompt = torch.tensor([[1, 4, 2]])
     generator = torch.Generator().manual_seed(0)
     samples = []
-    for _ in range(2000):
+    for _ in range(1000):
         out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head, bound=(1, 4),
                                    num_assistant_tokens=3, max_new_tokens=2, do_sample=True, generator=generator,
                                    repetition_penalty=3.0, top_p=0.8)
@@ -160,7 +160,7 @@ def test_compiled_sampling_follows_the_processed_target_distribution(small_vocab
     prompt = torch.tensor([[1, 4, 2]])
     generator = torch.Generator().manual_seed(0)
     samples = []
-    for _ in range(2000):
+    for _ in range(1000):
         out = speculative_generate(target, draft, prompt, schedule="ada", head=random_head, bound=(1, 4),
                                    max_new_tokens=2, do_sample=True, generator=generator, repetition_penalty=3.0,
                                    top_p=0.8, compile=True)
