@@ -43,8 +43,10 @@ SETTINGS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "min
 LENGTHS = (3, 30)  # 3: the limit comes before the EOS (forced_eos_token_id acts); 30: the EOS comes first
 
 
-@pytest.mark.parametrize("name", SETTINGS)
-@pytest.mark.parametrize("schedule", SCHEDULES)
+# By default each setting runs with `ada` and each schedule with all settings; the other pairs are slow.
+@pytest.mark.parametrize("schedule,name", [
+    pytest.param(schedule, name, marks=() if schedule == "ada" or name == "all" else pytest.mark.slow)
+    for schedule in SCHEDULES for name in SETTINGS])
 def test_greedy_equals_target_generate_with_processing(tiny_pair, random_head, schedule, name):
     target, draft = tiny_pair
     for prompt, max_new_tokens in itertools.product(prompts(3, seed=1), LENGTHS):
@@ -133,7 +135,7 @@ def test_stop_strings_need_the_tokenizer(tiny_pair):
         speculative_generate(target, draft, torch.tensor([[1, 2]]), stop_strings=["the"])
 
 
-@pytest.mark.parametrize("names", [("repetition_penalty",), ("all",)])
+@pytest.mark.parametrize("names", [pytest.param(("repetition_penalty",), marks=pytest.mark.slow), ("all",)])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @needs_static_crop
 def test_compiled_greedy_equals_target_generate_with_processing(tiny_pair, random_head, schedule, names):
