@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -33,6 +35,7 @@ from time_breakdown import breakdown, format_breakdown, head_bound, methods
 
 from specdecpp import speculative_generate
 from specdecpp.compat import STATIC_CACHE_CROPS
+from specdecpp.measuring.step_timing import device_step_times
 from specdecpp.measuring.metrics import NEAR_TIE_MARGIN
 
 SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")
@@ -54,24 +57,40 @@ def greedy_identity(target, prompts: list[torch.Tensor], outputs: dict, referenc
             differ = (got[0, :n].cpu() != want[0, :n].cpu()).nonzero()
             where = int(differ[0]) if len(differ) else n
             with torch.inference_mode():
-                logits = target(want[:, :where].to(target.device)).logits[0, -1].float()
-            top = logits.topk(2).values
-            margin = float(top[0] - top[1])
-            (ties if margin < NEAR_TIE_MARGIN else failures).append(
-                {"prompt_tokens": prompt.shape[1], "position": where - prompt.shape[1], "margin": margin})
+                logits = target(want[:, :where].to(target.device)).logits[0, -1]
+            top = logits.float().topk(2).values
+            margin, step = float(top[0] - top[1]), logit_step(float(top[0]), logits.dtype)
+            (ties if margin < max(NEAR_TIE_MARGIN, 2 * step) else failures).append(
+                {"prompt_tokens": prompt.shape[1], "position": where - prompt.shape[1], "margin": margin,
+                 "dtype_steps": margin / step})
         report[f"{engine} {name}"] = {"identical": same, "of": len(sequences), "near_ties": ties, "failures": failures}
     return report
 
 
-def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, engines: list[str], quick: bool) -> dict:
-    """Section 1 for one dtype: identity and ms/token of every method, as a dict."""
+def logit_step(value: float, dtype: torch.dtype) -> float:
+    """The spacing of `dtype`'s numbers at `value`: two logits closer than a step or two are a tie
+    that the rounding of another kernel may break either way."""
+    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(max(abs(value), torch.finfo(dtype).tiny)))
+
+
+def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, engines: list[str], quick: bool,
+                thresholds: list[str]) -> dict:
+    """Section 1 for one dtype: identity and ms/token of every method, as a dict. Beside `ada` at
+    `thresholds`, `ada@device` is `auto` chosen for this device's step times on the last engine."""
     target, draft, head = load_pair(TARGET, DRAFT, HEAD, dtype)
     target, draft, head = target.to(device), draft.to(device), head.to(device)
     prompts = [p.to(device) for p in load_prompt_ids("stdlib-heldout", TARGET, 0, n_prompts)]
     bound = head_bound(head, None)
-    table = methods(head, bound, ["auto"])
+    table = methods(head, bound, thresholds)
     if quick:
         table = {name: table[name] for name in ("target alone", "dynamic@0.4", "ada@auto")}
+    device_times = None
+    if (head.threshold_selection or {}).get("round_weights"):
+        with tempfile.TemporaryDirectory() as cache:
+            device_times = device_step_times(target, draft, head, compile=engines[-1] == "compiled",
+                                             repeats=2 if quick else 4, cache_dir=Path(cache))
+        table["ada@device"] = dict(schedule="ada", head=head, stop_threshold="auto", step_times=device_times,
+                                   bound=bound)
 
     def reference(prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         out = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
@@ -85,23 +104,31 @@ def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, en
     identity = greedy_identity(target, prompts, result["outputs"], result["outputs"]["reference", None])
     del result["outputs"]
     return {"dtype": dtype, "prompts": n_prompts, "max_new_tokens": max_new_tokens, "bound": bound,
-            "identity": identity, **result}
+            "stored_threshold": head.stop_threshold,
+            "device_threshold": head.threshold_for(device_times) if device_times else None,
+            "device_step_times": device_times.as_dict() if device_times else None, "identity": identity, **result}
 
 
-def profile_section(device: str, max_new_tokens: int, engine: str) -> dict:
-    """Section 2: one `ada@auto` and one `dynamic@0.4` generation of the zoo pair (float32) under
-    the profiler, after a warm-up: the top operators by self time, and host syncs per token."""
+PROFILED = (("float32", "compiled", "ada@auto"), ("float32", "compiled", "dynamic@0.4"),
+            ("bfloat16", "eager", "constant K=3"), ("bfloat16", "eager", "target alone"))
+
+
+def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str, str], ...] = PROFILED) -> dict:
+    """Section 2: one generation of the zoo pair per `(dtype, engine, method)` of `runs` under the
+    profiler, after a warm-up: the top operators by self time, and host syncs per token."""
     from torch.profiler import ProfilerActivity, profile
-    target, draft, head = load_pair(TARGET, DRAFT, HEAD, "float32")
-    target, draft, head = target.to(device), draft.to(device), head.to(device)
     prompt = load_prompt_ids("stdlib-heldout", TARGET, 0, 1)[0].to(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    report = {}
-    for name, knobs in (("ada@auto", dict(schedule="ada", head=head, stop_threshold="auto", bound=head_bound(head, None))),
-                        ("dynamic@0.4", dict(schedule="dynamic", num_assistant_tokens=20,
-                                             assistant_confidence_threshold=0.4))):
+    report, pairs = {}, {}
+    for dtype, engine, name in runs:
+        if dtype not in pairs:
+            pairs[dtype] = [model.to(device) for model in load_pair(TARGET, DRAFT, HEAD, dtype)]
+        target, draft, head = pairs[dtype]
+        knobs = methods(head, head_bound(head, None), ["auto"])[name]
+
         def generate():
-            return speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, eos_token_id=[],
+            return speculative_generate(target, None if knobs["schedule"] == "none" else draft, prompt,
+                                        max_new_tokens=max_new_tokens, eos_token_id=[],
                                         compile=engine == "compiled", **knobs)
         generate()
         with profile(activities=activities) as prof:
@@ -110,7 +137,7 @@ def profile_section(device: str, max_new_tokens: int, engine: str) -> dict:
         events = prof.key_averages()
         tokens = out.stats.generated_length
         sort = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
-        report[name] = {"engine": engine, "tokens": tokens,
+        report[f"{name} ({dtype}, {engine})"] = {"engine": engine, "tokens": tokens,
                         "stats_ms_per_token": {part: 1000 * getattr(out.stats, part) / tokens
                                                for part in ("wall_time", "draft_time", "verify_time", "schedule_time")},
                         "syncs_per_token": {e.key: e.count / tokens for e in events if e.key in SYNC_EVENTS},
@@ -143,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtypes", nargs="+", default=None, help="default float32 bfloat16; quick float32")
     parser.add_argument("--pairs", nargs="+", default=None, choices=sorted(compiled_steps.PAIRS),
                         help="real-shape pairs (default 1.7b 8b; quick tiny)")
+    parser.add_argument("--ada_thresholds", nargs="+", default=None,
+                        help="ada's thresholds beside ada@device (default auto 0.2 0.3 0.4; quick auto)")
     parser.add_argument("--engines", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
     parser.add_argument("--budget_s", type=float, default=330.0, help="no section starts after this many seconds")
     args = parser.parse_args(argv)
@@ -177,10 +206,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     for dtype in args.dtypes or (["float32"] if args.quick else ["float32", "bfloat16"]):
         def zoo(dtype=dtype):
-            result = zoo_section(dtype, args.device, prompts, max_new_tokens, engines, args.quick)
+            result = zoo_section(dtype, args.device, prompts, max_new_tokens, engines, args.quick,
+                                 args.ada_thresholds or (["auto"] if args.quick else ["auto", "0.2", "0.3", "0.4"]))
             lines = [f"{prompts - 1} stdlib-heldout prompts after a warm-up, {max_new_tokens} tokens, greedy, EOS off; "
                      f"ada bound {result['bound']}; compiling took {result['compile_seconds']:.1f} s; reference: "
-                     "`target.generate`, interleaved with the methods", "",
+                     "`target.generate`, interleaved with the methods; the head's stored threshold "
+                     f"{result['stored_threshold']}, chosen again for this device's {engines[-1]} step times: "
+                     f"{result['device_threshold']} (`ada@device`)", "",
                      "| method | identical | near-ties | failures |", "| --- | ---: | ---: | ---: |"]
             lines += [f"| {name} | {r['identical']}/{r['of']} | {len(r['near_ties'])} | {len(r['failures'])} |"
                       for name, r in result["identity"].items()]
@@ -188,8 +220,9 @@ def main(argv: list[str] | None = None) -> dict:
         section(f"zoo-{dtype} pair", zoo)
 
     def profiled():
-        report = profile_section(args.device, max_new_tokens, engines[-1])
-        text = "\n\n".join(f"{name} ({r['engine']}, {r['tokens']} tokens): stats ms/token "
+        runs = (("float32", engines[-1], "ada@auto"),) if args.quick else PROFILED
+        report = profile_section(args.device, max_new_tokens, runs)
+        text = "\n\n".join(f"{name}, {r['tokens']} tokens: stats ms/token "
                            + json.dumps({k: round(v, 3) for k, v in r["stats_ms_per_token"].items()})
                            + "; host syncs per token " + json.dumps({k: round(v, 2) for k, v in r["syncs_per_token"].items()})
                            + f"\n\n```\n{r['table']}\n```" for name, r in report.items())

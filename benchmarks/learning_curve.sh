@@ -46,7 +46,7 @@ for N in $SIZES; do
   mkdir -p outputs/curve/data
   RECORDS=outputs/curve/data/${DATA:+$DATA-}train-$N.jsonl
   head -n "$N" "$TRAIN" > "$RECORDS"
-  python -m specdecpp.train --model_name_or_path checkpoints/zoo/draft --target_model_name checkpoints/zoo/target \
+  python -m specdecpp.train --model_name_or_path checkpoints/zoo/draft --target checkpoints/zoo/target \
     --torch_dtype float32 --data_path "$RECORDS" --eval_data_path "$RECORDS_PREFIX-dev.jsonl" \
     --output_dir "$OUT" --weight_mismatch 1 --resnet_num_layers ${LAYERS:-3} $INPUTS --cache_hidden_states --use_cpu \
     --num_train_epochs 3 --lr_scheduler_type cosine --learning_rate ${LR:-1e-3} --warmup_steps 0.03 --weight_decay 0.0 \
@@ -55,5 +55,5 @@ for N in $SIZES; do
   python -m specdecpp.calibration.report --head "$OUT" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \
     --torch_dtype float32 --data_path "$RECORDS_PREFIX-dev.jsonl" --choose_threshold --bound 1 20 \
     --batch_size 16 --plot_path "$OUT/reliability.png" --threshold_plot_path "$OUT/threshold.png" \
-    --output_json "$OUT/calibration.json" --step_times_from "$STEP_TIMES"
+    --output "$OUT/calibration.json" --step_times_from "$STEP_TIMES"
 done

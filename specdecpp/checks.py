@@ -1,11 +1,5 @@
-"""The checks that several commands share, on explicit values, in one place.
-
-Does a draft fit a target (one vocabulary), is a folder a head at all and does a head fit a draft
-(its hidden size), which model does a PEFT adapter folder stand on, which token ids end
-generation and where a token list ends at one. Decoding, data building, training, calibration
-and evaluation all call these; the module imports nothing of the toolkit but `compat`, so the
-engine may use it.
-"""
+"""Checks on explicit values that every command shares: vocabularies, cache rollback, heads and the
+drafts they fit, PEFT bases, EOS ids. Imports nothing of the toolkit but `compat`."""
 from __future__ import annotations
 
 import json
@@ -17,7 +11,6 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from specdecpp.compat import has_recurrent_state
 
 
-# -- vocabulary ---------------------------------------------------------------------------------
 def vocab_size(model: PreTrainedModel) -> int:
     """Rows of the model's output layer: the size of the distributions it produces."""
     output = model.get_output_embeddings()
@@ -25,8 +18,7 @@ def vocab_size(model: PreTrainedModel) -> int:
 
 
 def check_data_fits_draft(records: list[dict], draft: PreTrainedModel) -> None:
-    """ValueError when the records hold token ids the draft has no embedding for (they were built
-    with another tokenizer)."""
+    """ValueError when records hold token ids the draft has no embedding for."""
     top_id = max(max(r["prefix"] + r["tokens"] + r["draft"]) for r in records)
     if top_id >= vocab_size(draft):
         raise ValueError(f"the data holds token id {top_id} but the draft's vocabulary has {vocab_size(draft)} "
@@ -34,45 +26,34 @@ def check_data_fits_draft(records: list[dict], draft: PreTrainedModel) -> None:
 
 
 def check_same_vocab(target_vocab: int, draft_vocab: int) -> None:
-    """Raise ValueError unless target and draft score vocabularies of the same size: speculative
-    decoding compares their distributions token by token."""
+    """ValueError unless target and draft score vocabularies of the same size."""
     if target_vocab != draft_vocab:
         raise ValueError(f"target vocabulary ({target_vocab}) and draft vocabulary ({draft_vocab}) differ: "
                          "the draft must share the target's tokenizer")
 
 
-# -- a cache that can roll back -----------------------------------------------------------------
 def check_can_roll_back(model: PreTrainedModel, role: str = "model") -> None:
-    """Raise ValueError for a model whose cache cannot be cut back to an earlier length: recurrent
-    (state-space, linear-attention) layers carry one state forward and cannot forget the tokens a
-    verification rejects, so speculative decoding with it would be silently wrong. `role` names
-    the model in the message ("the target", "the draft")."""
+    """ValueError for a model whose cache cannot be cut back (recurrent layers); `role` names it."""
     if has_recurrent_state(model):
         raise ValueError(f"{role} ({type(model).__name__}) has recurrent layers (state-space or linear attention) whose "
                          "state cannot be rolled back after a rejected draft token: speculative decoding needs models "
                          "whose cache can be cropped (attention-only architectures)")
 
 
-# -- a head and its draft -----------------------------------------------------------------------
 def hidden_size(config: PretrainedConfig) -> int:
     """The hidden size of a model config (its text part for a multimodal one): what a head reads."""
     return config.get_text_config().hidden_size
 
 
 def check_head_fits_draft(head_hidden: int, draft_hidden: int, head: str = "the head", hint: str = "") -> None:
-    """Raise ValueError when a head reading hidden states of size `head_hidden` meets a draft of
-    hidden size `draft_hidden`: it was trained for another draft. `head` names the head in the
-    message (e.g. "the head in FOLDER"), `hint` is appended (what to do about it)."""
+    """ValueError when a head reading states of size `head_hidden` meets a draft of `draft_hidden`."""
     if head_hidden and head_hidden != draft_hidden:  # 0: a head of logit features alone fits any draft
         raise ValueError(f"{head} reads hidden states of size {head_hidden}, but the draft's hidden size is "
                          f"{draft_hidden}: it was trained for another draft{hint}")
 
 
 def read_head_config(folder: str) -> dict:
-    """The config of the acceptance prediction head saved in the local `folder`, or an error saying
-    that the folder is not a head: no `config.json` (FileNotFoundError), a model's config (one with
-    `model_type` or `architectures`) or another file rather than a head's (`hidden_size`,
-    `num_layers`, ...), or no weights file (ValueError)."""
+    """The config of the head saved in the local `folder`, or an error saying why it is not a head."""
     config_file = os.path.join(folder, "config.json")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{folder} is not a head folder (no config.json)")
@@ -92,15 +73,13 @@ def read_head_config(folder: str) -> dict:
     return config
 
 
-# -- PEFT adapters ------------------------------------------------------------------------------
 def is_peft_adapter(name_or_path: str) -> bool:
     """True for a local folder that holds a PEFT adapter rather than a full model."""
     return os.path.isfile(os.path.join(name_or_path, "adapter_config.json"))
 
 
 def peft_base(name_or_path: str) -> str:
-    """The base model (Hub id or folder) that the PEFT adapter folder `name_or_path` stands on; a
-    ValueError when the adapter does not name one."""
+    """The base model the PEFT adapter folder `name_or_path` names, or ValueError."""
     from peft import PeftConfig
 
     base = PeftConfig.from_pretrained(name_or_path).base_model_name_or_path
@@ -119,10 +98,8 @@ def text_config(name_or_path: str, trust_remote_code: bool = False) -> Pretraine
     return AutoConfig.from_pretrained(model_source(name_or_path), trust_remote_code=trust_remote_code).get_text_config()
 
 
-# -- EOS ----------------------------------------------------------------------------------------
 def eos_ids(*values: int | list[int] | tuple[int, ...] | torch.Tensor | None) -> set[int]:
-    """Every token id among `values` (each an id, a list or tensor of ids, or None): the ids that
-    end generation, e.g. `eos_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)`."""
+    """Every token id among `values` (ids, lists, tensors or None)."""
     ids: set[int] = set()
     for value in values:
         if value is None:
@@ -139,8 +116,7 @@ def generation_eos(model: PreTrainedModel) -> int | list[int] | None:
 
 
 def trim_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """`tokens` up to and including the first EOS (one of the ids `eos`): nothing after it is text,
-    whether a verification emitted it or generation padded it on."""
+    """`tokens` up to and including the first id in `eos`."""
     for i, token in enumerate(tokens):
         if token in eos:
             return tokens[: i + 1]

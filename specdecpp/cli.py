@@ -1,15 +1,6 @@
-"""The `specdecpp` console script: `specdecpp <command> [args]`, one command per module.
-
-Each command is the module's own `main(argv)`, so `specdecpp train ...`,
-`python -m specdecpp.train ...` and `python specdecpp/train.py ...` are the same program.
-Every command reports input it rejects the same way (`input_errors`): one line, non-zero exit.
-
-Every command also speaks one vocabulary (`ALIASES`, `common_field`): `--target`, `--draft`,
-`--head` for the models (with `--torch_dtype`, `--device`: `models.PairArguments` and
-`HeadPairArguments`), `--prompts` for a prompt source, `--records` for a records file, `--seed`,
-`--output`. The spellings of the reference and of earlier versions stay accepted as aliases, so
-recorded commands keep working. Each command module lists its flag dataclasses in `FLAGS`.
-"""
+"""The `specdecpp` console script: each command is a module's `main(argv)`, so `specdecpp train`,
+`python -m specdecpp.train` and `python specdecpp/train.py` are one program. Every command shares
+one flag vocabulary (`ALIASES`, `common_field`) and reports rejected input in one line (`input_errors`)."""
 from __future__ import annotations
 
 import importlib
@@ -30,36 +21,32 @@ COMMANDS = {
     "push": ("specdecpp.head.publish", "publish a head folder on the Hub (head files and custom_generate/ only)"),
 }
 
-# The common flags and the other spellings each command accepts for them (the reference's, and this
-# project's before the names were shared). `--data_path` and `--output_dir` differ by command: a
-# command adds the ones it used in its `common_field` call.
+# The common flags and the reference's spellings of them. `--data_path` and `--output_dir` differ by
+# command: a command adds the ones it used in its `common_field` call.
 ALIASES = {
-    "target": ["--target_name_or_path", "--target_name", "--target_model_name", "--model_name"],
-    "draft": ["--draft_name_or_path", "--draft_name", "--assistant_name", "--model_name_or_path"],
-    "head": ["--head_name_or_path", "--assist_acc_head_dir"],
-    "prompts": ["--dataset"],
-    "prompts_split": ["--dataset_split", "--data_split"],
+    "target": ["--model_name"],
+    "draft": ["--assistant_name", "--model_name_or_path"],
+    "head": ["--assist_acc_head_dir"],
+    "prompts": [],
+    "prompts_split": ["--data_split"],
     "records": [],
     "eval_records": ["--eval_data_path"],
     "seed": ["--random_seed"],
-    "output": ["--output_file", "--save_path"],
-    "device": ["--device_map"],
+    "output": ["--save_path"],
+    "device": [],
 }
 
 
 def common_field(name: str, *, aliases: tuple[str, ...] = (), **kwargs: Any) -> Field:
-    """A dataclass field for the common flag `--name` (a key of `ALIASES`) that `HfArgumentParser`
-    also accepts under `ALIASES[name]` and this command's own `aliases`; `kwargs` are `field`'s
-    (`default`, `default_factory`) plus the metadata entries (`help`, `choices`)."""
+    """A dataclass field for the common flag `--name`, also accepted under `ALIASES[name]` and `aliases`."""
     options = {key: kwargs.pop(key) for key in ("default", "default_factory") if key in kwargs}
     return field(**options, metadata={"aliases": [*ALIASES[name], *aliases], **kwargs})
 
 
 @contextmanager
 def input_errors(command: str) -> Iterator[None]:
-    """Turn the errors a command raises on input it rejects (ValueError, FileNotFoundError, whose
-    messages name the input and the fix) into one line, `specdecpp COMMAND: error: MESSAGE`, and a
-    non-zero exit, without a traceback; any other error is unexpected and keeps its traceback."""
+    """Turn ValueError and FileNotFoundError into one line, `specdecpp COMMAND: error: MESSAGE`, and a
+    non-zero exit."""
     try:
         yield
     except (ValueError, FileNotFoundError) as error:

@@ -1,25 +1,8 @@
-"""What differs between the `transformers` versions in `setup.py`'s range, and every reach into
-transformers beyond its public API, decided here and nowhere else.
-
-The rule (tests/test_compat.py checks it on every module of the package and of benchmarks/): other
-modules import from transformers' public API only, the names `transformers` and
-`transformers.generation` export (`PreTrainedModel`, `GenerationConfig`, `DynamicCache`,
-`LogitsProcessorList`, the processor and criterion classes, ...), and use those objects' public
-methods and attributes. Everything else comes through a named function or constant here: names
-from deeper modules (`transformers.cache_utils`, `transformers.utils`,
-`transformers.generation.<module>`), the cache's layer classes and what a layer can do (which
-layers a release has, and their capabilities, change between releases even where the top level
-exports them), private names (`_get_logits_processor`, `_is_stateful`, private registries), what
-`generate` keeps in its frame, and the version itself. One exception: `train.py` subclasses
-`Trainer`, so it overrides Trainer's own hooks and reads the names of the files Trainer writes
-(`transformers.trainer`), which only a subclass can do.
-
-transformers 5.24 renamed the KV cache argument `past_key_values` to `cache`: in every model's
-`forward`, in the model kwargs `generate` hands a `custom_generate` callable, and in model outputs.
-The old name still works until 5.40 but warns on every call. Everything in specdecpp passes and
-reads the cache through the functions below, so a model gets the name its own `forward` declares
-(remote-code models may keep the old name on a new transformers) and no call of ours warns.
-"""
+"""What differs across the supported `transformers` versions, and every reach beyond its public API
+(deeper modules, private names, cache layer classes, `generate`'s frame, the version), decided here
+only; other modules use what `transformers` and `transformers.generation` export (docs/design.md,
+Which module owns what). The KV cache keyword (`cache` since 5.24, `past_key_values` before) is read
+from each model's own `forward`."""
 from __future__ import annotations
 
 import functools
@@ -43,8 +26,7 @@ CACHE_NAMES = ("cache", "past_key_values")
 
 
 def _declared_cache_name(function) -> str | None:
-    """The cache keyword `function`'s signature declares (decorators that wrap it are seen through),
-    or None when it declares neither name (a forward that takes `**kwargs` only)."""
+    """The cache keyword `function`'s signature declares, or None."""
     try:
         parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
@@ -63,20 +45,17 @@ def _cache_name_of(model_class: type) -> str:
 
 
 def cache_kwarg(model: Any) -> str:
-    """The keyword `model`'s forward takes its KV cache under: `cache` or `past_key_values`
-    (decided once per model class from its forward's signature)."""
+    """The keyword `model`'s forward takes its KV cache under (decided once per model class)."""
     return _cache_name_of(type(model))
 
 
 def cache_kwargs(model: Any, cache: Any) -> dict:
-    """`{name: cache}` with the cache keyword `model`'s forward takes, and `use_cache=True`:
-    `model(input_ids=..., **cache_kwargs(model, cache))`."""
+    """`{cache keyword: cache, "use_cache": True}` for `model(input_ids=..., **cache_kwargs(model, cache))`."""
     return {cache_kwarg(model): cache, "use_cache": True}
 
 
 def cache_in(kwargs: dict) -> Any:
-    """The KV cache a forward's or `generate`'s keyword arguments carry, under either name (None if
-    neither is set)."""
+    """The KV cache keyword arguments carry under either name, or None."""
     return next((kwargs[name] for name in CACHE_NAMES if kwargs.get(name) is not None), None)
 
 
@@ -86,9 +65,8 @@ STATIC_CACHE_CROPS = getattr(StaticLayer, "is_croppable", False)
 
 
 def compile_guarded_state() -> Any:
-    """Process-wide state that transformers' forwards read, so that `torch.compile` guards on it: the
-    registry of model classes whose outputs can be recorded, which grows whenever a model of a new
-    class is built. A compiled graph holds while this value is unchanged (None where it is absent)."""
+    """Process-wide state transformers' forwards read (the registry of recordable output classes, which
+    grows with each new model class), so compiled graphs hold while it is unchanged."""
     try:
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:
@@ -103,40 +81,33 @@ FULL_ATTENTION_LAYERS = (DynamicLayer, StaticLayer)
 
 
 def special_layers(cache: Any) -> list:
-    """The layers of `cache` (a `DynamicCache` or `StaticCache`) that are not plain full attention
-    (sliding-window, linear-attention, quantized, ...), in order; empty when every layer is plain:
-    its keys and values then hold the whole context, one entry per token, and crop exactly."""
+    """The layers of `cache` that are not plain full attention (sliding-window, linear-attention, ...)."""
     return [layer for layer in cache.layers if type(layer) not in FULL_ATTENTION_LAYERS]
 
 
 def is_sliding(layer: Any) -> bool:
-    """Whether a cache layer keeps a sliding window (the layer's `is_sliding`; False for a layer that
-    does not say, such as a linear-attention one)."""
+    """Whether a cache layer keeps a sliding window."""
     return bool(getattr(layer, "is_sliding", False))
 
 
 def has_recurrent_state(model: PreTrainedModel) -> bool:
-    """Whether `model` carries a recurrent state forward instead of one cache entry per token: a
-    stateful model (`_is_stateful`, the state-space models) or one whose cache has linear-attention
-    layers. Such a cache cannot forget the tokens a verification rejects."""
+    """Whether `model` carries a recurrent state (a stateful model, or linear-attention cache layers),
+    which cannot forget rejected tokens."""
     return getattr(model, "_is_stateful", False) or any(
         isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=model.config).layers)
 
 
 # -- models and generate --------------------------------------------------------------------------
 def takes_logits_to_keep(model: PreTrainedModel) -> bool:
-    """Whether `model`'s forward takes `logits_to_keep` (computing the last positions' logits only),
-    as `generate` decides it."""
+    """Whether `model`'s forward takes `logits_to_keep`, as `generate` decides it."""
     return model._supports_logits_to_keep()
 
 
 def generate_processing(target: PreTrainedModel, config: GenerationConfig, input_ids: torch.LongTensor,
                         logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
                         tokenizer: Any = None) -> tuple[LogitsProcessorList, StoppingCriteriaList]:
-    """The logits processors and stopping criteria `target.generate(input_ids, generation_config=config,
-    logits_processor=..., stopping_criteria=..., tokenizer=...)` applies, built by `generate`'s own
-    (private) builders after its preparation of the special tokens, which writes them into `config`
-    as tensors: pass a copy."""
+    """The logits processors and stopping criteria `generate` builds (its private builders) for these
+    arguments; `config` is written to: pass a copy."""
     target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=target.device, batch_size=1)
     processors = target._get_logits_processor(
         generation_config=config, input_ids_seq_length=input_ids.shape[-1], encoder_input_ids=input_ids,
@@ -145,10 +116,8 @@ def generate_processing(target: PreTrainedModel, config: GenerationConfig, input
 
 
 def custom_generate_argument() -> str | None:
-    """The folder or Hub id that the running `generate(custom_generate=...)` call named, read from
-    `generate`'s frame (its local `custom_generate`), or None outside such a call. transformers runs
-    a copy of the named repo's `generate.py` from its modules cache, so that file cannot find its
-    folder from its own path."""
+    """The folder or Hub id the running `generate(custom_generate=...)` call named (from `generate`'s
+    frame), or None: transformers runs a copy of that `generate.py`, which cannot find its folder."""
     frame = inspect.currentframe()
     while frame is not None:
         location = frame.f_locals.get("custom_generate") if frame.f_code.co_name == "generate" else None

@@ -114,6 +114,10 @@ class StepTimes:
         return self.verify_ms[min(verified, len(self.verify_ms) - 1)] + drafting + judged * self.judge_ms \
             + self.round_overhead_ms
 
+    def rounds_ms(self, round_weights: list[float], judged: bool = False) -> float:
+        """The time of `round_weights[k]` rounds of `k` tokens each, every token judged when `judged`."""
+        return sum(weight * self.round_ms(k, k if judged else 0) for k, weight in enumerate(round_weights) if weight)
+
     def predicted_ms(self, draft_lengths: list[int], judged: int = 0, with_draft: bool = True) -> float:
         """The time of rounds of `draft_lengths` and `judged` judgements, prefill left out; without a draft every
         round is a target-alone step."""

@@ -1,24 +1,11 @@
-"""SpecDec++ from `transformers`' own `generate` (its `custom_generate` convention, transformers 5).
+"""SpecDec++ from `transformers`' own `generate` (its `custom_generate` convention).
 
-Two forms:
-
-- **A head folder or Hub repo.** Every folder `AcceptancePredictionHead.save_pretrained` writes carries
-  `custom_generate/generate.py` (`head.folder.SHIM`) and `custom_generate/requirements.txt`, so
-
-      target.generate(**inputs, assistant_model=draft, custom_generate=HEAD_DIR_OR_HUB_ID,
-                      trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
-
-  runs SpecDec++ with that head. transformers executes the shim, which calls `generate_from_head`:
-  it loads the head from the folder or repo `custom_generate` named and hands the decoding loop
-  to `hf_generate` through `generate`'s callable form, so transformers prepares the generation
-  config (defaults, `max_new_tokens`, EOS, sampling settings) exactly as for its own methods.
-- **The callable**, `custom_generate=specdecpp.hf_generate`, with `draft=` and `head=` (a head or
-  a folder / Hub id): transformers hands a callable neither `assistant_model` nor `streamer`, so the
-  draft comes as `draft=`, and streaming needs the folder form.
-
-Either returns what `generate` returns: the token tensor, or (`return_dict_in_generate=True`) a
-`GenerateDecoderOnlyOutput` (here `SpeculativeGenerateOutput`, which adds the round statistics).
-"""
+- A head folder or Hub repo carries `custom_generate/generate.py` (`head.folder.SHIM`), so
+  `target.generate(**inputs, assistant_model=draft, custom_generate=HEAD, trust_remote_code=True)`
+  runs `generate_from_head`, which hands the loop to `hf_generate` after `generate` prepared the
+  generation config.
+- `custom_generate=specdecpp.hf_generate` with `draft=` and `head=` (a callable gets neither
+  `assistant_model` nor `streamer`)."""
 from __future__ import annotations
 
 import functools
@@ -36,6 +23,8 @@ from specdecpp.engine.online import RECALIBRATION_FILE, OnlineAcceptanceEstimato
 from specdecpp.engine.processing import PROCESSOR_FIELDS, Processing
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.costs import StepTimes
+from specdecpp.measuring.step_timing import auto_step_times
 
 
 # What `generate` prepares that the SpecDec++ loop may safely ignore: it keeps its own caches, and the
@@ -46,8 +35,7 @@ HUB_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "t
 
 @dataclass
 class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
-    """What `generate(..., return_dict_in_generate=True)` returns with SpecDec++: a
-    `GenerateDecoderOnlyOutput` whose `sequences` are set, plus `stats` (a `GenerationStats`)."""
+    """`generate`'s `GenerateDecoderOnlyOutput` plus `stats` (a `GenerationStats`)."""
 
     stats: GenerationStats | None = None
 
@@ -69,25 +57,14 @@ def hf_generate(
     compile: bool = False,
     online: bool = False,
     estimator: OnlineAcceptanceEstimator | None = None,
+    step_times: StepTimes | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
-    """The SpecDec++ decoding loop in the shape `generate` calls a `custom_generate` callable:
-    `target.generate(**inputs, custom_generate=specdecpp.hf_generate, draft=draft, head=HEAD, ...)`.
-    `head` is a head or a folder / Hub id to load one from; `stop_threshold` and `bound` go to
-    `speculative_generate` untouched; left out, they are the head's stored threshold (`"auto"`) and
-    the bound it was chosen for, or `speculative_generate`'s defaults for a head that stores none.
-    `schedule` defaults to `ada`; `compile=True` runs the compiled engine (`specdecpp.engine.compiled`).
-    `online=True` recalibrates the head online (`ada`), and `estimator` is the state `online` or
-    that recalibration learns in, carried across calls when the caller passes the same one (see
-    `speculative_generate`); without one, a recalibration saved in the head folder `head` names
-    (`OnlineAcceptanceEstimator.save(head_dir)`, `saved_recalibration`) is where it starts.
-    Length, EOS, sampling (temperature, top-k, top-p), `num_assistant_tokens` and
-    `assistant_confidence_threshold` come from the generation config transformers prepared, and
-    the logits processors and stopping criteria are the very ones it built (a repetition penalty,
-    stop strings, ...), applied per position (`specdecpp.engine.processing`); what the loop cannot honour
-    (a processor that is not a function of the prefix, beams) is a ValueError naming it, never
-    silently dropped. Returns the token tensor, or a `SpeculativeGenerateOutput` when
-    `return_dict_in_generate` is set."""
+    """The SpecDec++ loop in the shape `generate` calls a `custom_generate` callable. `head` is a head or
+    a folder / Hub id; `stop_threshold` and `bound` default to the head's stored threshold (`"auto"`)
+    and its bound, else the engine's defaults; `online`/`estimator` as in `speculative_generate` (a
+    head folder's saved recalibration, without one). Everything else comes from the generation config,
+    processors and criteria `generate` prepared; what the loop cannot honour is a ValueError."""
     config = generation_config if generation_config is not None else model.generation_config
     _check_generate_settings(config, model_kwargs)
     processing = Processing(logits_processor or LogitsProcessorList(), stopping_criteria or StoppingCriteriaList(),
@@ -107,6 +84,8 @@ def hf_generate(
         stop_threshold = "auto"
         bound = bound if bound is not None else (head.threshold_selection or {}).get("bound")
     knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None}
+    if stop_threshold == "auto" and schedule in (None, "ada") and step_times is None:
+        step_times = auto_step_times(head, model, draft, compile)
     eos = config.eos_token_id
     settings = DecodingSettings(
         schedule=schedule, head=head, max_new_tokens=int(config.max_length) - input_ids.shape[-1],
@@ -114,7 +93,7 @@ def hf_generate(
         top_k=config.top_k or 0, top_p=1.0 if config.top_p is None else config.top_p,
         eos_token_id=[] if eos is None else eos, num_assistant_tokens=config.num_assistant_tokens,
         assistant_confidence_threshold=config.assistant_confidence_threshold, compile=compile, online=online,
-        estimator=estimator,
+        estimator=estimator, step_times=step_times,
         **{name: value for name, value in knobs.items() if value is not None},
         # what a head's stored threshold is compared with; the processors themselves come built
         **{name: getattr(config, name) for name in PROCESSOR_FIELDS})
@@ -126,8 +105,7 @@ def hf_generate(
 
 
 def _check_generate_settings(config: GenerationConfig, model_kwargs: dict) -> None:
-    """ValueError for what `generate` was asked that the SpecDec++ loop would not honour (the
-    processors and criteria are checked by `Processing`)."""
+    """ValueError for what `generate` was asked that the loop would not honour."""
     if (config.num_beams or 1) > 1 or (config.num_return_sequences or 1) > 1:
         raise ValueError("SpecDec++ decodes one sequence: num_beams and num_return_sequences must be 1")
     extra_outputs = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
@@ -147,12 +125,8 @@ def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedMod
                        streamer: BaseStreamer | None = None,
                        head: AcceptancePredictionHead | str | os.PathLike | None = None, **kwargs
                        ) -> torch.LongTensor | SpeculativeGenerateOutput:
-    """What a head folder's `custom_generate/generate.py` runs: load the head from the folder or Hub
-    repo that `generate(custom_generate=...)` named (or take `head=`), then run `generate` with
-    `hf_generate` as its decoding loop, `assistant_model` as the draft. `kwargs` are `generate`'s
-    own arguments (inputs, generation config, `max_new_tokens`, sampling settings, ...), SpecDec++'s
-    `stop_threshold`, `bound` and `schedule`, and the Hub options that loaded this file
-    (`revision`, `cache_dir`, `token`, ...), which load the head from the same place."""
+    """What a head folder's `custom_generate/generate.py` runs: `generate` with `hf_generate` as its loop,
+    the head loaded from the folder or repo `custom_generate` named (with the same Hub options)."""
     hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}  # for loading, not for the models
     if kwargs.get("stop_strings") is not None:
         # generate drops `tokenizer` before it builds the criteria for a callable custom_generate (5.24):
@@ -173,15 +147,13 @@ def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedMod
 
 
 def saved_recalibration(location: str | os.PathLike) -> OnlineAcceptanceEstimator | None:
-    """The online recalibration saved in the local head folder `location` (`RECALIBRATION_FILE`,
-    written by `OnlineAcceptanceEstimator.save(head_dir)`), or None: a folder without one, or a Hub id."""
+    """The online recalibration saved in the local head folder `location`, or None."""
     path = os.path.join(location, RECALIBRATION_FILE)
     return OnlineAcceptanceEstimator.load(path) if os.path.isfile(path) else None
 
 
 def _custom_generate_location() -> str:
-    """The folder or Hub id that the running `generate(custom_generate=...)` call named
-    (`compat.custom_generate_argument`), or RuntimeError outside such a call."""
+    """The folder or Hub id the running `generate(custom_generate=...)` named, or RuntimeError."""
     location = custom_generate_argument()
     if location is None:
         raise RuntimeError("no generate(custom_generate=...) call to take the head from: pass head=FOLDER_OR_HUB_ID")

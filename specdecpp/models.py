@@ -1,12 +1,5 @@
-"""Loading models and tokenizers the way users have them, and checking that they fit together.
-
-A name or path is whatever `from_pretrained` takes (a Hub id or a local folder); a local folder
-holding a PEFT adapter (`adapter_config.json`) loads its base model and merges the adapter in.
-`dtype` and `device_map` pass straight through (`device_map="auto"` spreads a target larger than
-one GPU), and `trust_remote_code` stays off unless the caller turns it on. A weights file that
-cannot be read is reported with its path (`load_model`, `load_head`). `PairArguments` (and
-`HeadPairArguments`) hold the models' names and these options under the flags every command shares.
-"""
+"""Loading models, tokenizers and heads as users have them (Hub ids, folders, PEFT adapter folders
+merged into their base), and checking that they fit together."""
 from __future__ import annotations
 
 import os
@@ -30,10 +23,8 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "b
 
 @dataclass
 class PairArguments:
-    """The pair a command works on and how it loads, under the same flags in every command:
-    `--target`, `--draft` (each also under the reference's and earlier spellings, see
-    `cli.ALIASES`), `--torch_dtype`, `--device`, `--trust_remote_code`. A command says which models
-    it needs with `require`; `HeadPairArguments` adds the head(s) for the commands that take one."""
+    """The pair a command works on and how it loads it, under the same flags in every command
+    (`cli.ALIASES` adds the reference's spellings); `require` names what a command needs."""
 
     target: str | None = common_field("target", default=None, help=(
         "the target model: Hub id, folder, or PEFT adapter folder"))
@@ -49,8 +40,7 @@ class PairArguments:
         "help": "allow models whose code lives in their Hub repo (off unless you trust it)"})
 
     def require(self, *roles: str) -> PairArguments:
-        """Raise ValueError naming the flags unless every one of `roles` ("target", "draft",
-        "head") is given. Returns the arguments, for chaining."""
+        """ValueError naming the flags unless every one of `roles` is given; returns the arguments."""
         missing = [f"--{role}" for role in roles if not getattr(self, role)]
         if missing:
             raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
@@ -76,8 +66,7 @@ class HeadPairArguments(PairArguments):
 
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | str | None:
-    """`'bfloat16'` -> `torch.bfloat16` (and `'auto'`, `None`, a dtype pass through); anything else is
-    a ValueError naming the choices."""
+    """`'bfloat16'` -> `torch.bfloat16` (`'auto'`, None and dtypes pass through), else ValueError."""
     if name is None or isinstance(name, torch.dtype):
         return name
     if name not in DTYPES:
@@ -87,9 +76,7 @@ def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | str | None:
 
 def load_model(name_or_path: str, torch_dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
                trust_remote_code: bool = False) -> PreTrainedModel:
-    """A causal LM in eval mode from a Hub id or folder; a PEFT adapter folder is loaded onto the
-    base model it names and merged, so callers always get a plain model (no adapter overhead at
-    decoding time, and hidden states come from the merged weights the user trained)."""
+    """A causal LM in eval mode; a PEFT adapter folder is merged into the base it names."""
     kwargs = {"dtype": parse_dtype(torch_dtype), "device_map": device_map, "trust_remote_code": trust_remote_code}
     if is_peft_adapter(name_or_path):
         from peft import PeftModel
@@ -109,8 +96,7 @@ def load_model(name_or_path: str, torch_dtype: str | torch.dtype | None = None, 
 
 
 def load_head(name_or_path: str) -> AcceptancePredictionHead:
-    """`AcceptancePredictionHead.from_pretrained(name_or_path)` (a folder or a Hub id), with a local
-    folder first checked to be a head (`checks.read_head_config`) and a damaged weights file named."""
+    """`AcceptancePredictionHead.from_pretrained`, a local folder checked to be a head first."""
     if os.path.isdir(name_or_path):
         checks.read_head_config(name_or_path)
     with naming_damaged_weights(name_or_path):
@@ -119,8 +105,7 @@ def load_head(name_or_path: str) -> AcceptancePredictionHead:
 
 @contextmanager
 def naming_damaged_weights(*folders: str) -> Iterator[None]:
-    """Turn safetensors' error on a damaged weights file, which names no file, into a ValueError
-    naming the files of the local `folders` that cannot be read (or the names given, for Hub ids)."""
+    """Turn safetensors' error on a damaged weights file into a ValueError naming the file."""
     try:
         yield
     except SafetensorError as error:
@@ -140,8 +125,7 @@ def _readable(path: str) -> bool:
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    """The tokenizer that goes with `load_model(name_or_path)`: an adapter folder's own tokenizer
-    when it ships one (adapters that added tokens do), else its base model's."""
+    """The tokenizer of `load_model(name_or_path)`: an adapter folder's own, else its base's."""
     source = name_or_path
     if is_peft_adapter(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "tokenizer_config.json")):
         source = peft_base(name_or_path)
@@ -149,8 +133,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
 
 
 def check_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, name: str = "model") -> None:
-    """Raise ValueError when the tokenizer can produce ids the model has no row for. A model may
-    have more rows than the tokenizer has tokens (embeddings padded to a multiple of 64), not fewer."""
+    """ValueError when the tokenizer can produce ids the model has no embedding row for."""
     if len(tokenizer) > vocab_size(model):
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but {name} has a vocabulary of {vocab_size(model)}: "
                          f"they do not belong together (pass the tokenizer of {name})")
@@ -162,15 +145,12 @@ def model_device(model: PreTrainedModel) -> torch.device:
 
 
 def last_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The model's last-layer (final-norm) hidden states `[batch, seq, hidden]` for right- or
-    left-padded input, the state the acceptance head reads. Only the last position's logits are
-    computed: the output layer would otherwise cost as much as a small draft's body."""
+    """The last-layer hidden states `[batch, seq, hidden]` the head reads, for right- or left-padded input."""
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
                 output_hidden_states=True, logits_to_keep=1, use_cache=False)
     return out.hidden_states[-1]
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids `[batch, seq]` for right- or left-padded rows: each real token's index among the
-    real tokens of its row (padding gets 0), so that padding shifts no token's position."""
+    """Position ids `[batch, seq]` counting each row's real tokens only."""
     return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)

@@ -203,3 +203,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _step_times_kept_apart(tmp_path_factory):
+    """Step times that `auto` measures are kept in a folder of the run's own, not the user's cache."""
+    from specdecpp.measuring import step_timing
+    step_timing.STEP_TIMES_CACHE = tmp_path_factory.mktemp("step_times")

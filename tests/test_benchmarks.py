@@ -170,3 +170,27 @@ def test_round_features_rows_are_the_tokens_the_threshold_replay_drafts():
     assert rows["prediction"][first][0] == predictions[0][accepted + 1]
     with pytest.raises(ValueError, match="greedy"):
         benchmark.drafted_token_rows([records[0] | {"p_acc": [0.5] * 30}], predictions[:1], 0.5)
+
+
+def check_gpu_check(tmp_path, engines: list[str]) -> dict:
+    written = load_benchmark("gpu_check").main(["--device", "cpu", "--quick", "--engines", *engines,
+                                                "--out", str(tmp_path)])
+    summary = (tmp_path / "summary.md").read_text()
+    assert "failed" not in summary and "skipped" not in summary, summary
+    for section in ("zoo-float32 pair", "profile of a round", "shapes-tiny pair"):
+        assert section in written and (tmp_path / f"{section.split()[0].lower()}.json").exists()
+    identity = written["zoo-float32 pair"]["identity"]
+    assert {f"{engine} {name}" for engine in engines for name in ("target alone", "dynamic@0.4", "ada@auto")} \
+        <= set(identity)
+    assert all(r["identical"] == r["of"] for r in identity.values()), identity
+    return written
+
+
+def test_gpu_check_quick_mode_runs_every_section_on_the_cpu(tmp_path):
+    check_gpu_check(tmp_path, ["eager"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
+def test_gpu_check_quick_mode_with_the_compiled_engine(tmp_path):
+    check_gpu_check(tmp_path, ["eager", "compiled"])

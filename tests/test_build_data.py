@@ -15,7 +15,7 @@ from specdecpp.data.build_data import BuildDataArguments, build_batch, build_dat
 from specdecpp.data.io import read_records
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import build_processing
-from specdecpp.engine.sampling import logits_to_probs, make_warpers
+from specdecpp.engine.sampling import make_warpers, widened
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.models import PairArguments, load_model
 
@@ -88,8 +88,8 @@ def test_sampling_records_match_recomputation(pair_dirs, prompts_file, loaded, t
     target, draft = loaded
     warpers = make_warpers(0.8, 20, 1.0)
     for record in records:
-        q = logits_to_probs(teacher_forced(draft, record["prefix"], record["tokens"]), warpers)
-        p = logits_to_probs(teacher_forced(target, record["prefix"], record["tokens"]), warpers)
+        q = warpers(None, widened(teacher_forced(draft, record["prefix"], record["tokens"]))).softmax(-1)
+        p = warpers(None, widened(teacher_forced(target, record["prefix"], record["tokens"]))).softmax(-1)
         proposals = torch.tensor(record["draft"])
         q_tok, p_tok = q.gather(-1, proposals[:, None])[:, 0], p.gather(-1, proposals[:, None])[:, 0]
         assert (q_tok > 0).all(), "a sampled proposal must have mass under the warped draft distribution"
@@ -247,12 +247,12 @@ def test_a_draft_with_recurrent_layers_is_refused(pair_dirs, prompts_file, tmp_p
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--output_file", "x.json"], "--output must end in .jsonl"),
-    (["--output_file", "x.jsonl", "--dataset", "no/such.jsonl"], "no prompt file at no/such.jsonl"),
+    (["--output", "x.json"], "--output must end in .jsonl"),
+    (["--output", "x.jsonl", "--prompts", "no/such.jsonl"], "no prompt file at no/such.jsonl"),
 ])
 def test_the_command_reports_bad_input_in_one_line(pair_dirs, flags, message):
     with pytest.raises(SystemExit) as exit_:
-        main(["--target_name", pair_dirs[0], "--draft_name", pair_dirs[1], "--dataset", "humaneval", *flags])
+        main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--prompts", "humaneval", *flags])
     assert exit_.value.code.startswith(f"specdecpp build-data: error: {message}")
 
 
@@ -262,8 +262,8 @@ def test_torchrun_two_ranks_build_the_same_file(pair_dirs, prompts_file, tmp_pat
     build_data(*args_for(pair_dirs, prompts_file, single, batch_size=2))
     out = tmp_path / "ranks.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "specdecpp.data.build_data", "--target_name", pair_dirs[0], "--draft_name", pair_dirs[1],
-           "--dataset", prompts_file, "--output_file", str(out), "--max_new_tokens", str(MAX_NEW), "--batch_size", "2"]
+           "-m", "specdecpp.data.build_data", "--target", pair_dirs[0], "--draft", pair_dirs[1],
+           "--prompts", prompts_file, "--output", str(out), "--max_new_tokens", str(MAX_NEW), "--batch_size", "2"]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

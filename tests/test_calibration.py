@@ -61,7 +61,7 @@ def test_command_prints_report_and_writes_diagram(pair_dirs, tmp_path, capsys):
         for r in synthetic_records(5):
             f.write(json.dumps(r) + "\n")
     main(["--head", str(tmp_path / "head"), "--draft", pair_dirs[1], "--data_path", str(tmp_path / "dev.jsonl"),
-          "--plot_path", str(tmp_path / "rel.png"), "--output_json", str(tmp_path / "rel.json")])
+          "--plot_path", str(tmp_path / "rel.png"), "--output", str(tmp_path / "rel.json")])
     out = capsys.readouterr().out
     for name in ("ECE", "Brier score", "AUROC", "binary KL"):
         assert name in out

@@ -19,20 +19,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Per command: its required flags (the values are placeholders), and for each field the spellings
 # that must all set it: the common name first, then the reference's and earlier ones.
-PAIR = {"target": ["--target", "--model_name", "--target_name", "--target_model_name", "--target_name_or_path"],
-        "draft": ["--draft", "--assistant_name", "--model_name_or_path", "--draft_name", "--draft_name_or_path"],
-        "torch_dtype": ["--torch_dtype"], "device": ["--device", "--device_map"]}
-HEAD = {"head": ["--head", "--assist_acc_head_dir", "--head_name_or_path"]}
+PAIR = {"target": ["--target", "--model_name"], "draft": ["--draft", "--assistant_name", "--model_name_or_path"],
+        "torch_dtype": ["--torch_dtype"], "device": ["--device"]}
+HEAD = {"head": ["--head", "--assist_acc_head_dir"]}
 SEED = {"seed": ["--seed", "--random_seed"]}
 COMMANDS = {
     "specdecpp.data.build_data": (["--prompts", "p", "--output", "o.jsonl"], PAIR | SEED | {
-        "prompts": ["--prompts", "--dataset"], "output": ["--output", "--output_file"],
-        "prompts_split": ["--prompts_split", "--dataset_split"]}),
+        "prompts": ["--prompts"], "output": ["--output"], "prompts_split": ["--prompts_split"]}),
     "specdecpp.train": (["--use_cpu", "True", "--report_to", "none"], PAIR | SEED | {
         "records": ["--records", "--data_path"], "eval_records": ["--eval_records", "--eval_data_path"],
         "output_dir": ["--output", "--output_dir"]}),
     "specdecpp.calibration.report": (["--records", "r.jsonl"], PAIR | HEAD | SEED | {
-        "records": ["--records", "--data_path"], "output": ["--output", "--output_json"]}),
+        "records": ["--records", "--data_path"], "output": ["--output"]}),
     "specdecpp.evaluate": ([], PAIR | HEAD | SEED | {
         "prompts": ["--prompts", "--data_path"], "output": ["--output", "--save_path"],
         "prompts_split": ["--prompts_split", "--data_split"],

@@ -14,7 +14,7 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.costs import StepTimes
 from specdecpp.engine.draft_step import CachedModel
 from specdecpp.engine.online import OnlineAcceptanceEstimator
-from specdecpp.engine.sampling import logits_to_probs, make_warpers
+from specdecpp.engine.sampling import make_warpers, widened
 from specdecpp.engine.schedules import SCHEDULES, VerifyBudget
 
 
@@ -380,9 +380,9 @@ def test_streamer_receives_the_prompt_then_every_token(tiny_pair):
 def exact_first_two_token_distribution(target, prompt, warpers) -> torch.Tensor:
     """P(x1, x2) under the target with the same logits processing, `[VOCAB * VOCAB]`."""
     with torch.no_grad():
-        p1 = logits_to_probs(target(prompt).logits[:, -1], warpers)[0]
+        p1 = warpers(None, widened(target(prompt).logits[:, -1])).softmax(-1)[0]
         rows = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
-        p2 = logits_to_probs(target(rows).logits[:, -1], warpers)
+        p2 = warpers(None, widened(target(rows).logits[:, -1])).softmax(-1)
     return (p1[:, None] * p2).reshape(-1)
 
 

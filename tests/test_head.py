@@ -242,7 +242,7 @@ def test_committed_heads_sample_the_targets_distribution(name):
     from transformers import AutoModelForCausalLM
 
     from specdecpp import speculative_generate
-    from specdecpp.engine.sampling import logits_to_probs, make_warpers
+    from specdecpp.engine.sampling import make_warpers, widened
 
     head = AcceptancePredictionHead.from_pretrained(ZOO / name)
     target, draft = (AutoModelForCausalLM.from_pretrained(ZOO / part, dtype=torch.float32).eval()
@@ -250,10 +250,10 @@ def test_committed_heads_sample_the_targets_distribution(name):
     prompt, warpers = torch.tensor([[0, 314, 321, 976]]), make_warpers(top_k=6)
 
     def exact_joint(model) -> dict[tuple[int, int], float]:
-        p1 = logits_to_probs(model(prompt).logits[:, -1], warpers)[0]
+        p1 = warpers(None, widened(model(prompt).logits[:, -1])).softmax(-1)[0]
         firsts = p1.nonzero()[:, 0]
         rows = torch.cat([prompt.repeat(len(firsts), 1), firsts[:, None]], dim=1)
-        p2 = logits_to_probs(model(rows).logits[:, -1], warpers)
+        p2 = warpers(None, widened(model(rows).logits[:, -1])).softmax(-1)
         return {(int(x1), int(x2)): float(p1[x1] * p2[i, x2]) for i, x1 in enumerate(firsts) for x2 in p2[i].nonzero()[:, 0]}
 
     generator, counts = torch.Generator().manual_seed(0), {}

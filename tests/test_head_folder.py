@@ -33,7 +33,7 @@ def test_the_card_renders_from_the_config_and_the_folder_files(tmp_path):
     card = (tmp_path / "README.md").read_text()
     assert "org/draft" in card and "train.jsonl" in card and "| eval_binary_kl | 0.25 |" in card
     assert "`proposer` alignment, 1 residual blocks" in card and "logit features: log_q" in card
-    assert "## Stop threshold" not in card and "stop_threshold=0.3, bound=(2, 20))" in card
+    assert "## Stop threshold" not in card and "head=head)" in card
 
     # calibration leaves a report and a diagram, then stores a threshold: saving re-renders the card
     (tmp_path / "calibration.json").write_text(json.dumps({"positions": 100, "ece": 0.0312345, "bins": []}))

@@ -4,7 +4,11 @@ import torch
 from scipy.stats import chisquare
 
 from specdecpp.engine.decoding import _verify
-from specdecpp.engine.sampling import logits_to_probs, make_warpers, residual_distribution, sample
+from specdecpp.engine.sampling import make_warpers, residual_distribution, sample, widened
+
+
+def logits_to_probs(logits, warpers):
+    return warpers(None, logits).softmax(-1)
 
 
 def test_warpers_match_temperature_top_k_top_p():
@@ -18,7 +22,8 @@ def test_warpers_match_temperature_top_k_top_p():
 
 
 def test_half_precision_logits_are_upcast():
-    assert logits_to_probs(torch.zeros(1, 3, dtype=torch.bfloat16), make_warpers()).dtype == torch.float32
+    assert widened(torch.zeros(1, 3, dtype=torch.bfloat16)).dtype == torch.float32
+    assert widened(torch.zeros(1, 3, dtype=torch.float64)).dtype == torch.float64
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)])

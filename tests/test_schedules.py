@@ -5,7 +5,13 @@ import torch
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds, sigmoid
 from specdecpp.engine.schedules import SCHEDULES, Ada, Heuristic, draft_log_odds, make_schedule
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
+
+
+def schedule(name: str, draft_correct: list[bool] | None = None, **knobs):
+    """A fresh policy of schedule `name` with `knobs` (`DecodingSettings`' fields)."""
+    return make_schedule(DecodingSettings(schedule=name, **knobs), draft_correct)
 
 
 def test_heuristic_grows_by_two_after_full_acceptance_and_shrinks_by_one_otherwise():
@@ -22,7 +28,7 @@ def test_heuristic_grows_by_two_after_full_acceptance_and_shrinks_by_one_otherwi
 
 
 def test_dynamic_stops_on_a_low_confidence_token():
-    policy = make_schedule("dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4)
+    policy = schedule("dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4)
     assert policy.max_draft() == 20
     assert not policy.stop_after(DraftStep(1, 0.41))
     assert policy.stop_after(DraftStep(2, 0.39))
@@ -85,13 +91,13 @@ def test_proposer_ada_feeds_the_features_of_the_drafted_token():
 
 def test_ada_auto_threshold_comes_from_the_head():
     head = constant_head(0.8, alignment="proposer").with_threshold(0.25, {})
-    assert make_schedule("ada", head=head, stop_threshold="auto").stop_threshold == 0.25
+    assert schedule("ada", head=head, stop_threshold="auto").stop_threshold == 0.25
     with pytest.raises(ValueError, match="stored threshold"):
-        make_schedule("ada", head=constant_head(0.8), stop_threshold="auto")
+        schedule("ada", head=constant_head(0.8), stop_threshold="auto")
 
 
 def test_oracle_drafts_the_run_of_correct_proposals():
-    policy = make_schedule("oracle", draft_correct=[True, True, False, True, False, False, True], bound=(2, 20))
+    policy = schedule("oracle", draft_correct=[True, True, False, True, False, False, True], bound=(2, 20))
     runs = []
     for _ in range(4):
         run = policy.max_draft()
@@ -102,7 +108,7 @@ def test_oracle_drafts_the_run_of_correct_proposals():
 
 def test_unknown_schedule():
     with pytest.raises(ValueError, match="unknown schedule"):
-        make_schedule("fastest")
+        DecodingSettings(schedule="fastest").validate()
     assert set(SCHEDULES) == {"none", "constant", "heuristic", "dynamic", "ada", "online", "oracle", "verify-budget",
                               "ada-budget"}
 
@@ -121,39 +127,39 @@ def test_draft_log_odds_is_the_log_odds_of_the_top_probability_at_the_temperatur
 
 def test_online_judges_with_the_estimator_and_teaches_it_the_rounds_outcomes():
     estimator = OnlineAcceptanceEstimator(4, refit_interval=2)
-    policy = make_schedule("online", estimator=estimator, stop_threshold=0.6, bound=(1, 4))
-    assert policy.estimator is estimator
+    policy = schedule("online", estimator=estimator, stop_threshold=0.6, bound=(1, 4))
+    assert policy.judge.estimator is estimator
     p = sigmoid(0.5 * log_odds(0.9) - 0.2)
     assert policy.max_draft() == 4
     stops = [policy.stop_after(DraftStep(j, 0.9)) for j in (1, 2, 3)]
     assert stops == [1 - p ** j > 0.6 for j in (1, 2, 3)]
-    assert policy.predictions == pytest.approx([p] * 3)
+    assert policy.judge.predictions == pytest.approx([p] * 3)
     policy.end_round(3, 1)
     assert [s[5] for s in estimator.window] == [1, 1, 0, 0] and estimator.steps == 1
     policy.start_round()
     policy.stop_after(DraftStep(1, 0.9))
     policy.end_round(1, 0)
     assert estimator.refits == 1 and estimator.intercepts != [-0.2] * 4  # it learned
-    fresh = make_schedule("online", stop_threshold=0.6, bound=(1, 4))  # no estimator given: a fresh one
-    assert fresh.estimator is not estimator and fresh.estimator.intercepts == [-0.2] * 4
+    fresh = schedule("online", stop_threshold=0.6, bound=(1, 4))  # no estimator given: a fresh one
+    assert fresh.judge.estimator is not estimator and fresh.judge.estimator.intercepts == [-0.2] * 4
 
 
 def test_ada_online_starts_at_no_correction_and_learns():
     head = constant_head(0.8, alignment="proposer")
-    plain = make_schedule("ada", head=head, stop_threshold=0.45, bound=(1, 10))
-    online = make_schedule("ada", head=head, stop_threshold=0.45, bound=(1, 10), online=True)
-    assert online.estimator.slope == 1.0 and online.estimator.intercepts == [0.0] * 10
+    plain = schedule("ada", head=head, stop_threshold=0.45, bound=(1, 10))
+    online = schedule("ada", head=head, stop_threshold=0.45, bound=(1, 10), online=True)
+    assert online.judge.estimator.slope == 1.0 and online.judge.estimator.intercepts == [0.0] * 10
     for policy in (plain, online):
         policy.max_draft()
     hidden = torch.zeros(4)
     for j in (1, 2, 3):
         assert plain.stop_after(DraftStep(j, 1.0, hidden)) == online.stop_after(DraftStep(j, 1.0, hidden))
     assert online.p_all_accepted == pytest.approx(plain.p_all_accepted)
-    assert online.features == pytest.approx([log_odds(0.8)] * 3)  # the head's logit is the feature
+    assert online.judge.features == pytest.approx([log_odds(0.8)] * 3)  # the head's logit is the feature
     for _ in range(100):  # the head says 0.8, the target rejects every first token
         online.start_round()
         online.stop_after(DraftStep(1, 1.0, hidden))
         online.end_round(1, 0)
     online.start_round()
     online.stop_after(DraftStep(1, 1.0, hidden))
-    assert online.estimator.refits == 1 and online.p_all_accepted < 0.5
+    assert online.judge.estimator.refits == 1 and online.p_all_accepted < 0.5

@@ -7,7 +7,8 @@ import torch
 from specdecpp.engine.decoding import GenerationStats, draft_round
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import Ada
+from specdecpp.engine.schedules import HeadJudge
+from specdecpp import speculative_generate
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.measuring import step_timing
 from specdecpp.measuring.step_timing import StepProbe, TimedRound, measure_cost_ratio
@@ -23,11 +24,18 @@ def proposer_head(accept_prob: float) -> AcceptancePredictionHead:
 
 
 def test_a_timed_round_drafts_k_tokens_through_the_loop_and_splits_its_times_by_step(tiny_pair):
-    """`TimedRound` drafts exactly k tokens in `draft_round` even under a judge that would stop at
-    once, and its per-step times add up to what the loop recorded."""
+    """`TimedRound` drafts exactly k tokens in `draft_round`, judging each, and its per-step times
+    add up to what the loop recorded."""
     _, draft = tiny_pair
     stats = GenerationStats()
-    judge = Ada(proposer_head(0.1), stop_threshold=0.0, bound=(1, 8))  # alone, it stops after one token
+    judged = []
+
+    class CountingJudge(HeadJudge):
+        def __call__(self, step):
+            judged.append(step.num_drafted)
+            return super().__call__(step)
+
+    judge = CountingJudge(proposer_head(0.1))
     policy = TimedRound(4, judge, stats)
     policy.start_round()
     seq = [5, 9, 17, 3]
@@ -40,7 +48,7 @@ def test_a_timed_round_drafts_k_tokens_through_the_loop_and_splits_its_times_by_
     assert len(steps) == 4 and all(draft_ms > 0 and judge_ms > 0 for draft_ms, judge_ms in steps)
     assert sum(draft_ms for draft_ms, _ in steps) == pytest.approx(1000 * stats.draft_time)
     assert sum(judge_ms for _, judge_ms in steps) == pytest.approx(1000 * stats.schedule_time)
-    assert judge.p_all_accepted == pytest.approx(0.1 ** 4)  # every drafted token was judged
+    assert judged == [1, 2, 3, 4]  # every drafted token was judged
 
 
 def test_the_probe_times_the_loops_own_draft_round_and_verify(tiny_pair, monkeypatch):
@@ -72,3 +80,36 @@ def test_cost_ratio_is_measured_on_cached_steps(tiny_pair):
     cost = measure_cost_ratio(target, draft, torch.tensor([[1, 2, 3, 4, 5]]), steps=3, warmup_steps=1)
     assert cost["cost_ratio"] == pytest.approx(cost["draft_step_ms"] / cost["target_verify_ms"])
     assert cost["k"] == 4 and cost["steps"] == 3
+
+
+def head_with_rounds(draft_hidden: int, stored: dict) -> AcceptancePredictionHead:
+    """A proposer head whose stored threshold (0.5) was priced with `stored` step times, with the
+    rounds of a two-threshold grid to choose again from: long rounds at 0.9, short at 0.1."""
+    head = AcceptancePredictionHead(draft_hidden, num_layers=1, alignment="proposer", features=["log_q"])
+    return head.with_threshold(0.5, {"bound": [1, 4], "thresholds": [0.1, 0.9], "tokens": 100,
+                                     "round_weights": [[0, 50, 0, 0, 0], [0, 0, 0, 0, 25]],
+                                     "judged_step_times": stored})
+
+
+def test_auto_prices_the_device_it_runs_on_once_and_keeps_the_times(tiny_pair, tmp_path, monkeypatch):
+    target, draft = tiny_pair
+    here = {"device": "cpu", "engine": "eager", "threads": torch.get_num_threads()}
+    assert step_timing.auto_step_times(head_with_rounds(draft.config.hidden_size, here), target, draft) is None
+
+    head = head_with_rounds(draft.config.hidden_size, {**here, "device": "cuda:0"})
+    monkeypatch.setattr(step_timing, "STEP_TIMES_CACHE", tmp_path)
+    times = step_timing.auto_step_times(head, target, draft)
+    assert times.device == "cpu" and times.judge_ms > 0 and len(list(tmp_path.glob("*.json"))) == 1
+    monkeypatch.setattr(step_timing, "measure_costs", lambda *args, **kwargs: pytest.fail("timed twice"))
+    assert step_timing.auto_step_times(head, target, draft) == times  # read back, not timed again
+    assert head.resolve_stop_threshold("auto", times) == head.threshold_for(times) in (0.1, 0.9)
+    prompt = torch.tensor([[1, 2, 3]])
+    for step_times, threshold, source in ((times, head.threshold_for(times), "cpu eager"), (None, 0.5, "cuda:0 eager")):
+        stats = speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", bound=(1, 4),
+                                     step_times=step_times, max_new_tokens=6).stats
+        assert stats.stop_threshold == threshold and stats.threshold_step_times.startswith(source)
+
+    bare = AcceptancePredictionHead(draft.config.hidden_size, 1, "proposer", ["log_q"]).with_threshold(
+        0.5, {"judged_step_times": {**here, "device": "cuda:0"}})
+    with pytest.warns(UserWarning, match="stores no replayed rounds"):
+        assert step_timing.auto_step_times(bare, target, draft) is None

@@ -234,7 +234,7 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
     calibration_main(["--head", str(head_dir), "--draft", pair_dirs[1], "--target", pair_dirs[0],
                       "--data_path", str(data), "--choose_threshold", "--bound", "1", "8",
                       "--plot_path", str(tmp_path / "rel.png"), "--threshold_plot_path", str(tmp_path / "threshold.png"),
-                      "--output_json", str(tmp_path / "report.json")])
+                      "--output", str(tmp_path / "report.json")])
     report = json.loads((tmp_path / "report.json").read_text())
     saved = AcceptancePredictionHead.from_pretrained(head_dir)
     assert saved.stop_threshold == report["threshold"]["stop_threshold"]
@@ -355,3 +355,32 @@ def test_the_selection_stores_the_records_processing_and_auto_warns_only_on_anot
     assert choose_threshold(proposer_head, draft, target, [{k: v for k, v in r.items() if k != "processing"}
                                                            for r in records], bound=(1, 8), predictions=predictions,
                             times=(TIMES, TIMES))[1]["processing"] == {}
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_auto_for_other_step_times_equals_the_full_replay(proposer_head, mode):
+    """`head.threshold_for(times)` prices the rounds the calibration stored and chooses what a whole
+    new replay at `times` chooses, for the CPU's prices, flat GPU-like prices and dear judgements."""
+    rng = np.random.default_rng(0)
+    p_acc = (rng.random(300) < 0.75).astype(float) if mode == "greedy" else rng.random(300)
+    records = [{"prefix": [1, 2], "tokens": [3] * 100, "p_acc": list(p_acc[i:i + 100]),
+                "log_p_draft": list(np.log(rng.uniform(0.2, 1.0, 100)))} for i in (0, 100, 200)]
+    predictions = np.clip(p_acc + rng.normal(0, 0.2, 300), 0.01, 0.99)
+    cpu = StepTimes(draft_ms=[1.0] * 8, verify_ms=[10.0 + 1.5 * k for k in range(9)], target_alone_ms=10.0,
+                    judge_ms=0.3)
+    _, stored = choose_threshold(proposer_head, None, None, records, bound=(1, 8), predictions=predictions,
+                                 times=(cpu, cpu))
+    head = copy.deepcopy(proposer_head).with_threshold(0.5, stored)
+    chosen = set()
+    for times in (cpu, replace(cpu, verify_ms=[10.0] * 9), replace(cpu, draft_ms=[3.0] * 8, judge_ms=1.0),
+                  replace(cpu, draft_ms=[0.2] * 8, verify_ms=[1.0 + 0.01 * k for k in range(9)], target_alone_ms=1.0)):
+        threshold, _ = choose_threshold(proposer_head, None, None, records, bound=(1, 8), predictions=predictions,
+                                        times=(times, times))
+        assert head.threshold_for(times) == threshold
+        assert head.resolve_stop_threshold("auto", times) == threshold
+        chosen.add(threshold)
+    assert len(chosen) > 1  # the prices really moved the choice
+    assert head.resolve_stop_threshold("auto") == 0.5
+    with pytest.raises(ValueError, match="stores no replayed rounds"):
+        copy.deepcopy(head).with_threshold(0.5, {k: v for k, v in stored.items() if k != "round_weights"}
+                                           ).threshold_for(cpu)

@@ -39,6 +39,7 @@ from specdecpp.checks import check_data_fits_draft
 from specdecpp.cli import common_field, input_errors
 from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 from specdecpp.data.io import atomic_write, read_records
+from specdecpp.engine.settings import default
 from specdecpp.head.folder import REPLAYED_ROUNDS, stored_step_times
 from specdecpp.head.inputs import predict
 from specdecpp.head.model import AcceptancePredictionHead
@@ -62,13 +63,13 @@ class CalibrationArguments:
         "help": "the head's training weight w: undo it (w s / (1 - s + w s)) before comparing with the labels; "
                 "1 judges the raw predictions"})
     plot_path: str = field(default="reliability.png", metadata={"help": "where the reliability diagram goes"})
-    output: str | None = common_field("output", aliases=("--output_json",), default=None, help=(
+    output: str | None = common_field("output", default=None, help=(
         "also write the report as JSON here"))
     choose_threshold: bool = field(default=False, metadata={"help": (
         "also choose the head's stop threshold by replaying rounds on these records (greedy, or expected over "
         "p_acc for sampled records: choose on data of the mode you decode in) with the pair's measured costs "
         "(needs --target and a proposer head), and store it in the head folder")})
-    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
+    bound: list[int] = field(default_factory=lambda: list(default("bound")), metadata={
         "help": "ada's MIN MAX drafted tokens per round, as decoding will use them (for --choose_threshold)"})
     threshold_plot_path: str = field(default="threshold.png", metadata={
         "help": "where the replayed cost-against-threshold plot goes (for --choose_threshold)"})

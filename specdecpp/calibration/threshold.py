@@ -31,13 +31,14 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdecpp.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds, log_odds_from_log
-from specdecpp.engine.schedules import Constant, Dynamic, Oracle, ProductRule, Schedule, VerifyBudget
-from specdecpp.head.inputs import predict
+from specdecpp.engine.schedules import Constant, Dynamic, Judge, Oracle, ProductRule, Schedule, VerifyBudget
+from specdecpp.engine.settings import default
 from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.measuring.step_timing import measure_costs
+from specdecpp.head.inputs import predict
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed beside the head
@@ -84,14 +85,22 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
     (`StepTimes.round_ms` per round) and both views of `specdecpp.costs`: `cost_per_token` (measured,
     in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
     verifications, `c` from `times`), summing over the positions a round can
-    start at, weighted by the probability that one does (for greedy records, the one path)."""
+    start at, weighted by the probability that one does (for greedy records, the one path), and
+    `round_weights[k]`, the expected number of rounds that draft and verify `k` tokens (None when
+    a round verifies fewer than it drafts), which `StepTimes.rounds_ms` prices at other times."""
     target_calls, draft_calls, total_ms = 0.0, 0.0, 0.0
+    round_weights = []
     for _, _, weight, k, drafted in replayed_rounds(accept, predictions, round_length, max_draft):
         target_calls, draft_calls = target_calls + weight, draft_calls + weight * drafted
         total_ms += weight * times.round_ms(drafted, drafted if judged else 0, k)
+        if round_weights is not None and k == drafted:
+            round_weights.extend([0.0] * (drafted + 1 - len(round_weights)))
+            round_weights[drafted] += weight
+        else:
+            round_weights = None  # rounds that verify fewer than they draft are not priced by length alone
     tokens = sum(len(acc) for acc in accept)
     return {"tokens": tokens, "target_calls": float(target_calls), "draft_calls": float(draft_calls),
-            "ms_per_token": total_ms / tokens,
+            "round_weights": round_weights, "ms_per_token": total_ms / tokens,
             "cost_per_token": cost_per_token(total_ms, tokens, unit_ms or times.target_alone_ms),
             "flat_cost_per_token": cost_per_token(flat_spent(target_calls, draft_calls, times.cost_ratio()), tokens)}
 
@@ -119,46 +128,28 @@ def schedule_length(policy: Schedule, step: Callable[[float, int], DraftStep] | 
 
 
 def judged_step(value: float, num_drafted: int) -> DraftStep:
-    """The `j`-th draft step (`num_drafted`) as `RecordedRule` reads it: the record's value in the
-    step's `accept_prob`, where the compiled draft step hands `Ada` its own judgement (the value is
-    the judgement itself, or the feature a rule with an estimator judges from)."""
+    """The `num_drafted`-th draft step carrying a record's value as its `accept_prob` (the head's
+    recorded prediction, or the feature an estimator judges from), as a compiled step hands it."""
     return DraftStep(num_drafted, 1.0, accept_prob=float(value))
 
 
-class RecordedRule(ProductRule):
-    """The stop rule of `Ada` with a proposer head and of `Online` (`ProductRule`) on values recorded
-    beforehand: each step's `accept_prob` (`judged_step`) is the head's recorded prediction, or,
-    with an `estimator`, the recorded feature it predicts from (`learned`; the estimator learns from
-    each round's outcome), as `Online` and `Ada` with `online=True` judge."""
-
-    def stop_after(self, step: DraftStep) -> bool:
-        value = step.accept_prob
-        return self.judged(value if self.estimator is None else self.learned(value), step.num_drafted)
-
-
 def ada_length(threshold: float, min_draft: int, scale: list[float] | None = None) -> RoundLength:
-    """The `ada` rule for a proposer head on its recorded predictions (`RecordedRule`: the engine's
-    product rule, stopping once `j >= min_draft` and `1 - prod p_hat > threshold`); with `scale`
-    (`marginal_scale`) the cost-aware rule, the same product rule at a threshold per position
-    (`CostAwareRule`)."""
-    rule = CostAwareRule(threshold, min_draft, scale) if scale else RecordedRule(threshold, (min_draft, NO_LIMIT))
+    """The `ada` rule for a proposer head on its recorded predictions; with `scale` (`marginal_scale`)
+    the cost-aware rule (`CostAwareRule`)."""
+    rule = CostAwareRule(threshold, min_draft, scale) if scale else ProductRule(Judge(), threshold, (min_draft, NO_LIMIT))
     return schedule_length(rule, judged_step)
 
 
-class CostAwareRule(RecordedRule):
-    """The cost-aware stop rule (replayed, not run by the engine): the product rule whose threshold
-    after `j` drafted tokens is `1 - (1 - threshold) * scale[j - 1]`, so that it stops once
-    `prod p_hat < (1 - threshold) * scale[j - 1]` (see `marginal_scale`); at most `len(scale)`
-    tokens a round."""
+class CostAwareRule(ProductRule):
+    """The cost-aware stop rule (replayed, not run by the engine): the product rule at threshold
+    `1 - (1 - threshold) * scale[j - 1]` after `j` drafted tokens, at most `len(scale)` a round."""
 
     def __init__(self, stop_threshold: float, min_draft: int, scale: list[float]):
-        super().__init__(stop_threshold, (min_draft, len(scale)))
+        super().__init__(Judge(), stop_threshold, (min_draft, len(scale)))
         self.thresholds = [1.0 - (1.0 - stop_threshold) * factor for factor in scale]
 
-    def judged(self, p_accept: float, num_drafted: int) -> bool:
-        """The product rule's own fold and test, at the threshold of position `num_drafted`."""
-        self.stop_threshold = self.thresholds[num_drafted - 1]
-        return super().judged(p_accept, num_drafted)
+    def threshold(self, num_drafted: int) -> float:
+        return self.thresholds[num_drafted - 1]
 
 
 def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
@@ -179,9 +170,9 @@ def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
 def online_length(estimator: OnlineAcceptanceEstimator, threshold: float, min_draft: int) -> RoundLength:
     """The product rule on `estimator`'s predictions from the record's features (the values
     replayed: `greedy_log_odds` for `online`, the head's logits for `ada` recalibrated online), as
-    `Online` and `Ada` with `online=True` judge (`RecordedRule`), the estimator learning each
+    `Online` and `Ada` with `online=True` judge, the estimator learning each
     round's outcome. Greedy records only, replayed in order: their one path is the sequence it learns from."""
-    return schedule_length(RecordedRule(threshold, (min_draft, NO_LIMIT), estimator), judged_step)
+    return schedule_length(ProductRule(Judge(estimator), threshold, (min_draft, NO_LIMIT)), judged_step)
 
 
 def budget_length(max_draft: int, times: StepTimes, judged: bool = False,
@@ -193,8 +184,7 @@ def budget_length(max_draft: int, times: StepTimes, judged: bool = False,
     expected tokens per round time, each length priced with `times` (the whole block's draft steps,
     its judgements when `judged`, the verification of the prefix). Returns `(verified, drafted)`
     when it verifies fewer than it drafted."""
-    scorer = RecordedRule(1.0, (max_draft, max_draft), estimator)  # as make_schedule builds it: it never stops
-    return schedule_length(VerifyBudget(scorer, max_draft, times, judged), judged_step)
+    return schedule_length(VerifyBudget(Judge(estimator), max_draft, times, judged), judged_step)
 
 
 def greedy_log_odds(record: dict) -> np.ndarray:
@@ -221,7 +211,7 @@ def oracle_length(pred: np.ndarray | None, ok: np.ndarray, pos: int, limit: int)
 
 
 def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, target: PreTrainedModel,
-                     records: list[dict], bound: tuple[int, int] = (2, 20), thresholds: tuple[float, ...] = THRESHOLDS,
+                     records: list[dict], bound: tuple[int, int] = default("bound"), thresholds: tuple[float, ...] = THRESHOLDS,
                      batch_size: int = 8, timing_repeats: int = 16,
                      predictions: np.ndarray | None = None,
                      times: tuple[StepTimes, StepTimes] | None = None, compile: bool = False) -> tuple[float, dict]:
@@ -252,11 +242,13 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
 
     calls = {}  # method -> [target calls, draft calls] per token: the counts behind every cost
+    round_weights = {}  # method -> its rounds counted by length (`replay`)
 
     def cost(method: str, round_length: RoundLength, times: StepTimes = plain,
              values: list[np.ndarray] = predictions) -> float:
         replayed = replay(accept, values, round_length, bound[1], times, times is judged, plain.target_alone_ms)
         calls[method] = [round(replayed[f"{kind}_calls"] / replayed["tokens"], 5) for kind in ("target", "draft")]
+        round_weights[method] = replayed["round_weights"]
         return round(replayed["cost_per_token"], 5)
 
     curve = [cost(f"ada@{t:g}", ada_length(t, bound[0]), judged) for t in thresholds]
@@ -266,6 +258,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                  "mode": "greedy" if greedy else "sampling", "processing": processing,
                  "step_times": plain.as_dict(), "judged_step_times": judged.as_dict(),
                  "thresholds": list(thresholds), "cost_per_token": curve,
+                 "round_weights": [round_weights[f"ada@{t:g}"] for t in thresholds],
                  "marginal_scale": scale, "marginal_cost_per_token": marginal_curve,
                  "constant_k_cost_per_token": {str(k): cost(f"K={k}", constant_length(k)) for k in range(1, 7)},
                  "dynamic_cost_per_token": {f"{c:g}": cost(f"dynamic@{c:g}", dynamic_length(c), values=draft_probs)

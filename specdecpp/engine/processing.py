@@ -1,13 +1,5 @@
-"""Logits processors and stopping criteria as `generate` builds them, applied per position.
-
-`generate` processes one position's logits at a time, with the prefix that position has. A
-speculative round scores several positions at once (the target `k + 1` in one forward), so each
-position is processed here with its own prefix: the prompt, the tokens kept so far and the drafted
-tokens before it. The processors and criteria are transformers' own objects, built once per
-generation by `generate`'s own builders from one generation config (docs/design.md, One round),
-so the draft's and the target's logits get exactly the processing `target.generate` applies.
-Stopping criteria are checked after every emitted token; a round ends at the first that stops.
-"""
+"""`generate`'s logits processors and stopping criteria, built by its own builders and applied to
+each position with that position's prefix (docs/design.md, One round)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,11 +40,8 @@ PER_POSITION_CRITERIA = (MaxTimeCriteria, StopStringCriteria)
 
 @dataclass
 class Processing:
-    """What one generation applies to every position: `processors`, the list `generate` applies to
-    a position's logits (the warpers last, when `do_sample`), and `criteria`, the stopping criteria
-    beyond the length limit and EOS. A transformers processor or criterion that is not a function
-    of the prefix alone is refused (ValueError naming it); one of the user's own is taken at its
-    word (`LogitsProcessor.__call__(input_ids, scores)`), and criteria get `scores=None`."""
+    """One generation's `processors` (warpers last when `do_sample`) and stopping `criteria` beyond the
+    length limit and EOS; transformers' ones that are not a function of the prefix are refused."""
 
     processors: LogitsProcessorList
     criteria: StoppingCriteriaList
@@ -66,13 +55,11 @@ class Processing:
             raise ValueError(f"SpecDec++ processes each drafted position with its own prefix, and "
                              f"{', '.join(refused)} cannot be applied that way (it needs a second forward, keeps "
                              "state across positions or is model-specific)")
-        # Without a processor that reads the prefix, rows are processed together, as before this module.
         self.reads_prefix = any(not isinstance(p, WARPERS) for p in self.processors)
         self.changes_logits = len(self.processors) > 0
 
     def logits(self, tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
-        """The processed rows of `logits` `[n, vocab]` (float32 or wider), which score the tokens after
-        the last `n` prefixes of `tokens`: row `i` follows `tokens[:len(tokens) - n + 1 + i]`."""
+        """The rows of `logits` `[n, vocab]` processed, row `i` with prefix `tokens[:len(tokens) - n + 1 + i]`."""
         logits = widened(logits)
         if not self.reads_prefix or not len(logits):
             return self._apply(None, logits) if self.changes_logits else logits
@@ -81,15 +68,13 @@ class Processing:
         return torch.cat([self._apply(ids[:, :start + i], logits[i:i + 1]) for i in range(len(logits))])
 
     def _apply(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
-        # Each processor called directly: LogitsProcessorList.__call__ inspects every processor's
-        # signature on every call (for keyword arguments the loop never has), 0.15 ms a position.
+        # Called directly: LogitsProcessorList.__call__ inspects each processor's signature every call.
         for processor in self.processors:
             scores = processor(input_ids, scores)
         return scores
 
     def stop_length(self, seq: list[int], new_tokens: list[int]) -> int | None:
-        """How many of `new_tokens` (emitted after `seq`) to keep when a stopping criterion is met by
-        one of them (up to and including the first such token, as `generate` stops), else None."""
+        """How many of `new_tokens` to keep when a criterion stops at one of them (that one included), else None."""
         if not self.criteria:
             return None
         ids = torch.tensor([seq + new_tokens])
@@ -100,16 +85,13 @@ class Processing:
 
 
 def _refused(item, allowed: tuple[type, ...]) -> bool:
-    """Whether `item` is one of transformers' classes outside `allowed` (a user's own class is taken)."""
     return type(item).__module__.startswith("transformers.") and not isinstance(item, allowed)
 
 
 def build_processing(target: PreTrainedModel, config: GenerationConfig, input_ids: torch.LongTensor,
                      logits_processor: LogitsProcessorList | None = None,
                      stopping_criteria: StoppingCriteriaList | None = None, tokenizer=None) -> Processing:
-    """The `Processing` that `target.generate(input_ids, generation_config=config,
-    logits_processor=..., stopping_criteria=..., tokenizer=...)` would apply, built by `generate`'s
-    own builders (`config` is copied; stop strings need the `tokenizer`)."""
+    """The `Processing` `target.generate(input_ids, generation_config=config, ...)` would apply."""
     config = GenerationConfig.from_dict(config.to_dict())
     processors, criteria = generate_processing(target, config, input_ids, logits_processor or LogitsProcessorList(),
                                                stopping_criteria or StoppingCriteriaList(), tokenizer)
@@ -117,7 +99,6 @@ def build_processing(target: PreTrainedModel, config: GenerationConfig, input_id
 
 
 def sampling_only(do_sample: bool, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Processing:
-    """The processing of a generation set by its sampling settings alone (`sampling.make_warpers`;
-    nothing when greedy): what step timing runs."""
+    """The processing set by sampling settings alone (nothing when greedy)."""
     warpers = make_warpers(temperature, top_k, top_p) if do_sample else LogitsProcessorList()
     return Processing(warpers, StoppingCriteriaList(), do_sample)

@@ -1,15 +1,35 @@
-"""Logits processing and sampling shared by both models, the engine and the data builder.
-
-Temperature, top-k and top-p are Hugging Face's own logits warpers, applied in `generate`'s
-order, so speculative sampling targets exactly the distribution `target.generate` samples from.
-"""
+"""Sampling: `generate`'s warpers, the draft's proposal (`DraftStep`, `proposed_token`), sampling
+and the residual distribution."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 # The warpers `make_warpers` builds: all the compiled draft step applies inside its graph.
 SAMPLING_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+
+@dataclass
+class DraftStep:
+    """The `num_drafted`-th drafted token of a round: the token, its draft probability, the
+    distribution `probs` it was drawn from (`warped`: processed), the raw `logits`, the hidden state
+    a head reads (at the forward's input position) and `accept_prob` when the step judged it."""
+
+    num_drafted: int
+    token_prob: float
+    hidden: torch.Tensor | None = None
+    token: int = -1
+    logits: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    warped: bool = False
+    accept_prob: float | None = None
+
+    @property
+    def raw_probs(self) -> torch.Tensor | None:
+        """The softmax of the raw logits when the step computed it (unwarped), else None."""
+        return None if self.warped else self.probs
 
 
 def make_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> LogitsProcessorList:
@@ -30,14 +50,8 @@ def make_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -
     return warpers
 
 
-def logits_to_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
-    """Rows of logits `[n, vocab]` -> probabilities after the warpers, computed in float32 or
-    wider (half-precision softmax would bias the acceptance ratio)."""
-    return warpers(None, widened(logits)).softmax(-1)
-
-
 def widened(logits: torch.Tensor) -> torch.Tensor:
-    """`logits` in float32 when they are half precision, else as they are (float64 stays)."""
+    """`logits` in float32 when half precision, else as they are."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
@@ -47,24 +61,19 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
 
 def draft_noise(vocab: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-    """`E_i ~ Exp(1)` for each of `vocab` tokens (float64), drawn from `generator`: the randomness
-    of one sampled draft token (`proposed_token`), drawn outside the compiled draft graph, which
-    takes it as an input."""
+    """`E_i ~ Exp(1)` per token (float64) from `generator`: one sampled draft token's randomness, drawn
+    outside the compiled graph."""
     return torch.empty(vocab, dtype=torch.float64, device=device).exponential_(generator=generator)
 
 
 def proposed_token(logits: torch.Tensor, probs: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-    """The draft's token choice, written once for every engine (the compiled graph traces this
-    code): greedy (`noise` None), the argmax of its processed `logits`; sampled, the argmax of
-    `probs / noise` with `noise` from `draft_noise`, an exact sample of `probs` (the exponential
-    race, which is how `torch.multinomial` draws one sample, so both engines draw the same tokens
-    from one generator)."""
+    """The draft's token, for every engine: greedy (`noise` None) the argmax of `logits`, else the
+    argmax of `probs / noise`, an exact sample (the exponential race `torch.multinomial` runs)."""
     return logits.argmax(-1) if noise is None else (probs / noise).argmax(-1)
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """`normalize(max(0, p - q))`: where to resample after a rejection. Falls back to `p` when
-    the residual has no mass (p == q up to rounding), which leaves the output distribution exact."""
+    """`normalize(max(0, p - q))`, or `p` where the residual has no mass."""
     residual = (p - q).clamp_min(0)
     total = residual.sum(-1, keepdim=True)
     return torch.where(total > 0, residual / total.clamp_min(torch.finfo(residual.dtype).tiny), p)

@@ -1,10 +1,5 @@
-"""The methods an evaluation compares, and our engine's adapter.
-
-A method is named `target`, `draft`, `specdecpp:<schedule>[@...]` or `hf:<schedule>[@...]`;
-`method_specs` turns a `MethodGrid` into one `MethodSpec` per schedule and knob value, and
-`engine_generate` runs a spec through `speculative_generate`, counting what it cost. Hugging
-Face's assisted generation has its own adapter in `hf_baselines`.
-"""
+"""The methods an evaluation compares (`target`, `draft`, `specdecpp:<schedule>[@...]`,
+`hf:<schedule>[@...]`) and the adapter to our engine."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,8 +10,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecpp.engine.decoding import decode
-from specdecpp.engine.online import OnlineAcceptanceEstimator
-from specdecpp.engine.settings import BUDGET_SCHEDULES, DecodingSettings
+from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.settings import MethodGrid, Prompt, budget_step_times_from, may_store_threshold
 from specdecpp.head.folder import stored_step_times
 from specdecpp.head.model import AcceptancePredictionHead
@@ -59,8 +54,7 @@ class Method:
 
 
 def method_specs(grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
-    """The methods of the grid, ada's with each of `heads`: baselines first, then one per schedule
-    and knob value."""
+    """The grid's methods, ada's with each of `heads`: baselines first, then one per schedule and knob."""
     specs = [MethodSpec("target", None, "none")]
     if "draft" in grid.baselines:
         specs.append(MethodSpec("draft", None, "none"))
@@ -74,9 +68,7 @@ def method_specs(grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
 
 
 def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
-    """One spec per K (constant), per head and threshold (ada; twice with `grid.online`, once
-    recalibrated online), per threshold (online), per K (verify-budget) and head (ada-budget), or a
-    single one."""
+    """The specs of one schedule: one per K, head, threshold or confidence it reads."""
     if schedule == "constant":
         return [MethodSpec(f"{engine}:constant@K={k}", engine, schedule, num_assistant_tokens=k)
                 for k in dict.fromkeys(grid.num_assistant_tokens)]
@@ -95,8 +87,8 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
     if schedule == "online":
         return [MethodSpec(f"{engine}:online@{t:g}", engine, schedule, stop_threshold=t)
                 for t in dict.fromkeys(grid.online_threshold)]
-    if schedule in BUDGET_SCHEDULES:  # one per block K, and for ada-budget per head
-        block_heads = list(dict.fromkeys(heads)) if schedule == "ada-budget" else [None]
+    if SCHEDULES[schedule].needs_step_times:  # one per block K, and per head for one that reads a head
+        block_heads = list(dict.fromkeys(heads)) if SCHEDULES[schedule].needs_head else [None]
         return [MethodSpec(f"{engine}:{schedule}" + (f"[{head_label(head)}]" if len(block_heads) > 1 else "")
                            + f"@K={k}", engine, schedule, num_assistant_tokens=k, head=head,
                            step_times_from=budget_step_times_from(grid, schedule, heads))
@@ -117,8 +109,7 @@ def head_label(head_dir: str) -> str:
 
 
 def generation_kwargs(decoding: DecodingSettings) -> dict:
-    """The keyword arguments of Hugging Face's `generate` that decode as these settings do: the
-    sampling settings and the logits processing (`DecodingSettings.processing_fields()`)."""
+    """`generate`'s keyword arguments decoding as `decoding` does (sampling and processing)."""
     sampling = dict(do_sample=True, temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p) \
         if decoding.do_sample else dict(do_sample=False)
     return sampling | decoding.processing_fields()
@@ -126,38 +117,27 @@ def generation_kwargs(decoding: DecodingSettings) -> dict:
 
 def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
                     decoding: DecodingSettings) -> DecodingSettings:
-    """The engine's decoding settings for `spec`: `decoding` (bound, sampling) with the spec's
-    schedule and knobs, `head` for ada and ada-budget, and the step times stored where the spec
-    says (`head.folder.stored_step_times`; with the head's judgements for ada-budget);
-    `max_new_tokens` is set per prompt."""
+    """The engine's settings for `spec`: `decoding` with the spec's schedule, knobs, head and step times."""
     knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
                                ("stop_threshold", spec.stop_threshold),
                                ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
     if spec.step_times_from is not None:
         plain, judged = stored_step_times(spec.step_times_from)
-        knobs["step_times"] = judged if spec.schedule == "ada-budget" else plain
+        knobs["step_times"] = judged if SCHEDULES[spec.schedule].needs_head else plain
     return replace(decoding, schedule=spec.schedule, head=head, online=spec.online, **knobs)
 
 
 def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,
                     head: AcceptancePredictionHead | None,
                     decoding: DecodingSettings) -> tuple[Callable[[Prompt, int], Counts], Callable[[], None]]:
-    """Our engine with `spec`'s schedule; a model alone (`schedule="none"`) runs through the same
-    loop, its forward passes counted as target calls for the target and draft calls for the draft.
-    Returns the generating function and a `restart` that makes the method forget what it learned:
-    `online`, `verify-budget` and `ada` recalibrated online keep one estimator over all the prompts
-    they generate for, in the order they are given (as a server would), from its cold start at
-    `restart`."""
+    """Our engine with `spec`'s schedule (a model alone counts its forwards as its own calls). Returns
+    the generating function and `restart`, which puts a learning method's estimator back to its cold
+    start; the estimator learns over the prompts in the order given."""
     settings = method_settings(spec, head, decoding)
     alone_is_draft = spec.engine is None and spec.name == "draft"
 
     def restart() -> None:
-        if settings.schedule == "online":
-            settings.estimator = OnlineAcceptanceEstimator(settings.bound[1])
-        elif settings.schedule == "verify-budget":
-            settings.estimator = OnlineAcceptanceEstimator(settings.num_assistant_tokens)
-        elif settings.online:
-            settings.estimator = OnlineAcceptanceEstimator.recalibration(settings.bound[1])
+        settings.estimator = settings.schedule_class.new_estimator(settings)
 
     def generate(prompt: Prompt, seed: int) -> Counts:
         device = target.get_input_embeddings().weight.device

@@ -14,7 +14,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecpp.data.io import write_json
-from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
+from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
 from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, method_specs
 from specdecpp.evaluation.report import report, run_title
@@ -35,7 +36,9 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
         return Method(spec, *engine_generate(spec, model, None, None, decoding))
     head = pair.heads.get(spec.head)
     if head is not None and spec.stop_threshold is not None:  # ada's (ada-budget has none)
-        spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold))
+        times = step_timing.auto_step_times(head, pair.target, pair.draft, decoding.compile) \
+            if spec.stop_threshold == "auto" else None
+        spec = replace(spec, stop_threshold=head.resolve_stop_threshold(spec.stop_threshold, times))
     return Method(spec, *engine_generate(spec, pair.target, pair.draft, head, decoding))
 
 
@@ -145,13 +148,9 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding
 
 
 def run_cost(records: list[dict], probe: step_timing.CostProbe, steps_per_prompt: int) -> dict:
-    """The run's cost ratio `c`: medians over prompts of the steps timed after each (timed now when no record
-    carries timings)."""
-    timed = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records if "draft_step_ms" in r}
-    if timed:
-        draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
-    else:
-        draft_ms, target_ms = probe.sample(steps_per_prompt * len({r["id"] for r in records}))
+    """The run's cost ratio `c`: medians over prompts of the draft step and verification timed after each."""
+    timed = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records}
+    draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
     return {**costs.cost_ratio(draft_ms, target_ms, probe.k), "steps_per_prompt": steps_per_prompt,
             "prompts": len(timed)}
 
@@ -209,7 +208,7 @@ class Evaluation:
     def pair(self) -> Pair:
         """The loaded target, draft, heads (when a method needs one) and tokenizer."""
         if self._pair is None:
-            need_head = any(spec.schedule in HEAD_SCHEDULES for spec in self.specs)
+            need_head = any(SCHEDULES[spec.schedule].needs_head for spec in self.specs)
             self._pair = load_pair(self.pair_arguments, self.tokenizer, need_head)
         return self._pair
 

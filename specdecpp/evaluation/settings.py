@@ -1,14 +1,7 @@
-"""Evaluation settings: what is compared, on which prompts, how a run goes, and the pair.
-
-The bottom of the evaluation package: it imports nothing else of it. An evaluation takes values,
-never a command line: the pair (`models.HeadPairArguments`), the methods to compare
-(`MethodGrid`), how they decode (`DecodingArguments`, whose `settings()` is the engine's `DecodingSettings`), the
-prompts (`PromptSource`) and how the run is carried out (`RunOptions`). The dataclasses are
-also `specdecpp evaluate`'s flags (one `HfArgumentParser` over them), so a flag and the value
-it sets share one name and one default. `check_inputs` refuses settings that cannot work before
-anything is loaded; `load_inputs` reads the tokenizer and the prompts, and `load_pair` the models
-and heads.
-"""
+"""Evaluation settings, the bottom of the evaluation package: the pair, the methods compared
+(`MethodGrid`), how they decode (`DecodingArguments`), the prompts (`PromptSource`) and the run
+(`RunOptions`); the dataclasses are also `specdecpp evaluate`'s flags. Inputs are checked and
+prompts read before any model is loaded."""
 from __future__ import annotations
 
 import itertools
@@ -26,7 +19,7 @@ from specdecpp.checks import (check_can_roll_back, check_head_fits_draft, check_
 from specdecpp.cli import common_field
 from specdecpp.data.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.engine.schedules import SCHEDULES
-from specdecpp.engine.settings import HEAD_SCHEDULES, DecodingSettings
+from specdecpp.engine.settings import DecodingSettings, default
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.models import HeadPairArguments, load_head, load_model, load_tokenizer
 
@@ -35,29 +28,28 @@ BASELINES = ("target", "draft", "hf:constant", "hf:heuristic", "hf:dynamic")
 
 
 def zoo_pair(pair: HeadPairArguments) -> HeadPairArguments:
-    """`pair` with what it does not name taken from the embedded pair (`checkpoints/zoo`): its
-    target, its draft and, without any `--head`, its head."""
+    """`pair` with what it does not name taken from the embedded pair (`checkpoints/zoo`)."""
     return replace(pair, target=pair.target or str(ZOO_DIR / "target"), draft=pair.draft or str(ZOO_DIR / "draft"),
                    head=pair.head or [str(ZOO_DIR / "head")])
 
 
 @dataclass
 class MethodGrid:
-    """The methods an evaluation compares (the reference's flags, with lists where a sweep makes
-    sense): our engine's schedules with one method per K, threshold (per head) and confidence,
-    next to the baselines."""
+    """The methods an evaluation compares: our schedules, one method per K, threshold (per head) and
+    confidence, beside the baselines."""
 
     schedule: list[str] = field(default_factory=lambda: ["constant", "ada"], metadata={
         "aliases": ["--num_assistant_tokens_schedule"], "choices": SCHEDULES,
         "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
-    num_assistant_tokens: list[int] = field(default_factory=lambda: [5], metadata={
+    num_assistant_tokens: list[int] = field(default_factory=lambda: [default("num_assistant_tokens")], metadata={
         "help": "K for constant (one method per value); heuristic, ours and Hugging Face's, starts from the first"})
-    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [0.4], metadata={
+    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [
+            default("assistant_confidence_threshold")], metadata={
         "help": "dynamic: stop drafting when the draft's token probability falls below this (one method of ours "
                 "per value; Hugging Face's dynamic starts from the first and moves it itself)"})
     dynamic_num_assistant_tokens: int = field(default=20, metadata={
         "help": "dynamic: the most tokens drafted per round (Hugging Face's default, 20)"})
-    stop_threshold: list[str] = field(default_factory=lambda: ["0.3"], metadata={
+    stop_threshold: list[str] = field(default_factory=lambda: [str(default("stop_threshold"))], metadata={
         "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
                 "head that has one"})
     online: bool = field(default=False, metadata={
@@ -77,20 +69,20 @@ class MethodGrid:
 
 @dataclass
 class DecodingArguments:
-    """How every method decodes (`settings()`: the engine's `DecodingSettings`, each method's
-    schedule and knobs set from its spec)."""
+    """How every method decodes (`settings()`: the engine's `DecodingSettings`)."""
 
-    bound: list[int] = field(default_factory=lambda: [2, 20], metadata={
+    bound: list[int] = field(default_factory=lambda: list(default("bound")), metadata={
         "help": "ada: MIN MAX drafted tokens per round"})
-    max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
-    do_sample: bool = field(default=False, metadata={"help": "sample instead of greedy decoding"})
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    max_new_tokens: int = field(default=default("max_new_tokens"), metadata={
+        "help": "tokens generated per prompt at most"})
+    do_sample: bool = field(default=default("do_sample"), metadata={"help": "sample instead of greedy decoding"})
+    temperature: float = default("temperature")
+    top_k: int = default("top_k")
+    top_p: float = default("top_p")
     repetition_penalty: float = field(default=1.0, metadata={
         "help": "generate's repetition penalty (1: off), for every method, Hugging Face's baselines included; "
                 "ada's 'auto' threshold fits best when chosen on records built with the same (build_data's flag)"})
-    compile: bool = field(default=False, metadata={
+    compile: bool = field(default=default("compile"), metadata={
         "help": "run our methods (the target and draft alone included) on the compiled engine: static caches, "
                 "each step one torch.compile'd graph, compiled in the warm-up (its time is reported, not timed)"})
 
@@ -140,11 +132,7 @@ class RunOptions:
 # -- checks that need no model ------------------------------------------------------------------
 def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSettings, source: PromptSource,
                  run: RunOptions) -> None:
-    """Raise ValueError on settings that cannot work, before anything is loaded: a bound out of
-    order, a K or threshold out of range, an unknown prompt source, ada without a head, a head
-    trained for a draft of another hidden size, models with different vocabularies, the oracle
-    with sampling, an output folder that cannot be written, --resume with --overwrite. The
-    messages name the flags."""
+    """ValueError, naming the flags, on settings that cannot work, before anything is loaded."""
     if run.resume and run.overwrite:
         raise ValueError("--resume keeps the finished prompts and --overwrite replaces them: pass one of them")
     check_decoding_flags(grid, decoding)
@@ -155,9 +143,9 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
     target_config = _model_config(pair.target)
     if draft_config is not None and target_config is not None:
         check_same_vocab(target_config.vocab_size, draft_config.vocab_size)
-    if grid.online and "ada" not in grid.schedule:
-        raise ValueError("--online recalibrates ada's head online: add ada to --schedule")
-    if head_schedules := [schedule for schedule in HEAD_SCHEDULES if schedule in grid.schedule]:
+    if grid.online and not any(SCHEDULES[schedule].recalibrates for schedule in grid.schedule):
+        raise ValueError("--online recalibrates a head online: add ada to --schedule")
+    if head_schedules := [schedule for schedule in grid.schedule if SCHEDULES[schedule].needs_head]:
         if not pair.head:
             raise ValueError(f"schedule {head_schedules[0]!r} needs --head (a trained acceptance prediction head)")
         for head_dir in pair.head:
@@ -166,18 +154,18 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
         raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
                          f"{', '.join(pair.head)} has one: choose one with "
                          "`python -m specdecpp.calibration.report ... --choose_threshold`")
-    if "verify-budget" in grid.schedule and budget_step_times_from(grid, "verify-budget", pair.head or []) is None:
-        raise ValueError("verify-budget prices its verifications with measured step times, and no --head folder "
-                         f"({', '.join(pair.head or []) or 'none given'}) stores them: pass --step_times_from a head "
-                         "folder (or calibration --output file) whose threshold was chosen with timed steps")
+    for schedule in grid.schedule:
+        if SCHEDULES[schedule].needs_step_times and budget_step_times_from(grid, schedule, pair.head or []) is None:
+            raise ValueError(f"{schedule} prices its verifications with measured step times, and no --head folder "
+                             f"({', '.join(pair.head or []) or 'none given'}) stores them: pass --step_times_from a "
+                             "head folder (or calibration --output file) whose threshold was chosen with timed steps")
     check_writable(run.output)
 
 
 def budget_step_times_from(grid: MethodGrid, schedule: str, heads: list[str]) -> str | None:
-    """Where a budget schedule's method reads its step times (`head.folder.stored_step_times`):
-    `--step_times_from`; else, for verify-budget, the first head folder of `heads` that stores them
-    (None: ada-budget reads its own head's, `DecodingSettings.budget_step_times`)."""
-    if grid.step_times_from is not None or schedule == "ada-budget":
+    """Where a budget schedule's method reads its step times: `--step_times_from`, else (without a head
+    of its own) the first of `heads` that stores them; None: its own head's."""
+    if grid.step_times_from is not None or SCHEDULES[schedule].needs_head:
         return grid.step_times_from
     return next((head_dir for head_dir in heads if stores_step_times(head_dir)), None)
 
@@ -201,9 +189,7 @@ def may_store_threshold(head_dir: str) -> bool:
 
 
 def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
-    """Validate every decoding setting of the grid with `DecodingSettings.validate` (one per
-    schedule, K, threshold (`online`'s own) and confidence, every K also as constant's), naming the
-    flags in its messages."""
+    """`DecodingSettings.validate` on every schedule, K, threshold and confidence of the grid, naming flags."""
     for schedule in dict.fromkeys(["constant", *grid.schedule]):
         thresholds = grid.online_threshold if schedule == "online" else [_as_threshold(t) for t in grid.stop_threshold]
         for k, t, c in itertools.product(grid.num_assistant_tokens, thresholds, grid.assistant_confidence_threshold):
@@ -219,8 +205,7 @@ def _flag(name: str) -> str:
 
 
 def _as_threshold(text: str) -> float | str:
-    """A `--stop_threshold` value as the engine takes it: a number, or the text itself ('auto', or
-    something `DecodingSettings.validate` refuses)."""
+    """A `--stop_threshold` value as a number, or the text itself."""
     try:
         return float(text)
     except ValueError:
@@ -228,8 +213,7 @@ def _as_threshold(text: str) -> float | str:
 
 
 def check_prompt_source(source: str) -> None:
-    """Fail at once on a prompt source that is neither a prompt set, nor an existing file, nor
-    shaped like a Hub dataset id (`org/name`): asking the Hub about it would only time out here."""
+    """Fail at once on a prompt source that is no prompt set, no file and no Hub dataset id."""
     if source in PROMPT_SETS or source in HUB_DEFAULTS or os.path.isfile(source):
         return
     if source.endswith((".json", ".jsonl")) or _is_local_path(source):
@@ -240,8 +224,7 @@ def check_prompt_source(source: str) -> None:
 
 
 def _model_config(name_or_path: str):
-    """The text config of a local model folder (a PEFT adapter's base), or None for a Hub id,
-    which is checked once loaded instead."""
+    """The text config of a local model folder, or None for a Hub id (checked once loaded)."""
     if os.path.isdir(name_or_path):
         return text_config(name_or_path)
     if _is_local_path(name_or_path):
@@ -254,8 +237,7 @@ def _is_local_path(name: str) -> bool:
 
 
 def _zoo_hint(path: str) -> str:
-    """What to do about a missing folder of the embedded pair: build it (in a checkout), or point at
-    a pair (outside one, e.g. after a non-editable `pip install .`, which does not carry checkpoints/)."""
+    """What to do about a missing folder of the embedded pair."""
     if not Path(path).resolve().is_relative_to(ZOO_DIR.resolve()):
         return ""
     return (f" (the embedded pair is expected in {ZOO_DIR}, inside a checkout of the repository, where "
@@ -273,9 +255,7 @@ def _check_head(head_dir: str, draft_config) -> None:
 
 
 def check_writable(path: str) -> None:
-    """Create `path` and write a file into it, or raise ValueError saying why it cannot be used.
-    Folders created only for this check are removed again: the run creates them when it first
-    saves, so a run that fails before that leaves no empty --output behind."""
+    """Create `path` and write a file into it, or ValueError; folders made only for the check are removed."""
     created = None  # the outermost folder of `path` that does not exist yet
     folder = os.path.abspath(path)
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:
@@ -294,8 +274,7 @@ def check_writable(path: str) -> None:
 # -- prompts ------------------------------------------------------------------------------------
 @dataclass
 class Prompt:
-    """One prompt: its index in the source, its text as the model sees it, its token ids and
-    how many tokens may be generated for it."""
+    """One prompt: its index in the source, its text, its token ids and its generation budget."""
 
     id: int
     text: str
@@ -304,9 +283,8 @@ class Prompt:
 
 
 def load_eval_prompts(source: PromptSource, tokenizer, max_new_tokens: int) -> list[Prompt]:
-    """The prompts `[n_begin:n_end]` of the source, formatted and tokenized, each allowed
-    `max_new_tokens`. With the reference's `max_length` (prompt + generated), prompts already that
-    long are left out."""
+    """The prompts `[n_begin:n_end]`, formatted and tokenized; with `max_length`, those already as long
+    are left out."""
     try:
         texts = load_prompts(source.prompts, source.prompts_split, source.n_begin, source.n_end)
     except (FileNotFoundError, ValueError):
@@ -355,8 +333,7 @@ def results_file(output: str | Path, prompts: list[Prompt]) -> Path:
 
 
 def check_results_replaceable(path: Path, overwrite: bool) -> None:
-    """Refuse (ValueError) to start a run over a results file that holds records, unless
-    `overwrite`: a rerun without --resume would otherwise replace the prompts it finished."""
+    """ValueError on a results file holding records, unless `overwrite`."""
     if path.is_file() and path.stat().st_size > 0 and not overwrite:
         raise ValueError(f"{path} holds the records of an earlier run: pass --resume to keep them and run only the "
                          "missing prompts, --overwrite to replace them, or choose another --output")
@@ -364,8 +341,7 @@ def check_results_replaceable(path: Path, overwrite: bool) -> None:
 
 def load_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSettings, source: PromptSource,
                 run: RunOptions) -> tuple[object, list[Prompt]]:
-    """Check the settings (`check_inputs`), load the tokenizer and read the prompts: everything
-    that can fail on bad input before a model is loaded. Returns the tokenizer and the prompts."""
+    """Check the settings, load the tokenizer and read the prompts. Returns the tokenizer and prompts."""
     check_inputs(pair, grid, decoding, source, run)
     tokenizer = load_tokenizer(pair.target, trust_remote_code=pair.trust_remote_code)
     return tokenizer, load_eval_prompts(source, tokenizer, decoding.max_new_tokens)

@@ -8,7 +8,7 @@ the folder holds (`card_facts`):
   what a person adds: how the head was made), and for a head made by `specdecpp head` its `recipe`
   and short `evaluation` (`specdecpp.training.recipe`); training records its part with `record_card_facts`,
   and a hand-made record (the embedded zoo heads') may hold more;
-- `calibration*.json`: calibration reports (`specdecpp.calibration.report --output_json`);
+- `calibration*.json`: calibration reports (`specdecpp.calibration.report --output`);
 - `*.png`: reliability diagrams and cost curves.
 Whoever changes any of them (saving, training, calibration) re-renders with `write_card`, and
 publishing renders the staged copy, so the card is never edited as text and can be rendered again
@@ -37,7 +37,7 @@ SHIM = '''"""SpecDec++ speculative decoding (https://arxiv.org/abs/2405.19715) w
 head stored in this folder / Hub repo. Needs the `specdecpp` package (see requirements.txt):
 
     target.generate(**inputs, assistant_model=draft, custom_generate="<this folder or repo>",
-                    trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
+                    trust_remote_code=True, max_new_tokens=128)
 """
 from specdecpp.custom_generate import generate_from_head
 
@@ -53,7 +53,6 @@ CARD_FACTS = "card.json"
 # The tags `PyTorchModelHubMixin` adds to the cards it writes; ours carry them too.
 MIXIN_TAGS = ["model_hub_mixin", "pytorch_model_hub_mixin"]
 PLACEHOLDER_REPO = "this-repo-or-folder"
-DEFAULT_USAGE = {"stop_threshold": "0.3", "bound": (2, 20)}  # the examples' settings without a stored threshold
 REPLAYED_ROUNDS = {"greedy": "greedy rounds", "sampling": "sampled rounds (in expectation over p_acc)"}
 
 
@@ -255,15 +254,17 @@ def _table(key: str, columns: dict[str, dict], number: str = "{}") -> str:
 
 
 def _usage(config: dict, facts: dict, repo_id: str) -> str:
-    """The usage examples, with the stored threshold (`"auto"`), the bound it was chosen for and,
-    for a threshold chosen on sampled records, `do_sample=True`."""
-    usage = dict(DEFAULT_USAGE)
+    """The usage examples: the engine's defaults, or the stored threshold (`"auto"`), the bound it
+    was chosen for and, for a threshold chosen on sampled records, `do_sample=True`."""
+    usage = {}
     if config.get("stop_threshold") is not None:
         selection = config.get("threshold_selection") or {}
-        usage = {"stop_threshold": '"auto"', "bound": tuple(selection.get("bound") or DEFAULT_USAGE["bound"])}
+        usage["stop_threshold"] = '"auto"'
+        if selection.get("bound"):
+            usage["bound"] = tuple(selection["bound"])
         if selection.get("mode") == "sampling":
             usage["do_sample"] = True
-    settings = ", ".join(f"{name}={value}" for name, value in usage.items())
+    settings = "".join(f", {name}={value}" for name, value in usage.items())
     target, draft = facts.get("target") or "TARGET", facts.get("draft") or "DRAFT"
     return f"""## Use from transformers
 
@@ -277,7 +278,7 @@ draft = AutoModelForCausalLM.from_pretrained("{draft}")
 tokenizer = AutoTokenizer.from_pretrained("{target}")
 inputs = tokenizer("def fibonacci(n):", return_tensors="pt")
 out = target.generate(**inputs, assistant_model=draft, custom_generate="{repo_id}",
-                      trust_remote_code=True, max_new_tokens=128, {settings})
+                      trust_remote_code=True, max_new_tokens=128{settings})
 print(tokenizer.decode(out[0]))
 ```
 
@@ -288,7 +289,7 @@ With specdecpp directly:
 ```python
 from specdecpp import AcceptancePredictionHead, speculative_generate
 head = AcceptancePredictionHead.from_pretrained("{repo_id}")
-out = speculative_generate(target, draft, **inputs, head=head, {settings})
+out = speculative_generate(target, draft, **inputs, head=head{settings})
 ```"""
 
 

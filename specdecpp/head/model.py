@@ -183,15 +183,31 @@ class AcceptancePredictionHead(
         """The logits processing the stored threshold was chosen under (`{}` for none)."""
         return (self.threshold_selection or {}).get("processing", {})
 
-    def resolve_stop_threshold(self, stop_threshold: float | str) -> float:
-        """`stop_threshold`, or for `auto` the stored one (ValueError when none is stored)."""
+    def resolve_stop_threshold(self, stop_threshold: float | str, step_times=None) -> float:
+        """`stop_threshold`, or for `auto` the stored one, chosen again for `step_times` when given
+        (`threshold_for`); ValueError when none is stored."""
         if stop_threshold != "auto":
             return float(stop_threshold)
         if self.stop_threshold is None:
             raise ValueError("stop_threshold='auto' needs a head with a stored threshold, and this one has none: "
                              "choose one with `python -m specdecpp.calibration.report ... --choose_threshold` "
                              "or pass a number")
-        return self.stop_threshold
+        return self.stop_threshold if step_times is None else self.threshold_for(step_times)
+
+    def threshold_for(self, step_times, unit_ms: float | None = None) -> float:
+        """The calibration's threshold grid's cheapest at `step_times` (a `StepTimes` of `ada`'s
+        judged steps on the device, dtype and engine that will decode), pricing the rounds the
+        calibration replayed at each threshold (`threshold_selection["round_weights"]`) as it priced
+        them, in target-alone steps of `unit_ms` (default: those of `step_times`)."""
+        selection = self.threshold_selection or {}
+        if not selection.get("round_weights"):
+            raise ValueError("this head's threshold selection stores no replayed rounds, so its threshold cannot be "
+                             "chosen for other step times: choose it again with `python -m "
+                             "specdecpp.calibration.report ... --choose_threshold`")
+        unit = unit_ms or step_times.target_alone_ms
+        costs = [round(step_times.rounds_ms(weights, judged=True) / unit / selection["tokens"], 5)
+                 for weights in selection["round_weights"]]
+        return selection["thresholds"][costs.index(min(costs))]
 
     @property
     def reads_hidden_states(self) -> bool:

@@ -2,11 +2,17 @@
 will run): the measured `StepTimes` and the flat view's cost ratio `c`."""
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import statistics
+import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
@@ -15,7 +21,7 @@ from specdecpp.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, 
 from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step_models, verify
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import Ada, Schedule
+from specdecpp.engine.schedules import HeadJudge, Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
 
@@ -50,7 +56,7 @@ class StepProbe:
         self.device, self.engine = str(target.device), "compiled" if compile else "eager"
         self.processing = sampling_only(do_sample)
         self.generator = torch.Generator(target.device).manual_seed(0) if do_sample else None
-        self.judge = Ada(head, stop_threshold=1.0, bound=(1, max(max_draft, 1))) if head is not None else None
+        self.judge = HeadJudge(head) if head is not None else None
         self.models = lambda: step_models(target, draft, DecodingSettings(
             schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile),
             self.processing, head is not None, len(self.seq) + max_draft + 1)[:2]
@@ -116,10 +122,10 @@ class StepProbe:
 
 
 class TimedRound(Schedule):
-    """A probe's round as the loop drafts it: exactly `k` tokens, each judged by `judge` when given (timed, its
-    decision ignored); `step_ms` reads each step's times from the loop's own running totals."""
+    """A probe's round as the loop drafts it: exactly `k` tokens, each judged by `judge` (a `HeadJudge`) when given,
+    the judgement timed; `step_ms` reads each step's times from the loop's own running totals."""
 
-    def __init__(self, k: int, judge: Ada | None, stats: GenerationStats):
+    def __init__(self, k: int, judge: HeadJudge | None, stats: GenerationStats):
         self.k, self.judge, self.stats = k, judge, stats
         self.totals = []
 
@@ -137,7 +143,7 @@ class TimedRound(Schedule):
         """Read the totals before this step's (the loop adds them after), judge `step`, go on."""
         self.totals.append((self.stats.draft_time, self.stats.schedule_time))
         if self.judge is not None:
-            self.judge.stop_after(step)
+            self.judge(step)
         return False
 
     def step_ms(self) -> list[tuple[float, float]]:
@@ -152,7 +158,7 @@ def loaded_models(models, seq: list[int], generator: torch.Generator | None = No
     between rounds."""
     target_model, draft_model = models()
     with torch.inference_mode():
-        target_model.forward(seq, num_logits=1)
+        target_model.logits(seq, num_logits=1)
         draft_model.draft_step(seq, 1, generator)
     target_model.crop(len(seq) - 1)
     draft_model.crop(len(seq) - 1)
@@ -218,7 +224,7 @@ def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bo
     cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False), False, len(seq))
     with torch.inference_mode():
         start = time.perf_counter()
-        cached.forward(seq, num_logits=1)
+        cached.logits(seq, num_logits=1)
         return 1000 * (time.perf_counter() - start)
 
 
@@ -272,3 +278,57 @@ def timed(step: Callable[[], None]) -> float:
     start = time.perf_counter()
     step()
     return time.perf_counter() - start
+
+
+STEP_TIMES_CACHE = Path(os.environ.get("SPECDECPP_CACHE", Path.home() / ".cache" / "specdecpp")) / "step_times"
+
+
+def auto_step_times(head: AcceptancePredictionHead, target: PreTrainedModel, draft: PreTrainedModel,
+                    compile: bool = False) -> StepTimes | None:
+    """The step times that `stop_threshold="auto"` chooses `head`'s threshold with where the pair
+    runs (device, engine and, on a CPU, threads): None where its stored threshold was priced there,
+    or where the head stores no replayed rounds to choose again from (a warning); else this
+    device's (`device_step_times`)."""
+    selection = head.threshold_selection or {}
+    stored = selection.get("judged_step_times") or {}
+    here = {"device": str(target.device), "engine": "compiled" if compile else "eager"}
+    if target.device.type == "cpu":
+        here["threads"] = torch.get_num_threads()
+    if all(stored.get(key) == value for key, value in here.items()):
+        return None
+    if not selection.get("round_weights"):
+        warnings.warn(f"stop_threshold='auto' uses the threshold priced with {stored.get('device')} "
+                      f"({stored.get('engine', 'eager')}) step times, not this {here['device']} ({here['engine']}): "
+                      "the head stores no replayed rounds to choose again from (calibrate it again to store them)",
+                      stacklevel=2)
+        return None
+    return device_step_times(target, draft, head, compile)
+
+
+def device_step_times(target: PreTrainedModel, draft: PreTrainedModel, head: AcceptancePredictionHead,
+                      compile: bool = False, context: int = 128, repeats: int = 4,
+                      cache_dir: Path | None = None) -> StepTimes:
+    """`ada`'s step times with `head` for this pair on the device, dtype, engine and threads they
+    run on: read from `cache_dir` (default `STEP_TIMES_CACHE`) when measured there before, else
+    measured now (`measure_costs` on a random context of `context` tokens; seconds, with a
+    progress line) and kept there."""
+    key = {"target": target.name_or_path, "draft": draft.name_or_path, "head": head.config,
+           "device": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu",
+           "dtype": str(target.dtype), "engine": "compiled" if compile else "eager",
+           "threads": torch.get_num_threads()}
+    path = Path(cache_dir or STEP_TIMES_CACHE) / (hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+                              + ".json")
+    if path.exists():
+        return StepTimes(**json.loads(path.read_text())["judged_step_times"])
+    print(f"specdecpp: timing this pair's steps on {key['device']} ({key['dtype']}, {key['engine']}) for "
+          f"stop_threshold='auto', once; kept in {path}", file=sys.stderr, flush=True)
+    vocab = min(target.config.vocab_size, draft.config.vocab_size)
+    input_ids = torch.randint(vocab, (1, context), generator=torch.Generator().manual_seed(0)).to(target.device)
+    bound = (head.threshold_selection or {}).get("bound") or [1, 20]
+    start = time.perf_counter()
+    plain, judged = measure_costs(target, draft, input_ids, bound[1], head=head, repeats=repeats, compile=compile)
+    judged = replace(judged, target_alone_ms=plain.target_alone_ms)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "judged_step_times": judged.as_dict()}, indent=1, default=str) + "\n")
+    print(f"specdecpp: timed in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    return judged

@@ -31,15 +31,16 @@ import numpy as np
 import torch
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
-from specdecpp.engine.decoding import GenerationStats, draft_rounds
+from specdecpp.engine.decoding import GenerationStats
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import Schedule, make_schedule
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.schedules import SCHEDULES, Schedule, make_schedule
+from specdecpp.engine.settings import DecodingSettings, default
 from specdecpp.models import load_head, load_model
+from specdecpp.serving.batch import draft_rounds
 
 TESTED_VLLM = ("0.32.0",)  # vLLM calls the custom proposer interface experimental: pinned
-SERVED_SCHEDULES = ("constant", "heuristic", "dynamic", "ada")
+SERVED_SCHEDULES = tuple(name for name, schedule in SCHEDULES.items() if schedule.served)
 KEY_TOKENS = 16  # caches are found through their context's first tokens, then by the whole context
 
 
@@ -54,10 +55,10 @@ class ProposerConfig:
     draft: str | None = None
     head: str | None = None
     schedule: str | None = None
-    stop_threshold: float | str = 0.3
-    bound: tuple[int, int] = (2, 20)
-    num_assistant_tokens: int = 5
-    assistant_confidence_threshold: float = 0.4
+    stop_threshold: float | str = default("stop_threshold")
+    bound: tuple[int, int] = default("bound")
+    num_assistant_tokens: int = default("num_assistant_tokens")
+    assistant_confidence_threshold: float = default("assistant_confidence_threshold")
     torch_dtype: str | None = None
     device: str | None = None
     max_cached_requests: int = 256

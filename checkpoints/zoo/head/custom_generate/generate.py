@@ -2,7 +2,7 @@
 head stored in this folder / Hub repo. Needs the `specdecpp` package (see requirements.txt):
 
     target.generate(**inputs, assistant_model=draft, custom_generate="<this folder or repo>",
-                    trust_remote_code=True, max_new_tokens=128, stop_threshold=0.3, bound=(2, 20))
+                    trust_remote_code=True, max_new_tokens=128)
 """
 from specdecpp.custom_generate import generate_from_head
 
