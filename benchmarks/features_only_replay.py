@@ -23,9 +23,9 @@ from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import PolynomialFeatures
 
 from specdecpp.calibration.threshold import ada_length, dynamic_length, replay
+from specdecpp.costs import MEASURED_COST, StepTimes
 from specdecpp.data.io import read_records
-from specdecpp.measuring.costs import MEASURED_COST, StepTimes
-from specdecpp.training.head_data import record_features
+from specdecpp.head.inputs import record_features
 
 
 def main() -> None:

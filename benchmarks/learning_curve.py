@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from specdecpp.measuring.costs import FLAT_COST, FLAT_UNIT, MEASURED_COST, StepTimes, flat_costs
+from specdecpp.costs import FLAT_COST, FLAT_UNIT, MEASURED_COST, StepTimes, flat_costs
 
 
 def rows(folder: Path) -> list[dict]:

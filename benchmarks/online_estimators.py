@@ -6,7 +6,7 @@ accepted tokens) and in what the online estimators learn; only the tokens a roun
 first rejection are judged from the target's prefix instead of the draft's (docs/design.md,
 Choosing the threshold). Every rule that learns online (`online`, `verify-budget`, `ada --online`)
 learns over the prompts in order from its cold start, as one estimator serving a run's prompts would.
-Costs are in the flat view (`specdecpp.measuring.costs`, target verifications per token, a draft step `c` =
+Costs are in the flat view (`specdecpp.costs`, target verifications per token, a draft step `c` =
 `--cost_ratio`), the issue's goals' unit; the measured view prices rounds with the head's stored step
 times (`verify-budget` and `ada-budget` choose their verified prefix with those times).
 
@@ -38,11 +38,11 @@ from specdecpp.calibration.report import calibration_report
 from specdecpp.calibration.threshold import (CONFIDENCES, THRESHOLDS, RoundLength, ada_length, budget_length,
                                              constant_length, dynamic_length, greedy_log_odds, online_length,
                                              oracle_length, replay)
+from specdecpp.costs import StepTimes, cost_per_token, flat_spent
 from specdecpp.data.io import read_records
 from specdecpp.engine.online import OnlineAcceptanceEstimator, fit_offline, log_odds
 from specdecpp.head.folder import stored_step_times
-from specdecpp.measuring.costs import StepTimes, cost_per_token, flat_spent
-from specdecpp.training.head_data import predict
+from specdecpp.head.inputs import predict
 
 BLOCKS = tuple(range(1, 9))  # K for constant, verify-budget and ada-budget
 CURVE = (10, 50)  # the learning curve's first prompts (and all)

@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-from specdecpp.measuring.costs import FLAT_COST
+from specdecpp.costs import FLAT_COST
 
 COLUMNS = ("method", "speedup", "mean_accepted_length", "target_calls_per_token", "discarded_per_token",
            "cost_per_token")

@@ -21,8 +21,8 @@ from sklearn.metrics import roc_auc_score
 
 from specdecpp.calibration.threshold import ada_length, oracle_length, replayed_rounds
 from specdecpp.data.io import read_records
+from specdecpp.head.inputs import predict
 from specdecpp.models import load_head, load_model
-from specdecpp.training.head_data import predict
 
 INPUTS = ("position in round", "running log P", "previous accepted length", "target entropy at round start")
 

@@ -5,7 +5,7 @@ with its `p_acc = min(1, p/q)`) at flat prices: a draft step costs `c` (`--cost_
 verification and every verification costs the same, as on a GPU. Replayed beside each other:
 
 - every constant K and our `dynamic` at a grid of confidences (the baselines a user would pick);
-- the heads given with `--heads` (their `head_data.predict` on the dev records);
+- the heads given with `--heads` (their `inputs.predict` on the dev records);
 - small predictors fitted here on the training records' positions from named inputs: the draft's
   logit features (`head.FEATURES`: log q of the sampled token, the draft's entropy, the margin to the
   draft's top token, the token's rank) and, as a ceiling no deployable head reaches, the target's
@@ -36,11 +36,11 @@ from harness import DRAFT, load_pair
 from specdecpp.calibration.report import calibration_report
 from specdecpp.calibration.threshold import (CONFIDENCES, THRESHOLDS, ada_length, constant_length, dynamic_length,
                                              replay)
+from specdecpp.costs import StepTimes
 from specdecpp.data.io import read_records
+from specdecpp.head.inputs import predict, record_features
 from specdecpp.head.model import FEATURES, AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes
-from specdecpp.training.head_data import predict, record_features
-from specdecpp.training.objective import acceptance_loss
+from specdecpp.head.objective import acceptance_loss
 
 DEPLOYABLE = ["log_q", "entropy", "margin", "log_rank"]
 INPUT_SETS = {  # name -> (draft features, reads the target's entropy)

@@ -30,9 +30,9 @@ import torch
 from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, per_token, rotated, summed, warm_up
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.costs import judged_tokens, loop_overhead_ms
 from specdecpp.engine.decoding import GenerationStats
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.measuring.costs import judged_tokens, loop_overhead_ms
 from specdecpp.measuring.step_timing import StepProbe, measure_round_overhead, prefill_extra_ms
 
 

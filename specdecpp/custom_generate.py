@@ -23,7 +23,7 @@ from specdecpp.engine.online import RECALIBRATION_FILE, OnlineAcceptanceEstimato
 from specdecpp.engine.processing import PROCESSOR_FIELDS, Processing
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes
+from specdecpp.costs import StepTimes
 from specdecpp.measuring.step_timing import auto_step_times
 
 

@@ -1,23 +1,7 @@
-"""Train the acceptance prediction head on the frozen draft's hidden states.
-
-    torchrun --nproc_per_node N specdecpp/train.py --draft DRAFT [--target TARGET] --records train.jsonl \
-        --eval_records dev.jsonl --output heads/mine --weight_mismatch 6 --resnet_num_layers 3 \
-        [--head_alignment proposer|reader] [--cache_hidden_states] [any TrainingArguments flag]
-
-(the reference's `--model_name_or_path`, `--data_path`, `--eval_data_path`, `--output_dir` work too).
-
-Each record becomes one example laid out for the head's alignment (`specdecpp.training.head_data`): a
-`proposer` head (the default) reads the draft's state at `tokens[i-1]` of the target's continuation
-plus features of `draft[i]` under the logits there; a `reader` head (the reference's) reads the
-state at `z_i` of `prefix + z`, `z_i` the draft's proposal or, with probability `mixing_ratio`, the
-target's token (label ignored). Either is trained with a weighted BCE on the soft label `p_acc[i]`
-(docs/design.md, Training the head); the eval metric is the mean binary KL(label || prediction).
-
-Only the head trains and only the head is saved: `--output` and every `checkpoint-*` folder load
-with `AcceptancePredictionHead.from_pretrained`, and `--resume_from_checkpoint` continues a run
-(`True`: from the newest complete checkpoint, skipping any whose save was interrupted).
-`--cache_hidden_states` runs the frozen draft once over the data and trains on the stored states.
-"""
+"""Train the acceptance prediction head on the frozen draft's hidden states, `torchrun --nproc_per_node N
+specdecpp/train.py --draft DRAFT --records train.jsonl --output heads/mine [flags]` (the reference's flags work
+too). Only the head trains and is saved; every checkpoint loads with `AcceptancePredictionHead.from_pretrained` and
+resumes."""
 from __future__ import annotations
 
 import fnmatch
@@ -29,7 +13,6 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from accelerate import PartialState
 from datasets import Array2D, Dataset, Features, Sequence, Value, concatenate_datasets
@@ -42,17 +25,21 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from specdecpp.checks import check_data_fits_draft, check_head_fits_draft, hidden_size, text_config
 from specdecpp.cli import common_field, input_errors
 from specdecpp.data.io import read_records
+from specdecpp.head.inputs import head_inputs, make_example, pad_batch
 from specdecpp.head.model import ALIGNMENTS, FEATURES, AcceptancePredictionHead
+from specdecpp.head.objective import IGNORE, acceptance_loss, compute_metrics
 from specdecpp.head.publish import push_head
 from specdecpp.models import PairArguments, load_head, load_model
-from specdecpp.training.head_data import examples_dataset, head_inputs, make_example, pad_batch  # noqa: F401 (re-exported)
-from specdecpp.training.objective import IGNORE, acceptance_loss, compute_metrics
+
+
+def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignment: str = "reader") -> Dataset:
+    """The records as training examples (see `make_example`)."""
+    return Dataset.from_list([make_example(r, i, mixing_ratio, seed, alignment) for i, r in enumerate(records)])
 
 
 @dataclass
 class ModelArguments:
-    """The head to train, next to the pair (`PairArguments`): `--draft`, whose hidden states it
-    reads, and `--target`, the one the data was built with, only recorded in the model card."""
+    """The head to train; `--target`, the pair's other model, is only recorded in the card."""
 
     resnet_num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
     head_alignment: str = field(default="proposer", metadata={"choices": ALIGNMENTS, "help": (
@@ -96,10 +83,8 @@ class HeadTrainingArguments(TrainingArguments):
 @torch.no_grad()
 def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], examples: Dataset, cache_dir: str,
                         batch_size: int, device: torch.device) -> Dataset:
-    """The head's inputs at the labelled positions of every example — the draft's last hidden
-    states and, for a head with features, those features — computed once (each rank its
-    contiguous share, written to `cache_dir` as Arrow files, memory-mapped back). Only labelled
-    positions are stored: the head is position-wise, so the loss is unchanged."""
+    """The head's inputs at the labelled positions of every example, computed once (each rank its share) into Arrow
+    files in `cache_dir`, memory-mapped back."""
     state = PartialState()
     hidden_size = draft.config.get_text_config().hidden_size
     columns = {"hidden_states": Array2D((None, hidden_size), "float32"), "labels": Sequence(Value("float32"))}
@@ -128,8 +113,8 @@ def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], exampl
 
 # -- model ------------------------------------------------------------------------------------------
 class HeadOnDraft(nn.Module):
-    """What the Trainer trains: the head, on hidden states it is given (cached) or that the frozen
-    draft computes from `input_ids`. Returns the head's logits over (reject, accept)."""
+    """What the Trainer trains: the head, on cached hidden states or those the frozen draft computes; returns
+    logits over (reject, accept)."""
 
     def __init__(self, head: AcceptancePredictionHead, draft: PreTrainedModel | None = None):
         super().__init__()
@@ -155,8 +140,7 @@ class HeadOnDraft(nn.Module):
 
 
 class HeadTrainer(Trainer):
-    """Trainer with the acceptance loss, whose checkpoints hold only the head (a folder that
-    `AcceptancePredictionHead.from_pretrained` loads, with a model card) and resume from one."""
+    """Trainer with the acceptance loss, whose checkpoints hold only the head (and a card) and resume from one."""
 
     loss_is_scaled_for_ga = False  # compute_loss returns a per-batch mean
 
@@ -192,8 +176,7 @@ class HeadTrainer(Trainer):
     def _load_best_model(self) -> None:
         self._load_from_checkpoint(self.state.best_model_checkpoint)
 
-    # -- publishing (--push_to_hub --hub_model_id ID): the head folder only, never the draft's weights,
-    # the optimizer state, training_args.bin or the Trainer's own model card ---------------------------
+    # -- publishing (--push_to_hub): the head folder only -------------------------------------------
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
         """Save the head, then publish `output_dir` with `specdecpp.head.publish.push_head` (rank 0)."""
@@ -206,8 +189,7 @@ class HeadTrainer(Trainer):
                          commit_message=commit_message or "End of training")
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """`--hub_strategy every_save` (the default) and the checkpoint strategies: publish each saved
-        checkpoint's head the same way (`end` publishes only at the end)."""
+        """Publish each saved checkpoint's head the same way under the checkpoint hub strategies."""
         if self.is_world_process_zero() and self.args.hub_strategy != "end":
             push_head(checkpoint_folder, self._hub_repo_id(), private=bool(self.args.hub_private_repo),
                       token=self.args.hub_token, revision=self.args.hub_revision,
@@ -218,8 +200,8 @@ class HeadTrainer(Trainer):
 
 
 def check_head_fits(saved: dict, config: dict, where: str) -> None:
-    """ValueError unless a saved head's config (`hidden_size`, `num_layers`, `alignment`,
-    `features`) is that of the head being trained."""
+    """ValueError unless a saved head's config (`hidden_size`, `num_layers`, `alignment`, `features`) is the
+    trained head's."""
     check_head_fits_draft(saved["hidden_size"], config["hidden_size"], f"the head in {where}",
                           " (use a fresh --output)")
     for key, flag in (("num_layers", "--resnet_num_layers"), ("alignment", "--head_alignment"),
@@ -249,9 +231,7 @@ def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
 
 
 def missing_checkpoint_files(folder: str) -> list[str]:
-    """What `folder` lacks of a checkpoint as Trainer writes one: the head (`config.json` and its
-    weights), the optimizer and scheduler state, and `trainer_state.json` (written last). A save
-    interrupted part-way leaves some out, and resuming from it fails or silently restarts them."""
+    """What `folder` lacks of a complete checkpoint (head, optimizer and scheduler state, `trainer_state.json`)."""
     names = os.listdir(folder)
 
     def has(*patterns: str) -> bool:
@@ -265,9 +245,8 @@ def missing_checkpoint_files(folder: str) -> list[str]:
 
 
 def latest_complete_checkpoint(output_dir: str, report: bool = True) -> str:
-    """The newest `checkpoint-*` folder of `output_dir` that `missing_checkpoint_files` finds
-    complete; newer incomplete ones (an interrupted save) are skipped, each with a line on stderr
-    saying which and why when `report`. ValueError when there is no complete one."""
+    """The newest complete `checkpoint-*` of `output_dir`, the incomplete newer ones skipped (named on stderr when
+    `report`); ValueError when there is none."""
     pattern = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
     steps = {int(m.group(1)): os.path.join(output_dir, name) for name in os.listdir(output_dir)
              if (m := pattern.fullmatch(name)) and os.path.isdir(os.path.join(output_dir, name))}
@@ -283,8 +262,7 @@ def latest_complete_checkpoint(output_dir: str, report: bool = True) -> str:
 
 
 def resolve_checkpoint(args: HeadTrainingArguments) -> str | None:
-    """`--resume_from_checkpoint`: a folder, or `True` for the newest complete checkpoint in
-    output_dir (`latest_complete_checkpoint`)."""
+    """`--resume_from_checkpoint`: a folder, or `True` for `latest_complete_checkpoint`."""
     value = args.resume_from_checkpoint
     if value in (None, False, "False", "false", ""):
         return None
@@ -299,8 +277,7 @@ def resolve_checkpoint(args: HeadTrainingArguments) -> str | None:
 
 def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArguments,
           args: HeadTrainingArguments) -> HeadTrainer:
-    """Train a head for `pair`'s draft as the command line does; returns the Trainer (its model's
-    `.head` is trained, and `args.output_dir` holds the saved head). Bad settings and bad data fail
+    """Train a head for `pair`'s draft as the command line does and return the Trainer; bad settings and data fail
     before the draft loads."""
     pair.require("draft")
     if not data_args.records:
@@ -371,13 +348,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def release_process_group(trainer: Trainer) -> None:
-    """Free the trainer's DDP model, then destroy the process group, in that order.
-
-    DDP's C++ reducer holds the gloo group; if the reducer drops the group's last reference (at exit, or when the
-    trainer is collected) gloo joins its worker thread while holding the GIL, and that thread may need the GIL to
-    free a finished collective's tensors: a deadlock, or an abort at interpreter exit. Freed first, the reducer
-    leaves the last reference to `destroy_process_group`, which releases the GIL before gloo tears down.
-    """
+    """Free the trainer's DDP model, then destroy the process group: freed the other way round, gloo can deadlock
+    joining its thread under the GIL."""
     accelerator = trainer.accelerator
     accelerator.free_memory()
     trainer.model_wrapped = trainer.model = None
@@ -387,8 +359,6 @@ def release_process_group(trainer: Trainer) -> None:
 
 if __name__ == "__main__":
     if not __package__:
-        # run as `python specdecpp/train.py` (torchrun's way): Python put this folder first on
-        # sys.path, where our modules would shadow top-level packages of the same names for what the
-        # run imports from here on; the package itself comes from its install (`pip install -e .`)
+        # run as a script: this folder, first on sys.path, would shadow top-level packages of our modules' names
         del sys.path[0]
     main()

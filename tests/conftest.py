@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,6 +107,41 @@ def perturbed_copy(model: LlamaForCausalLM, noise: float, seed: int = 1) -> Llam
         for p in draft.parameters():
             p.add_(noise * torch.randn(p.shape, generator=generator, dtype=p.dtype))
     return draft
+
+
+HIDDEN = 32  # tiny_llama's hidden size
+VOCAB = 6  # small_vocab_pair's vocabulary
+ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
+
+
+@pytest.fixture(scope="module")
+def random_head():
+    """A reader head with random weights on `tiny_llama`'s hidden states."""
+    from specdecpp import AcceptancePredictionHead
+
+    torch.manual_seed(3)
+    head = AcceptancePredictionHead(HIDDEN, num_layers=2)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5)
+    return head
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    """A tiny-vocabulary target and an unrelated draft, so rejections and residual draws are common."""
+    return (tiny_llama(vocab_size=VOCAB, seed=0, initializer_range=0.5),
+            tiny_llama(vocab_size=VOCAB, seed=5, initializer_range=0.5))
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    """(target, draft, tokenizer) of the committed pair, float32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(ZOO_DIR / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(ZOO_DIR / "draft", dtype=torch.float32).eval()
+    return target, draft, AutoTokenizer.from_pretrained(ZOO_DIR / "target")
 
 
 @pytest.fixture(scope="session")

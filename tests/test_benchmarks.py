@@ -25,6 +25,7 @@ def load_benchmark(name: str):
     return module
 
 
+@pytest.mark.slow  # compiles both engines for a benchmark
 @pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_compiled_steps_times_both_engines_on_models_built_from_configs(tmp_path):
     benchmark = load_benchmark("compiled_steps")
@@ -117,7 +118,7 @@ def test_the_harness_interleaves_warms_up_and_pools_as_the_evaluation_does(tmp_p
 def test_online_estimators_compares_every_rule_on_greedy_records():
     import numpy as np
 
-    from specdecpp.measuring.costs import StepTimes
+    from specdecpp.costs import StepTimes
 
     benchmark = load_benchmark("online_estimators")
 
@@ -146,7 +147,7 @@ def test_round_features_rows_are_the_tokens_the_threshold_replay_drafts():
     its place in its round, the running log P before it and the previous round's accepted run."""
     import numpy as np
 
-    from specdecpp.measuring.costs import StepTimes
+    from specdecpp.costs import StepTimes
     from specdecpp.calibration.threshold import ada_length, replay
 
     benchmark = load_benchmark("round_features")

@@ -256,6 +256,7 @@ def test_the_command_reports_bad_input_in_one_line(pair_dirs, flags, message):
     assert exit_.value.code.startswith(f"specdecpp build-data: error: {message}")
 
 
+@pytest.mark.slow  # torchrun
 def test_torchrun_two_ranks_build_the_same_file(pair_dirs, prompts_file, tmp_path):
     single = tmp_path / "single.jsonl"
     build_data(*args_for(pair_dirs, prompts_file, single, batch_size=2))

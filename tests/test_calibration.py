@@ -12,8 +12,8 @@ from test_train import synthetic_records
 from specdecpp.calibration import report as calibration
 from specdecpp.calibration.report import calibration_report, main, predict, soft_auroc, unweight
 from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.head.objective import acceptance_loss
 from specdecpp.models import load_model
-from specdecpp.training.objective import acceptance_loss
 
 
 def test_ece_brier_auroc_by_hand():

@@ -112,6 +112,7 @@ def test_compiled_eos_inside_a_round_and_the_length_limit_mid_round(tiny_pair):
             assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens, eos_token_id=None))
 
 
+@pytest.mark.slow  # compiles every family
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "opt"])
 @needs_static_crop
 def test_compiled_greedy_equal_across_model_families(family):
@@ -127,9 +128,9 @@ VOCAB = 6
 
 
 @pytest.mark.parametrize("schedule,settings", [
-    ("dynamic", dict(temperature=0.8)),
-    ("ada", dict(top_k=5)),
     ("ada-proposer", dict(top_p=0.9)),
+    pytest.param("dynamic", dict(temperature=0.8), marks=pytest.mark.slow),
+    pytest.param("ada", dict(top_k=5), marks=pytest.mark.slow),
 ])
 @needs_static_crop
 def test_compiled_sampling_follows_the_target_distribution(schedule, settings):
@@ -143,9 +144,9 @@ def test_compiled_sampling_follows_the_target_distribution(schedule, settings):
         head = AcceptancePredictionHead(HIDDEN, 1, alignment="proposer", features=["log_q", "entropy"])
     generator = torch.Generator().manual_seed(0)
     samples, lengths = [], set()
-    for _ in range(2000):
+    for _ in range(1000):
         out = compiled_generate(target, draft, prompt, schedule=schedule, head=head, stop_threshold=threshold,
-                                bound=(1, 4), num_assistant_tokens=3, assistant_confidence_threshold=0.3, max_new_tokens=5, do_sample=True,
+                                bound=(1, 4), num_assistant_tokens=3, assistant_confidence_threshold=0.3, max_new_tokens=4, do_sample=True,
                                 generator=generator, **settings)
         samples.append(tuple(out.sequences[0, 3:5].tolist()))
         lengths.add(out.stats.draft_lengths[0])
@@ -155,6 +156,7 @@ def test_compiled_sampling_follows_the_target_distribution(schedule, settings):
     assert len(lengths) > 1
 
 
+@pytest.mark.slow  # compiles sampling graphs
 @needs_static_crop
 def test_compiled_sampling_is_reproducible_with_a_generator(tiny_pair):
     target, draft = tiny_pair
@@ -191,6 +193,7 @@ def test_compiled_and_eager_sample_the_same_tokens_from_the_same_generator(tiny_
     assert seeds_differ  # the generator, not the models alone, decided the tokens
 
 
+@pytest.mark.slow  # compile mechanics
 @needs_static_crop
 def test_graphs_compile_once_and_never_again_mid_generation(tiny_pair):
     """After the first call, prompts of other lengths and rounds of every length up to the bound
@@ -223,6 +226,7 @@ def test_step_timing_between_generations_leaves_the_shared_engines_sound(tiny_pa
     assert probe.times().engine == "compiled" and probe.passes == 3
 
 
+@pytest.mark.slow  # compile mechanics
 @needs_static_crop
 def test_a_model_class_built_after_compiling_recompiles_before_a_generation_not_during(tiny_pair):
     """Building a model of a new class changes state transformers' forwards read (and the graphs
@@ -237,6 +241,7 @@ def test_a_model_class_built_after_compiling_recompiles_before_a_generation_not_
     assert compiled_generate(target, draft, prompt, max_new_tokens=12).stats.compile_time == 0
 
 
+@pytest.mark.slow  # compile mechanics
 @needs_static_crop
 def test_warming_up_again_compiles_new_graphs_within_the_recompile_budget(tiny_pair):
     """Each re-warm-up (after a model class is built) compiles graphs of its own, so a long process
@@ -309,6 +314,7 @@ def test_engines_hold_no_inference_tensors_so_they_crop_outside_inference_mode(t
         assert all(int(layer.cumulative_length) == 1 for layer in layers)
 
 
+@pytest.mark.slow  # compiles the CUDA-graph branch's graphs
 @needs_static_crop
 def test_compiled_engine_with_cuda_graph_steps_equals_target_generate(tiny_pair, monkeypatch):
     """The branch a GPU takes (`mode="reduce-overhead"`, a step marked before each replay and its

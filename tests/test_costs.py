@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdecpp.calibration.threshold import constant_length, replay
-from specdecpp.measuring.costs import (StepTimes, busy_machine, cost_per_token, cost_ratio, fit_verify_ms, flat_costs,
+from specdecpp.costs import (StepTimes, busy_machine, cost_per_token, cost_ratio, fit_verify_ms, flat_costs,
                                        flat_spent, pass_spread)
 
 

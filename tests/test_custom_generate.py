@@ -4,11 +4,11 @@ feed `generate` (`**tokenizer(...)`). All on the committed pair, offline."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer
+from conftest import ZOO_DIR
+from transformers import TextIteratorStreamer
 from transformers.generation import GenerateDecoderOnlyOutput
 
 import specdecpp
@@ -18,17 +18,8 @@ from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.schedules import SCHEDULES
 from specdecpp.head.folder import CUSTOM_GENERATE_FILES
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 HEAD_DIR = str(ZOO_DIR / "head")
 PROMPTS = ("def add(a, b):\n", "import os\n\nclass Config:\n    def __init__(self")
-
-
-@pytest.fixture(scope="module")
-def zoo():
-    """(target, draft, tokenizer) of the committed pair, float32."""
-    target = AutoModelForCausalLM.from_pretrained(ZOO_DIR / "target", dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(ZOO_DIR / "draft", dtype=torch.float32).eval()
-    return target, draft, AutoTokenizer.from_pretrained(ZOO_DIR / "target")
 
 
 def folder_generate(target, draft, inputs, **kwargs):
@@ -44,6 +35,7 @@ def test_folder_form_greedy_equals_target_generate(zoo, prompt):
     assert isinstance(out, torch.Tensor) and torch.equal(out, expected)
 
 
+@pytest.mark.slow  # compiles the zoo pair
 @pytest.mark.skipif(not specdecpp.engine.compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_folder_form_runs_the_compiled_engine_when_asked(zoo):
     target, draft, tokenizer = zoo

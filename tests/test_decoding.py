@@ -6,18 +6,17 @@ import itertools
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_llama, tiny_recurrent
+from conftest import HIDDEN, VOCAB, perturbed_copy, tiny_llama, tiny_recurrent
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.costs import StepTimes
 from specdecpp.engine.draft_step import CachedModel
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.sampling import make_warpers, widened
 from specdecpp.engine.schedules import SCHEDULES, VerifyBudget
-from specdecpp.measuring.costs import StepTimes
 
-HIDDEN = 32
 
 
 def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> torch.Tensor:
@@ -36,16 +35,6 @@ def constant_head(accept_logit: float, **config) -> AcceptancePredictionHead:
     with torch.no_grad():
         head.model[-1].weight.zero_()
         head.model[-1].bias.copy_(torch.tensor([0.0, accept_logit]))
-    return head
-
-
-@pytest.fixture(scope="module")
-def random_head():
-    torch.manual_seed(3)
-    head = AcceptancePredictionHead(HIDDEN, num_layers=2)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.5)
     return head
 
 
@@ -388,16 +377,6 @@ def test_streamer_receives_the_prompt_then_every_token(tiny_pair):
 
 # -- sampling: the output distribution is the target's ---------------------------------------------
 
-VOCAB = 6
-
-
-@pytest.fixture(scope="module")
-def small_vocab_pair():
-    """A tiny-vocabulary target and an unrelated draft, so rejections and residual draws are common."""
-    return (tiny_llama(vocab_size=VOCAB, seed=0, initializer_range=0.5),
-            tiny_llama(vocab_size=VOCAB, seed=5, initializer_range=0.5))
-
-
 def exact_first_two_token_distribution(target, prompt, warpers) -> torch.Tensor:
     """P(x1, x2) under the target with the same logits processing, `[VOCAB * VOCAB]`."""
     with torch.no_grad():
@@ -424,16 +403,19 @@ def chi_square_pvalue(samples: list[tuple[int, int]], expected_probs: torch.Tens
     return chisquare(counts.numpy(), expected.numpy() * len(samples) / expected.sum().item()).pvalue
 
 
+# One end-to-end case runs by default (the acceptance step itself: test_sampling.py); the others are slow.
 @pytest.mark.parametrize("schedule,settings", [
-    ("constant", dict()),
-    ("constant", dict(temperature=0.7, top_k=4)),
-    ("heuristic", dict(top_p=0.8)),
-    ("ada", dict(temperature=1.3)),
-    ("ada-proposer", dict(top_k=5)),
-    ("ada-proposer", dict()),  # unwarped: the head's features reuse the draft step's softmax
-    ("ada-features-alone", dict(temperature=0.8)),
-    ("online", dict(temperature=0.8)),
     ("ada-online", dict(top_k=5)),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+        ("constant", dict()),
+        ("constant", dict(temperature=0.7, top_k=4)),
+        ("heuristic", dict(top_p=0.8)),
+        ("ada", dict(temperature=1.3)),
+        ("ada-proposer", dict(top_k=5)),
+        ("ada-proposer", dict()),  # unwarped: the head's features reuse the draft step's softmax
+        ("ada-features-alone", dict(temperature=0.8)),
+        ("online", dict(temperature=0.8)),
+    ]),
 ])
 def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, settings):
     target, draft = small_vocab_pair
@@ -451,7 +433,7 @@ def test_sampling_follows_the_target_distribution(small_vocab_pair, schedule, se
                  else OnlineAcceptanceEstimator(4, refit_interval=5))
     generator = torch.Generator().manual_seed(0)
     samples = []
-    for _ in range(2000):
+    for _ in range(1000):
         out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, bound=(1, 4),
                                    num_assistant_tokens=3, max_new_tokens=2, do_sample=True, stop_threshold=0.5,
                                    online=online, estimator=estimator if online or schedule == "online" else None,

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import write_prompts
 
+from specdecpp.costs import FLAT_COST
 from specdecpp.evaluation import demo
 from specdecpp.evaluation import settings
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import FLAT_COST
 
 
 @pytest.fixture(scope="module")

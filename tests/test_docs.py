@@ -100,41 +100,6 @@ def test_the_readme_table_of_heads_is_their_cards_and_configs():
         assert row["dev AUROC"] in aurocs, (name, aurocs)
 
 
-def prose_claims(text: str) -> list[tuple[str, str, str]]:
-    """(head, kind, value) for each number the README's prose states beside a head's path: from the
-    path to the end of its sentence or the next head's path, `N [word [word]] records`, `AUROC X`,
-    a threshold (`threshold X` or `` `auto` = X``)."""
-    claims = []
-    for match in HEAD_PATH.finditer(text):
-        rest = text[match.end():]
-        stop = re.search(r"\.(\s|$)|\n\s*\n|\n\||`checkpoints/zoo/", rest)
-        span = rest[:stop.start() if stop else None]
-        claims += [(match.group(1), "records", m.group(1)) for m in re.finditer(r"([\d,]+)\s+(?:[\w-]+\s+){0,2}records", span)]
-        claims += [(match.group(1), "auroc", m.group(1)) for m in re.finditer(r"AUROC\s+([\d.]+)", span)]
-        claims += [(match.group(1), "threshold", m.group(1))
-                   for m in re.finditer(r"(?:threshold|`auto`\s+=)\s+([\d.]*\d)", span)]
-    return claims
-
-
-def test_the_readme_prose_about_the_heads_is_their_cards_and_configs():
-    claims = prose_claims(README)
-    assert {kind for _, kind, _ in claims} >= {"records", "threshold"}  # the scan still finds what it checks
-    for name, kind, value in claims:
-        config, card = head_files(name)
-        truth = {"records": [f"{card['data']['train']['records']:,}"],
-                 "auroc": [f"{auroc:.3f}" for auroc in values_of(card["calibration"], "auroc")],
-                 "threshold": [str(config.get("stop_threshold"))]}[kind]
-        assert value in truth, f"README says {name} has {kind} {value}; its card/config say {truth}"
-
-
-def test_the_prose_scan_reads_what_the_readme_writes():
-    text = ("with the head (`checkpoints/zoo/head`: 6,188 training records, log q) at its stored threshold "
-            "(`auto` = 0.5, chosen). Then `checkpoints/zoo/head-reference` (AUROC 0.847) and "
-            "`checkpoints/zoo/head-sampling`: 800 sampled records. Unrelated: 12 records, threshold 0.9.")
-    assert prose_claims(text) == [("head", "records", "6,188"), ("head", "threshold", "0.5"),
-                                  ("head-reference", "auroc", "0.847"), ("head-sampling", "records", "800")]
-
-
 def test_the_readme_shows_speculative_generate_s_signature():
     shown = re.search(r"`(speculative_generate\(target, draft, input_ids, \*,.*?\))` —", README, re.DOTALL)
     assert shown, "the README shows speculative_generate's signature"

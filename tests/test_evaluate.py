@@ -234,7 +234,9 @@ def pair(eval_dirs):
 def test_hf_constant_counts_equal_our_engine_round_by_round(pair):
     decoding = ev.DecodingSettings(max_new_tokens=20)
     prompt = ev.Prompt(0, "", [1, 5, 9, 14, 30], 20)
-    spec = lambda engine: ev.MethodSpec(f"{engine}:constant@K=3", engine, "constant", num_assistant_tokens=3)
+    def spec(engine):
+        return ev.MethodSpec(f"{engine}:constant@K=3", engine, "constant", num_assistant_tokens=3)
+
     ours = ev.build_method(spec("specdecpp"), pair, decoding).generate(prompt, 0)
     theirs = ev.build_method(spec("hf"), pair, decoding).generate(prompt, 0)
     target = ev.build_method(ev.MethodSpec("target", None, "none"), pair, decoding).generate(prompt, 0)
@@ -288,6 +290,7 @@ def test_a_run_writes_records_summary_and_figures(eval_dirs, tmp_path):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # compiles every method's graphs
 @pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_compile_runs_our_methods_compiled_and_reports_the_compile_time(eval_dirs, tmp_path):
     """--compile: our methods (the models alone included) compile in the warm-up, never in a timed

@@ -231,6 +231,7 @@ def test_committed_heads_of_every_generation_load_and_decode_losslessly(name, fe
     assert torch.equal(out.sequences, expected)
 
 
+@pytest.mark.slow  # end to end, per head; the acceptance step is test_sampling.py's
 @pytest.mark.parametrize("name", [name for name, _ in COMMITTED_HEADS])
 @torch.no_grad()
 def test_committed_heads_sample_the_targets_distribution(name):

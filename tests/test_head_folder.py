@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes
 from specdecpp.head.folder import card_facts, record_card_facts, render_card, write_card
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import FLAT_COST, MEASURED_COST, StepTimes
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO_HEAD = ROOT / "checkpoints" / "zoo" / "head"
@@ -110,7 +110,7 @@ def test_no_card_is_edited_as_text():
 
 def test_the_head_training_and_publishing_do_not_import_the_decoder():
     """One fresh interpreter: import each module in turn and look for the engine after each."""
-    modules = ["specdecpp.measuring.costs", "specdecpp.head.folder", "specdecpp.head.model", "specdecpp.head.publish", "specdecpp.train"]
+    modules = ["specdecpp.costs", "specdecpp.head.folder", "specdecpp.head.model", "specdecpp.head.publish", "specdecpp.train"]
     code = ("import importlib, sys\n"
             f"for name in {modules!r}:\n"
             "    importlib.import_module(name)\n"

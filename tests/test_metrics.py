@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from specdecpp.costs import FLAT_COST
 from specdecpp.evaluation import plots
 from specdecpp.measuring import metrics
-from specdecpp.measuring.costs import FLAT_COST
 
 
 def record(method, pid, *, tokens, seconds, target_time, calls, draft_calls, discarded, accepted, matches,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdecpp.training.objective import IGNORE, acceptance_loss, binary_kl
+from specdecpp.head.objective import IGNORE, acceptance_loss, binary_kl
 
 
 def test_loss_equals_hand_computation():

@@ -8,9 +8,9 @@ import itertools
 import pytest
 import torch
 from test_compiled import needs_static_crop
-from test_custom_generate import HEAD_DIR, PROMPTS, zoo  # noqa: F401 (fixture)
-from test_decoding import (VOCAB, chi_square_pvalue, prompts, random_head,  # noqa: F401 (fixtures)
-                           random_proposer, small_vocab_pair, target_greedy, with_budget_knobs)
+from conftest import VOCAB
+from test_custom_generate import HEAD_DIR, PROMPTS
+from test_decoding import chi_square_pvalue, prompts, random_proposer, target_greedy, with_budget_knobs
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
 from transformers.generation import WatermarkLogitsProcessor
 
@@ -43,8 +43,10 @@ SETTINGS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "min
 LENGTHS = (3, 30)  # 3: the limit comes before the EOS (forced_eos_token_id acts); 30: the EOS comes first
 
 
-@pytest.mark.parametrize("name", SETTINGS)
-@pytest.mark.parametrize("schedule", SCHEDULES)
+# By default each setting runs with `ada` and each schedule with all settings; the other pairs are slow.
+@pytest.mark.parametrize("schedule,name", [
+    pytest.param(schedule, name, marks=() if schedule == "ada" or name == "all" else pytest.mark.slow)
+    for schedule in SCHEDULES for name in SETTINGS])
 def test_greedy_equals_target_generate_with_processing(tiny_pair, random_head, schedule, name):
     target, draft = tiny_pair
     for prompt, max_new_tokens in itertools.product(prompts(3, seed=1), LENGTHS):
@@ -102,13 +104,13 @@ def exact_processed_distribution(target, prompt, processors) -> torch.Tensor:
     return (p1[:, None] * p2).reshape(-1)
 
 
-@pytest.mark.parametrize("schedule", ["constant", "ada"])
+@pytest.mark.parametrize("schedule", ["ada", pytest.param("constant", marks=pytest.mark.slow)])
 def test_sampling_follows_the_processed_target_distribution(small_vocab_pair, random_head, schedule):
     target, draft = small_vocab_pair
     prompt = torch.tensor([[1, 4, 2]])
     generator = torch.Generator().manual_seed(0)
     samples = []
-    for _ in range(2000):
+    for _ in range(1000):
         out = speculative_generate(target, draft, prompt, schedule=schedule, head=random_head, bound=(1, 4),
                                    num_assistant_tokens=3, max_new_tokens=2, do_sample=True, generator=generator,
                                    repetition_penalty=3.0, top_p=0.8)
@@ -133,7 +135,7 @@ def test_stop_strings_need_the_tokenizer(tiny_pair):
         speculative_generate(target, draft, torch.tensor([[1, 2]]), stop_strings=["the"])
 
 
-@pytest.mark.parametrize("names", [("repetition_penalty",), ("all",)])
+@pytest.mark.parametrize("names", [pytest.param(("repetition_penalty",), marks=pytest.mark.slow), ("all",)])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @needs_static_crop
 def test_compiled_greedy_equals_target_generate_with_processing(tiny_pair, random_head, schedule, names):
@@ -160,7 +162,7 @@ def test_compiled_sampling_follows_the_processed_target_distribution(small_vocab
     prompt = torch.tensor([[1, 4, 2]])
     generator = torch.Generator().manual_seed(0)
     samples = []
-    for _ in range(2000):
+    for _ in range(1000):
         out = speculative_generate(target, draft, prompt, schedule="ada", head=random_head, bound=(1, 4),
                                    max_new_tokens=2, do_sample=True, generator=generator, repetition_penalty=3.0,
                                    top_p=0.8, compile=True)

@@ -124,6 +124,7 @@ def test_a_failed_stage_stops_with_its_command(tmp_path, monkeypatch):
         run_recipe(Recipe.from_yaml(EXAMPLE), tmp_path)
 
 
+@pytest.mark.slow  # the recipe end to end
 def test_pipeline_end_to_end_on_the_zoo_pair_then_resumed(tmp_path, capsys, monkeypatch):
     """The example recipe in test size (6 train and 3 dev prompts of 16 tokens, one epoch, one rank,
     the zoo head's step times, two evaluation prompts): a calibrated head folder with its recipe, card

@@ -1,7 +1,9 @@
-"""Logits processing and the residual distribution."""
+"""Logits processing, the residual distribution and the acceptance step on synthetic distributions."""
 import pytest
 import torch
+from scipy.stats import chisquare
 
+from specdecpp.engine.decoding import _verify
 from specdecpp.engine.sampling import make_warpers, residual_distribution, sample, widened
 
 
@@ -41,3 +43,43 @@ def test_sample_uses_the_generator():
     probs = torch.full((3, 10), 0.1)
     draws = [sample(probs, torch.Generator().manual_seed(4)) for _ in range(2)]
     assert torch.equal(*draws) and draws[0].shape == (3,)
+
+
+def draws_by_position(p: torch.Tensor, q: torch.Tensor, rounds: int, seed: int = 0) -> torch.Tensor:
+    """Run the loop's acceptance step (`_verify`) on `rounds` rounds of `k` tokens drafted from the
+    rows of `q` `[k, vocab]` and checked against the rows of `p` `[k + 1, vocab]` (neither depends on
+    the prefix). Returns the counts of the emitted tokens per position `[k + 1, vocab]`."""
+    generator = torch.Generator().manual_seed(seed)
+    counts = torch.zeros_like(p)
+    for _ in range(rounds):
+        drafted = torch.multinomial(q, 1, generator=generator)[:, 0].tolist()
+        num_accepted, token = _verify(drafted, list(q), p.log(), True, generator)
+        for position, emitted in enumerate(drafted[:num_accepted] + [token]):
+            counts[position, emitted] += 1
+    return counts
+
+
+def pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness of fit of `counts` to `probs`; 0 when an outcome of probability 0 was drawn."""
+    if counts[probs == 0].sum() > 0:
+        return 0.0
+    possible = probs > 0
+    return chisquare(counts[possible].numpy(), (probs[possible] * counts.sum()).numpy()).pvalue
+
+
+def test_the_acceptance_step_emits_the_targets_distribution_at_every_position():
+    """Rejection sampling on synthetic distributions: whatever was accepted before it, the token
+    emitted at each position follows the target's row there (an accepted draft, a residual draw
+    after a rejection, or the bonus token after all were accepted), and the test has the power to
+    reject the draft's rows. `p` has a zero where `q` has mass, and `q` zeros where `p` has mass."""
+    p = torch.tensor([[0.05, 0.40, 0.30, 0.25, 0.00],
+                      [0.50, 0.00, 0.10, 0.20, 0.20],
+                      [0.10, 0.20, 0.30, 0.20, 0.20]], dtype=torch.float64)
+    q = torch.tensor([[0.40, 0.10, 0.10, 0.00, 0.40],
+                      [0.10, 0.30, 0.00, 0.30, 0.30]], dtype=torch.float64)
+    counts = draws_by_position(p, q, rounds=4000)
+    assert counts[2].sum() > 300  # every position, the bonus one too, is reached often
+    for position in range(3):
+        assert pvalue(counts[position], p[position]) > 1e-3, position
+    for position in range(2):
+        assert pvalue(counts[position], q[position]) < 1e-6, position

@@ -15,10 +15,10 @@ from specdecpp.calibration.report import main as calibration_main
 from specdecpp.calibration.threshold import (ada_length, budget_length, choose_threshold, constant_length,
                                              dynamic_length, greedy_log_odds, marginal_scale, online_length,
                                              oracle_length, replay, replayed_rounds)
+from specdecpp.costs import StepTimes, fit_verify_ms
 from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.measuring.costs import StepTimes, fit_verify_ms
-from specdecpp.training.head_data import predict
+from specdecpp.head.inputs import predict
 
 TIMES = StepTimes(draft_ms=[1.0] * 20, verify_ms=[10.0 + k for k in range(21)], target_alone_ms=10.0)
 CORRECT = [np.array([1, 1, 0, 1, 1, 1, 0, 0], dtype=bool)]

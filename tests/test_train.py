@@ -13,11 +13,11 @@ from conftest import free_port
 from safetensors.torch import load_file
 from transformers import set_seed
 
+from specdecpp.head.inputs import make_example
 from specdecpp.head.model import AcceptancePredictionHead, logit_features
+from specdecpp.head.objective import IGNORE, binary_kl
 from specdecpp.models import PairArguments, load_model
-from specdecpp.train import (DataArguments, HeadTrainingArguments, ModelArguments, latest_complete_checkpoint, main,
-                             make_example, train)
-from specdecpp.training.objective import IGNORE, binary_kl
+from specdecpp.train import DataArguments, HeadTrainingArguments, ModelArguments, latest_complete_checkpoint, main, train
 
 N_RECORDS = 12
 
@@ -243,6 +243,7 @@ def torchrun_train(pair_dirs, data_files, out, *flags: str, timeout: int = 240) 
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow  # torchrun
 def test_torchrun_two_ranks_train(pair_dirs, data_files, tmp_path):
     out = tmp_path / "head"
     torchrun_train(pair_dirs, data_files, out, "--cache_hidden_states")
@@ -251,6 +252,7 @@ def test_torchrun_two_ranks_train(pair_dirs, data_files, tmp_path):
     assert AcceptancePredictionHead.from_pretrained(out).hidden_size == 32
 
 
+@pytest.mark.slow  # torchrun and DeepSpeed
 def test_torchrun_two_ranks_deepspeed_zero2(pair_dirs, data_files, tmp_path):
     """The shipped ZeRO-2 config trains a head on the CPU under 2 ranks (DeepSpeed's CPU accelerator). The first
     run on a machine JIT-compiles DeepSpeed's shared-memory communication op (minutes on 2 cores; then cached)."""

@@ -25,6 +25,7 @@ def micro_build(tmp_path_factory):
     return out, card
 
 
+@pytest.mark.slow  # the zoo build
 def test_saved_folders_load_as_float32_with_the_shared_tokenizer(micro_build):
     out, _ = micro_build
     target = AutoModelForCausalLM.from_pretrained(out / "target")  # dtype "auto" reads float32
@@ -37,6 +38,7 @@ def test_saved_folders_load_as_float32_with_the_shared_tokenizer(micro_build):
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
 
 
+@pytest.mark.slow  # the zoo build
 def test_tokenizer_round_trips_and_starts_documents_with_eos(micro_build):
     out, _ = micro_build
     tok = AutoTokenizer.from_pretrained(out / "draft")
@@ -47,6 +49,7 @@ def test_tokenizer_round_trips_and_starts_documents_with_eos(micro_build):
     assert max(ids) < 400
 
 
+@pytest.mark.slow  # the zoo build
 def test_card_records_the_figures(micro_build):
     out, card = micro_build
     on_disk = json.loads((out / "card.json").read_text())
@@ -73,6 +76,7 @@ def test_targets_use_the_worst_set():
     assert not checks["c"]["met"]
 
 
+@pytest.mark.slow  # the zoo build
 def test_agreement_of_a_model_with_itself_is_one(micro_build):
     out, _ = micro_build
     target = zoo.load_zoo_model(out / "target")

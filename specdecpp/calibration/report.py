@@ -1,26 +1,9 @@
 """Calibration report of a trained acceptance head: can its probabilities be trusted?
 
-    python -m specdecpp.calibration.report --head HEAD --draft DRAFT --records dev.jsonl [--plot_path reliability.png]
-
-The `ada` schedule stops drafting on the head's predicted probability of a rejection, so a stop
-threshold only means what it says if those probabilities are calibrated. On held-out records
-(built as for training, same mixing ratio and seed as training's eval split) this prints the
-expected calibration error (ECE), the Brier score, the AUROC of accept vs reject, the binary KL
-(training's eval metric) and the per-bin table, and writes a reliability diagram.
-Labels are the records' soft `p_acc`: each bin compares the mean prediction with the mean label,
-and the AUROC weighs every position as an accept with weight `p_acc` and a reject with `1 - p_acc`.
-
-A head trained with `--weight_mismatch w` is pessimistic by design: the weighted BCE is minimised
-by `s = y / (y + w (1 - y))`, not by `y`. Its raw probabilities (what the stop rule reads) are
-reported by default; `--weight_mismatch w` reports the calibration of `w s / (1 - s + w s)`, the
-acceptance probability the head implies, which is what should match the labels.
-
-`--choose_threshold --target TARGET` also picks the head's stop threshold for `stop_threshold="auto"`
-(`specdecpp.calibration.threshold`): rounds on the records (greedy or sampled, as the head will decode) are
-replayed with the head's predictions (and, on greedy records, with vLLM's online estimator, whose
-best threshold is reported as `dynamic`'s is) and priced with the pair's measured step times (timed with
-`--threads` torch threads, the count decoding will use); the threshold, the times and the cost curve go into
-the head folder's `config.json` and model card, and the curve into `--threshold_plot_path`.
+`python -m specdecpp.calibration.report --head HEAD --draft DRAFT --records dev.jsonl` prints ECE, Brier score,
+soft-label AUROC, binary KL and the per-bin table on held-out records and draws a reliability diagram;
+`--weight_mismatch w` reports the probability a head trained with that weight implies. `--choose_threshold
+--target TARGET` also chooses and stores the head's threshold (`specdecpp.calibration.threshold`).
 """
 from __future__ import annotations
 
@@ -37,15 +20,15 @@ from transformers import HfArgumentParser
 from specdecpp.calibration.threshold import choose_threshold
 from specdecpp.checks import check_data_fits_draft
 from specdecpp.cli import common_field, input_errors
+from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 from specdecpp.data.io import atomic_write, read_records
 from specdecpp.engine.settings import default
 from specdecpp.head.folder import REPLAYED_ROUNDS, stored_step_times
+from specdecpp.head.inputs import predict
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
+from specdecpp.head.objective import binary_kl
 from specdecpp.measuring.step_timing import torch_threads
 from specdecpp.models import HeadPairArguments, load_head, load_model
-from specdecpp.training.head_data import predict
-from specdecpp.training.objective import binary_kl
 
 
 @dataclass
@@ -106,9 +89,8 @@ def unweight(predictions: np.ndarray, weight_mismatch: float) -> np.ndarray:
 
 
 def soft_auroc(labels: np.ndarray, predictions: np.ndarray) -> float:
-    """AUROC of accept vs reject with soft labels: each position counts as an accept with weight
-    `y` and as a reject with weight `1 - y` (the ordinary AUROC when labels are 0/1); NaN when
-    the data holds only accepts or only rejects."""
+    """AUROC with soft labels: each position an accept with weight `y` and a reject with weight `1 - y`; NaN with
+    only one class."""
     from sklearn.metrics import roc_auc_score
 
     y_true = np.concatenate([np.ones_like(labels), np.zeros_like(labels)])
@@ -192,9 +174,8 @@ def check_outputs(args: CalibrationArguments) -> None:
 
 
 def run(pair: HeadPairArguments, args: CalibrationArguments) -> dict:
-    """Score the records with `pair`'s head and draft, print the report, write the diagram (and
-    JSON); with `--choose_threshold`, also choose and store the head's threshold against `pair`'s
-    target. Returns the report."""
+    """Score the records with `pair`'s head and draft, print the report and write the diagram; with
+    `--choose_threshold`, also choose and store the threshold. Returns the report."""
     pair.require("head", "draft")
     head_dir = pair.single_head()
     if args.choose_threshold and not (pair.target and os.path.isdir(head_dir)):
@@ -228,10 +209,8 @@ def run(pair: HeadPairArguments, args: CalibrationArguments) -> dict:
 
 def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target, records: list[dict],
                     args: CalibrationArguments, predictions: np.ndarray) -> dict:
-    """Choose the head's threshold on `records` (`specdecpp.calibration.threshold.choose_threshold`) from its
-    raw `predictions` over them (a proposer head's positions do not depend on the mixing ratio),
-    store it in the config of the head folder `head_dir` (saving the head re-renders its card from the folder),
-    plot the cost curve; returns the selection record."""
+    """Choose the head's threshold on `records` from its raw `predictions`, store it in `head_dir`'s config
+    (re-rendering the card) and plot the cost curve; returns the selection record."""
     times = stored_step_times(args.step_times_from) if args.step_times_from else None
     with torch_threads(args.threads):
         threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound),

@@ -1,26 +1,6 @@
-"""Choosing a proposer head's stop threshold from the pair's own costs.
-
-Rounds are replayed on training records: `draft[i]` is the draft's proposal after the target's
-prefix `x_<i` and `p_acc[i]` the probability that the target accepts it (0/1 in greedy records,
-`min(1, p/q)` in sampled ones). A round that starts at position `pos` drafts the proposals from
-`pos` on, accepts each in turn with its `p_acc` until the first rejection, and then emits the
-target's token, as the engine does; the replay returns the expected counts and cost over those
-acceptances. How many tokens a round drafts is decided by the engine's own schedule objects
-(`specdecpp.engine.schedules`), driven as the loop drives them with the records' values in place of draft
-steps (`schedule_length`), so that each stop rule is written once. Greedy records make it
-deterministic: constant K and the oracle replay exactly, and an `ada` round exactly up to its first
-rejected token (which tokens are accepted and the number of target calls are exact; only the tokens
-a round drafts after its first rejection, judged by the engine from the draft's own wrong prefix and
-here from the target's, may differ in number).
-Sampled records replay under the assumption training makes too: each acceptance is judged along
-the target's prefix. A proposer head's prediction for `draft[i]` comes from that same prefix; a
-reader head judges states that have read each proposal, which records hold only for accepted ones,
-so only proposer heads are replayed. Each round is priced with the pair's measured times
-(`specdecpp.measuring.costs.StepTimes`): its draft steps, the head's judgement of each, the target's
-verification as a function of its length (on a CPU it grows with the tokens checked) and the loop's
-overhead per round, all timed through the engine's own steps. The cost per token is in units of one target-alone step, so 1 / cost is the speedup the
-replay predicts. `choose_threshold` replays a grid of thresholds and keeps the cheapest.
-"""
+"""Choosing a proposer head's stop threshold by replaying rounds on records (docs/design.md, Choosing the threshold
+from the costs): the engine's own schedule objects decide each round's length from the records' values, and each
+round is priced with the pair's measured `StepTimes`. `choose_threshold` keeps the cheapest threshold of a grid."""
 from __future__ import annotations
 
 import json
@@ -36,9 +16,9 @@ from specdecpp.engine.online import OnlineAcceptanceEstimator, log_odds, log_odd
 from specdecpp.engine.schedules import Constant, Dynamic, Judge, Oracle, ProductRule, Schedule, VerifyBudget
 from specdecpp.engine.settings import default
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
+from specdecpp.costs import StepTimes, cost_per_token, fit_verify_ms, flat_spent, verify_slope
 from specdecpp.measuring.step_timing import measure_costs
-from specdecpp.training.head_data import predict
+from specdecpp.head.inputs import predict
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed beside the head
@@ -51,13 +31,9 @@ NO_LIMIT = sys.maxsize
 
 def replayed_rounds(accept: list[np.ndarray], values: list[np.ndarray], round_length: RoundLength,
                     max_draft: int) -> Iterator[tuple[int, int, float, int, int]]:
-    """Every round a replay takes over records (`accept[r][i]`: the probability that the target
-    accepts `draft[i]`, 0 or 1 for greedy records), in order: `(record, start, weight, verified,
-    drafted)`, the round at position `start` of record `record` drafting `round_length(values[record],
-    accept[record], start, limit)` tokens (at most `max_draft` and never past the record's end: a
-    round emits up to `k + 1` tokens) and verifying the first `verified` of them, `weight` the
-    probability that a round starts there (for greedy records, 1 on the one path and no round
-    elsewhere)."""
+    """Every round a replay takes over records, in order, as `(record, start, weight, verified, drafted)`: `weight`
+    is the probability that a round starts there (for greedy records 1 on the one path), `drafted` from
+    `round_length`, never past the record's end."""
     for record, (acc, vals) in enumerate(zip(accept, values)):
         n = len(acc)
         starts = np.zeros(n + 1)  # starts[pos]: P(a round starts at pos)
@@ -77,17 +53,9 @@ def replayed_rounds(accept: list[np.ndarray], values: list[np.ndarray], round_le
 
 def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length: RoundLength, max_draft: int,
            times: StepTimes, judged: bool = False, unit_ms: float | None = None) -> dict:
-    """Replay rounds over records (`replayed_rounds`: `accept[r][i]`, the probability that the
-    target accepts `draft[i]`, 0 or 1 for greedy records), each drafting `round_length(...)` tokens,
-    at most `max_draft` and never past the record's end, every drafted
-    token judged by the head when `judged` (a round that verifies fewer than it drafted pays
-    every draft step and the verification of those it verifies). Returns the expected counts, time per token
-    (`StepTimes.round_ms` per round) and both views of `specdecpp.measuring.costs`: `cost_per_token` (measured,
-    in `unit_ms`, by default one target-alone step of `times`) and `flat_cost_per_token` (target
-    verifications, `c` from `times`), summing over the positions a round can
-    start at, weighted by the probability that one does (for greedy records, the one path), and
-    `round_weights[k]`, the expected number of rounds that draft and verify `k` tokens (None when
-    a round verifies fewer than it drafts), which `StepTimes.rounds_ms` prices at other times."""
+    """Replay rounds over records (`replayed_rounds`) and return the expected counts, time per token and both cost
+    views (`cost_per_token` in `unit_ms`, `flat_cost_per_token`), with `round_weights` (rounds by length; None when
+    a round verifies fewer than it drafts)."""
     target_calls, draft_calls, total_ms = 0.0, 0.0, 0.0
     round_weights = []
     for _, _, weight, k, drafted in replayed_rounds(accept, predictions, round_length, max_draft):
@@ -106,14 +74,8 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
 
 
 def schedule_length(policy: Schedule, step: Callable[[float, int], DraftStep] | None = None) -> RoundLength:
-    """Rounds of the engine's own schedule object `policy`, driven as the loop drives it (`decode`,
-    `decoding.draft_round`) with a record's values in place of the draft's forwards: the round
-    starts (`start_round`), drafts up to `policy.max_draft()` tokens within the limit, asking
-    `stop_after` after each whether to stop, with the draft step `step(value, j)` made of the
-    record's value for the `j`-th drafted token (None: a schedule that reads no step and never
-    stops early), verifies `verify_length` of them and ends with the outcome (`end_round`: the run
-    of accepted proposals, which an online rule learns from; greedy records). Returns the tokens
-    drafted, or `(verified, drafted)` when the round verifies fewer."""
+    """Rounds of the engine's schedule `policy`, driven as the loop drives it with a record's values in place of
+    draft steps (`step(value, j)`); returns the tokens drafted, or `(verified, drafted)` when it verifies fewer."""
     def length(values: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int | tuple[int, int]:
         policy.start_round()
         most, drafted = min(policy.max_draft(), limit), 0
@@ -153,14 +115,8 @@ class CostAwareRule(ProductRule):
 
 
 def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
-    """The cost-aware stop rule's factors: `scale[j - 1]` is what one more token costs after `j`
-    drafted ones (the next draft step, its judgement, and the verification's growth per token,
-    `verify_slope`, so that timing noise cannot make it negative) over what it costs
-    after the first. Drafting one more token gains `prod p_hat * p_next` expected tokens for that
-    cost, so continuing while `prod p_hat >= (1 - threshold) * scale[j - 1]` is the rule "draft
-    on while the expected gain pays for the marginal cost", with `1 - threshold` standing for the
-    cost of the first extra token over a token's value. Flat step times give all ones: the product
-    threshold."""
+    """The cost-aware stop rule's factors: `scale[j - 1]` is the cost of one more token after `j` drafted over its
+    cost after the first; flat step times give all ones (the product rule)."""
     slope = verify_slope(times.verify_ms)
     draft = list(times.draft_ms) or [0.0]
     marginal = [draft[min(j, len(draft) - 1)] + times.judge_ms + slope for j in range(1, max_draft + 1)]
@@ -168,22 +124,16 @@ def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
 
 
 def online_length(estimator: OnlineAcceptanceEstimator, threshold: float, min_draft: int) -> RoundLength:
-    """The product rule on `estimator`'s predictions from the record's features (the values
-    replayed: `greedy_log_odds` for `online`, the head's logits for `ada` recalibrated online), as
-    `Online` and `Ada` with `online=True` judge, the estimator learning each
-    round's outcome. Greedy records only, replayed in order: their one path is the sequence it learns from."""
+    """The product rule on `estimator`'s predictions from the record's features, learning each round's outcome;
+    greedy records only, replayed in order."""
     return schedule_length(ProductRule(Judge(estimator), threshold, (min_draft, NO_LIMIT)), judged_step)
 
 
 def budget_length(max_draft: int, times: StepTimes, judged: bool = False,
                   estimator: OnlineAcceptanceEstimator | None = None) -> RoundLength:
-    """vLLM's adaptive verification at batch 1, the engine's `VerifyBudget`: draft `max_draft`
-    tokens (fewer near the record's end), score each by its survival (the running product of the
-    predictions: the values replayed, or with an `estimator` its predictions from them as features,
-    after which it learns the verified tokens' outcome) and verify the prefix that maximises the
-    expected tokens per round time, each length priced with `times` (the whole block's draft steps,
-    its judgements when `judged`, the verification of the prefix). Returns `(verified, drafted)`
-    when it verifies fewer than it drafted."""
+    """vLLM's adaptive verification at batch 1 (`VerifyBudget`): draft `max_draft` tokens, score each by its
+    survival and verify the prefix of most expected tokens per round time at `times`. Returns `(verified, drafted)`
+    when it verifies fewer."""
     return schedule_length(VerifyBudget(Judge(estimator), max_draft, times, judged), judged_step)
 
 
@@ -215,18 +165,10 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                      batch_size: int = 8, timing_repeats: int = 16,
                      predictions: np.ndarray | None = None,
                      times: tuple[StepTimes, StepTimes] | None = None, compile: bool = False) -> tuple[float, dict]:
-    """The threshold in `thresholds` whose replayed cost per token on `records` (greedy or sampled,
-    as the head will decode) is lowest, and the record of the choice (measured times, the cost
-    curve, constant K = 1..6, our `dynamic` at `CONFIDENCES` (from the draft's probability of each
-    proposal, `log_p_draft`), for greedy records the oracle and the online rules (`online_costs`:
-    vLLM's estimator at each threshold, the head recalibrated online, adaptive verification)
-    replayed alike, and the logits
-    processing the records were built under, `records_processing`), ready to store with
-    `head.with_threshold`. `predictions`: the head's predictions over the records
-    (`head_data.predict`) when the caller already has them; `times`: the step times `(plain,
-    judged)` to price rounds with (`head.folder.stored_step_times`), instead of timing the pair now on the
-    engine decoding will run (compiled when `compile`; the times record which). ValueError when
-    the replay shows the times to be wrong (`check_replayed_costs`)."""
+    """The threshold in `thresholds` whose replayed cost per token on `records` is lowest, and the record of the
+    choice (times, cost curve, the baselines replayed alike, the records' processing), ready for
+    `head.with_threshold`. `predictions` and `times` spare computing them; ValueError when the replay shows the
+    times to be wrong."""
     if head.alignment != "proposer":
         raise ValueError("choosing a threshold replays rounds from the head's predictions, which needs a "
                          "proposer head (a reader head judges states the records do not hold)")
@@ -279,12 +221,9 @@ BUDGET_KS = tuple(range(1, 7))  # the blocks verify-budget and ada-budget draft,
 
 def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Callable, thresholds: tuple[float, ...],
                  bound: tuple[int, int], plain: StepTimes, judged: StepTimes) -> dict:
-    """The online rules replayed on greedy records, in order (each from its cold start, learning
-    over all of them; `cost(method, round_length, times, values)` replays one): vLLM's estimator
-    under the product rule at each threshold (`online`), the head recalibrated online at each
-    threshold (`ada` with `online=True`), and adaptive verification of blocks of `BUDGET_KS`
-    tokens with the online estimator's survival scores (`verify-budget`) and with the head's
-    (`ada-budget`), priced with these step times."""
+    """The online rules replayed on greedy records in order, each from its cold start: `online` and `ada`
+    recalibrated online at each threshold, and adaptive verification (`verify-budget`, `ada-budget`) for blocks of
+    `BUDGET_KS`."""
     features = [greedy_log_odds(r) for r in records]
     head_logits = [np.array([log_odds(float(p)) for p in values]) for values in predictions]
     return {
@@ -302,9 +241,8 @@ def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Calla
 
 
 def records_processing(records: list[dict]) -> dict:
-    """The logits processing the records were built under (their `processing`; none when absent),
-    as `DecodingSettings.processing_fields()` names it: what `auto` compares a generation's with. Records
-    built under different processing are a ValueError: acceptance, hence the threshold, depends on it."""
+    """The logits processing the records were built under (none when absent); records built under different
+    processing are a ValueError."""
     found = {json.dumps(r.get("processing", {}), sort_keys=True) for r in records}
     if len(found) > 1:
         raise ValueError(f"the records were built under different logits processing ({', '.join(sorted(found))}): "
@@ -313,15 +251,9 @@ def records_processing(records: list[dict]) -> dict:
 
 
 def check_replayed_costs(selection: dict, times: StepTimes) -> None:
-    """Refuse (ValueError) a replay that only wrong step times can give, rather than choose a
-    threshold from it: a constant K that would cost more than the target alone even if every
-    drafted token were accepted and drafting were free (one verification of `K + 1` tokens timed
-    longer than `K + 1` target-alone steps, which read the same weights `K + 1` times), or, for
-    greedy records, the oracle costing more than a causal rule. The oracle drafts exactly the
-    tokens that will be accepted, and no rule that must guess can beat it while one more drafted
-    token (its draft step and the verification's growth) costs less than a verification's fixed
-    part; that holds for any pair worth speculating with, and the oracle is checked only then
-    (the causal rules: constant K, `dynamic`, `ada` and, when replayed, `online`)."""
+    """ValueError for a replay only wrong step times can give: a constant K dearer than the target alone even with
+    every token accepted and free drafting, or, on greedy records, the oracle dearer than a causal rule while it
+    should win."""
     way_out = ("time the steps again on a quieter machine, or pass --step_times_from a head folder whose step "
                "times are sound")
     for k in map(int, selection["constant_k_cost_per_token"]):

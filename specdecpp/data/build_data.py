@@ -1,24 +1,7 @@
-"""Build the acceptance head's training data from a target/draft pair.
-
-    python -m specdecpp.data.build_data --target T --draft D --prompts SRC --output OUT.jsonl \
-        --max_new_tokens N [--do_sample] [--repetition_penalty R] [--batch_size B] [--seed S] [--n_begin I --n_end J]
-    torchrun --nproc_per_node 4 -m specdecpp.data.build_data ...      (each rank takes its share)
-
-One pass per batch of prompts: the target generates the continuations (batched, left-padded, KV
-cache), then one teacher-forced forward of each model over prompt + continuation gives, at every
-continuation position, the draft's proposal given the target's prefix (argmax when greedy, sampled
-when sampling), the log-probability of that proposal under each model, and `p_acc`. Both models'
-logits are processed as decoding will process them (`--repetition_penalty`, then the sampling
-warpers), every position with its own prefix (`specdecpp.engine.processing`), since acceptance depends on
-it; each record names that processing (`processing`).
-
-Resumable: while it runs, records go to `OUT.parts/` (one shard per rank, flushed per batch, with
-the settings they were built with in `meta.json`); a rerun reads the complete records there and
-builds only the missing prompts. When every prompt is done the shards are merged into `OUT`
-(written atomically) and `OUT.parts/` is removed, so `OUT` exists only when it is complete.
-Nothing is written before the models have loaded and passed their checks, so a run refused for
-bad input leaves nothing that a corrected rerun would have to be told to overwrite.
-"""
+"""Build the acceptance head's training records from a target/draft pair (docs/design.md, The record format),
+`python -m specdecpp.data.build_data --target T --draft D --prompts SRC --output OUT.jsonl --max_new_tokens N
+[flags]`, or under torchrun, each rank its share. Resumable: shards go to `OUT.parts/` and are merged into `OUT`,
+atomically, once every prompt is done."""
 from __future__ import annotations
 
 import json
@@ -83,8 +66,8 @@ class BuildDataArguments:
             raise ValueError(f"--output must end in .jsonl (records are JSON Lines), got {self.output}")
 
     def processing_fields(self) -> dict:
-        """The logits processing the records are built under, as `DecodingSettings.processing_fields()`
-        names it (what the threshold chosen on them records, and `auto` compares)."""
+        """The logits processing the records are built under, as `DecodingSettings.processing_fields()` names
+        it."""
         return DecodingSettings(repetition_penalty=self.repetition_penalty).processing_fields()
 
 
@@ -102,8 +85,8 @@ def left_pad(prefixes: list[list[int]], pad_token_id: int, device: torch.device)
 
 def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
                         n: int) -> torch.Tensor:
-    """Teacher-forced logits `[batch, n, vocab]` of `model` at the last `n` positions of left-padded
-    `sequences`, i.e. its prediction of each continuation token from the tokens before it."""
+    """Teacher-forced logits `[batch, n, vocab]` of `model` predicting the last `n` tokens of left-padded
+    `sequences`."""
     device = model_device(model)
     sequences, attention_mask = sequences.to(device), attention_mask.to(device)
     out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
@@ -112,9 +95,8 @@ def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attenti
 
 
 class RowProcessing(LogitsProcessor):
-    """Each row of a left-padded batch processed by its own `Processing`, which sees that row's
-    tokens without the padding: what `generate` applies to the prompt alone, as decoding will (a
-    repetition penalty would otherwise also penalize the pad token)."""
+    """Each row of a left-padded batch processed by its own `Processing`, which sees that row's tokens without the
+    padding."""
 
     def __init__(self, processings: list[Processing], pads: list[int]):
         self.processings, self.pads = processings, pads
@@ -126,9 +108,8 @@ class RowProcessing(LogitsProcessor):
 
 def processed_logits(processings: list[Processing], contexts: list[list[int]], logits: torch.Tensor,
                      lengths: list[int]) -> torch.Tensor:
-    """The continuation logits `[sum(lengths), vocab]` (record after record) processed position by
-    position: record `r`'s rows predict its continuation from `contexts[r]` (its prefix and all
-    but the last continuation token), each row with its own prefix, as the engine processes them."""
+    """The continuation logits `[sum(lengths), vocab]`, record after record, each row processed with its own prefix
+    from `contexts`, as the engine processes them."""
     rows = logits.split(lengths)
     return torch.cat([p.logits(context, chunk) for p, context, chunk in zip(processings, contexts, rows)])
 
@@ -138,14 +119,9 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 processing_fields: dict | None = None, pad_token_id: int = 0,
                 eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0) -> list[dict]:
-    """Records (`tokens`, `draft`, `log_p_draft`, `log_p_target`, `p_acc`, `target_entropy`,
-    `processing`) for a batch of tokenized prompts: the target's continuation, then one
-    teacher-forced forward of each model over it. Both models' logits are processed as decoding
-    processes them (`processing_fields`: `generate`'s processor fields, as `DecodingSettings.processing_fields()`
-    names them; then, sampling, the same temperature/top-k/top-p), each position with its own
-    prefix. Sampling mode draws the target's continuation and the draft's proposals from `seed`
-    and sets `p_acc = min(1, p/q)`; greedy mode sets `p_acc` to 1.0 exactly where the draft's
-    processed argmax equals the target's."""
+    """Records for a batch of tokenized prompts: the target's continuation, then one teacher-forced forward of each
+    model over it, logits processed as decoding processes them. Sampling draws from `seed` and sets `p_acc = min(1,
+    p/q)`; greedy sets it to 1.0 where the draft's argmax is the target's."""
     if any(len(p) == 0 for p in prefixes):
         raise ValueError("every prompt needs at least one token")
     processing_fields = processing_fields or {}
@@ -154,9 +130,7 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
                                 top_k=top_k, top_p=top_p, **processing_fields)
     processings = [build_processing(target, settings.generation_config(len(prefix), set(eos_token_ids)),
                                     torch.tensor([prefix], device=input_ids.device)) for prefix in prefixes]
-    # generate's own processing is neutral, set explicitly so that none comes from the checkpoint's
-    # generation_config (generate fills unset fields from it): RowProcessing applies all of it.
-    # min_new_tokens only when the checkpoint sets it (setting it beside min_length warns every batch).
+    # generate's own processing is neutral (RowProcessing applies it), none taken from the checkpoint's config.
     neutral = {name: value for name, value in NEUTRAL.items()
                if name != "min_new_tokens" or getattr(target.generation_config, name, None) is not None}
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_token_id,
@@ -201,8 +175,7 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
 
 # -- the run: shards, resume, merge --------------------------------------------------------------
 def init_distributed() -> tuple[int, int]:
-    """`(rank, world_size)`, joining the process group that torchrun / accelerate launch set up
-    (gloo on CPU, nccl on GPUs); `(0, 1)` when run as a single process."""
+    """`(rank, world_size)` of the process group torchrun set up; `(0, 1)` in a single process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         if torch.cuda.is_available():
@@ -218,8 +191,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-# The names a partial build's meta.json records these settings under: those of the flags before
-# they were shared across commands, so that a build started then still resumes.
+# The names a partial build's meta.json records these settings under.
 SETTING_NAMES = {"prompts": "dataset", "prompts_split": "dataset_split"}
 
 
@@ -277,9 +249,8 @@ def open_shard(parts_dir: str, rank: int):
 
 
 def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
-    """Build (or resume) `args.output` from `pair`'s target and draft; under torchrun each rank
-    builds its share and rank 0 merges. Returns `{"records", "new_tokens", "seconds",
-    "tokens_per_second"}` for this run."""
+    """Build (or resume) `args.output` from `pair`; under torchrun each rank builds its share and rank 0 merges.
+    Returns this run's `{records, new_tokens, seconds, tokens_per_second}`."""
     pair.require("target", "draft")
     rank, world = init_distributed()
     out, parts_dir = args.output, args.output + ".parts"
@@ -304,8 +275,7 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
     pad = next(t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if t is not None)
     eos = checks.eos_ids(tokenizer.eos_token_id, checks.generation_eos(target))
 
-    # Only now, with the models loaded and checked, is anything written: a run refused above
-    # leaves no settings file that would make the corrected rerun look like another build.
+    # Nothing is written before the models load and pass their checks.
     if args.overwrite and rank == 0:
         shutil.rmtree(parts_dir, ignore_errors=True)
         if os.path.exists(out):
@@ -352,8 +322,8 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
 
 
 def merge_shards(parts_dir: str, out: str, indices: list[int]) -> None:
-    """Write the shards' records to `out` in prompt order, atomically, then drop the shards; a
-    missing prompt is an error and leaves the shards for a rerun to complete."""
+    """Write the shards' records to `out` in prompt order, atomically, then drop the shards; a missing prompt is an
+    error that keeps them."""
     done = finished_records(parts_dir)
     missing = [i for i in indices if i not in done]
     if missing:

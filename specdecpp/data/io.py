@@ -1,12 +1,5 @@
-"""Training records on disk: reading, validating, writing; and the atomic writing of whole files.
-
-Our files are JSON Lines, one record per prompt (fields in docs/design.md, The record format). The
-reference implementation wrote one JSON array whose lists were stored as strings and whose log-prob
-fields were named after model sizes (`log_p_7b` for the draft, `log_p_70b` for the target);
-`read_records` reads both and always returns our form, so nothing downstream needs to know which it
-got. Every command that rewrites a whole file (records, results, summaries, settings) writes it with
-`atomic_write`, so an interruption never leaves a half-written file behind.
-"""
+"""Training records on disk (docs/design.md, The record format): reading ours and the reference's form, validating,
+writing; and the atomic writing of whole files."""
 from __future__ import annotations
 
 import ast
@@ -58,10 +51,8 @@ def _rename_size_fields(record: dict, where: str) -> dict:
 
 
 def normalize_record(record: dict, where: str = "record") -> dict:
-    """Our form of one record (lists as lists, our field names), or a ValueError that says which
-    field of which record is wrong: a missing field, a list whose length differs from `tokens`,
-    a non-integer token id, a `p_acc` outside [0, 1], a `processing` that is not an object (a
-    record without one, built before records named it or elsewhere, was built with none)."""
+    """Our form of one record, or a ValueError naming the wrong field of which record (no `processing`: built with
+    none)."""
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     record = _rename_size_fields(record, where)
@@ -91,12 +82,9 @@ def normalize_record(record: dict, where: str = "record") -> dict:
 
 
 def read_json_rows(path: str | os.PathLike) -> list[tuple[str, object]]:
-    """The values of a JSON Lines file, or of a file holding one JSON array, each with where it
-    stands (`"<path>: line N"`, counted in the file with blank lines included, or `"<path>: record
-    i"`), for the messages of whoever checks them. Lines are split on "\\n" alone: `splitlines()`
-    also splits on characters a JSON string may hold unescaped (U+2028, U+0085, ...: we write with
-    `ensure_ascii=False`). A line or an array that is not JSON is a ValueError naming the file and
-    the line. The one reader of JSON Lines for records and prompts alike."""
+    """The values of a JSON Lines file (or one JSON array), each with where it stands (`<path>: line N`): the one
+    JSON Lines reader. Lines split on "\n" alone, so U+2028 in a string stays; a line that is not JSON is a
+    ValueError naming it."""
     path = os.fspath(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -119,9 +107,8 @@ def read_json_rows(path: str | os.PathLike) -> list[tuple[str, object]]:
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
-    """All records of a JSON Lines file or of one JSON array (the reference's files), read by
-    `read_json_rows`, normalized and validated; an empty file or a broken line is a ValueError
-    naming the file and line."""
+    """All records of a JSON Lines file or a JSON array, normalized and validated; an empty file or a broken line
+    is a ValueError naming it."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no data file at {os.fspath(path)}")
     records = [normalize_record(value, where) for where, value in read_json_rows(path)]
@@ -131,15 +118,13 @@ def read_records(path: str | os.PathLike) -> list[dict]:
 
 
 def to_json_line(record: dict) -> str:
-    """One record as one line of JSON (with its newline); -inf log-probs (a token outside top-k/top-p)
-    are written as JSON's `-Infinity`, which Python's json reads back."""
+    """One record as one line of JSON; -inf log-probs are written as `-Infinity`."""
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
 def read_complete_lines(path: str | os.PathLike) -> tuple[list[dict], int]:
-    """Records on the complete lines of a JSON Lines file being appended to, and the byte length of
-    those lines: a line cut short by an interruption (no newline, or not JSON) and anything after it
-    is not counted, so a resumed writer truncates to that length and rewrites the record."""
+    """The records on the complete lines of a file being appended to, and those lines' byte length (a resumed
+    writer truncates to it)."""
     records, good = [], 0
     with open(path, "rb") as f:
         for line in f:
@@ -155,10 +140,8 @@ def read_complete_lines(path: str | os.PathLike) -> tuple[list[dict], int]:
 
 @contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[TextIO]:
-    """Open a temporary file next to `path` for writing text, and rename it onto `path` once the
-    block ends without an error: `path` then holds either its old content or the whole new one,
-    never a partial file that a later run would trust or reject (an interruption or an exception
-    inside the block leaves the old file as it was and removes the temporary one)."""
+    """Open a temporary file next to `path` and rename it onto `path` when the block ends without an error, so
+    `path` holds its old or its whole new content."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"  # same folder, so the rename is atomic
     try:
@@ -173,15 +156,13 @@ def atomic_write(path: str | os.PathLike) -> Iterator[TextIO]:
 
 
 def write_json(path: str | os.PathLike, data, indent: int | None = None) -> None:
-    """Write `data` to `path` as JSON (on one line unless `indent` is given), newline-terminated,
-    atomically (`atomic_write`)."""
+    """Write `data` to `path` as JSON, newline-terminated, atomically."""
     with atomic_write(path) as f:
         f.write(json.dumps(data, indent=indent) + "\n")
 
 
 def write_records(path: str | os.PathLike, records: Iterable[dict]) -> None:
-    """Write records as JSON Lines atomically (`atomic_write`), so `path` is either absent or
-    complete, never a partial file that a later run would trust."""
+    """Write records as JSON Lines, atomically."""
     with atomic_write(path) as f:
         for record in records:
             f.write(to_json_line(record))

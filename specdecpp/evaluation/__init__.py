@@ -1,13 +1,5 @@
-"""Evaluation of candidate-length schedules against baselines, split by job.
-
-`settings` (what is compared, how it decodes, on which prompts, how the run goes; the checks
-that need no model; prompts and pair loading) is the bottom; `methods` (method specs and our
-engine's adapter) and `hf_baselines` (Hugging Face's assisted generation, counted from the
-outside) build on it; `report` (summary, tables, figures) and `runner` (the measurement loop with
-resume, `Evaluation`, `evaluate`) sit on top, `plots` drawing the report's figures. Nothing
-here imports upward; the one command here is `demo` (`specdecpp demo`, over the runner), and
-`specdecpp/evaluate.py` is the evaluate command.
-"""
+"""Evaluation of candidate-length schedules against baselines: `settings` at the bottom, `methods` and
+`hf_baselines` on it, `report` and `runner` on top, `plots` for the figures, and the demo."""
 from specdecpp.evaluation.methods import Counts, Method, MethodSpec, method_specs
 from specdecpp.evaluation.report import report, run_title
 from specdecpp.evaluation.runner import Evaluation, evaluate, measure, records_to_resume, run_cost

@@ -1,15 +1,6 @@
 """`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command.
 
-Six methods on the same prompts, interleaved per prompt (see `specdecpp.evaluation`): the target
-alone, Hugging Face's own dynamic schedule (`generate(assistant_model=...)`), speculative decoding
-with the best constant K, our `dynamic` schedule (the draft's own confidence, the strongest rival
-that needs no training) at its best confidence threshold, vLLM's online acceptance estimator
-(`online`, learning over the evaluated prompts in order) and SpecDec++ (`ada`, our engine with the
-trained head). The best K, confidence (and ada and online thresholds, when several are given) are chosen
-beforehand on separate tuning prompts, by the lowest flat cost per token (`specdecpp.measuring.costs`, in target
-verifications: `(target calls + c * draft calls) / token`, with the draft/target cost ratio `c` measured
-in the same run). The evaluated prompts play no part in
-that choice, so no method is tuned on the prompts it is scored on.
+K, the confidence and the thresholds are chosen by flat cost per token on tuning prompts that are not scored.
 """
 from __future__ import annotations
 
@@ -21,20 +12,19 @@ from transformers import HfArgumentParser
 from transformers import logging as hf_logging
 
 from specdecpp.cli import common_field
+from specdecpp.costs import FLAT_COST
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.methods import MethodSpec
 from specdecpp.evaluation.runner import Evaluation
 from specdecpp.evaluation.settings import MethodGrid, Prompt, PromptSource, RunOptions
 from specdecpp.measuring import metrics
-from specdecpp.measuring.costs import FLAT_COST
 from specdecpp.models import HeadPairArguments
 
 
 @dataclass
 class DemoArguments:
-    """What the demo runs, next to the pair (`HeadPairArguments`, by default the embedded one, in
-    float32); the defaults are a HumanEval subset sized to finish within five minutes on two CPU
-    cores."""
+    """What the demo runs, beside the pair (by default the embedded one, in float32); the defaults finish in
+    minutes on two CPU cores."""
 
     prompts: str = common_field("prompts", aliases=("--data_path",), default="humaneval", help=(
         "prompt set or file (see specdecpp evaluate)"))
@@ -63,9 +53,8 @@ class DemoArguments:
 
 
 def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
-    """The evaluation the demo runs on `pair` (one head): greedy, the target and Hugging Face's
-    dynamic schedule as baselines, our constant, dynamic, online and ada schedules over the demo's
-    K values, confidences and thresholds."""
+    """The demo's greedy evaluation on `pair`: the target and Hugging Face's dynamic schedule, and our constant,
+    dynamic, online and ada schedules over the demo's grid."""
     if demo.num_prompts < 1 or demo.tune_prompts < 0:
         raise ValueError(f"need --num_prompts >= 1 and --tune_prompts >= 0, got {demo.num_prompts} and "
                          f"{demo.tune_prompts}")
@@ -84,10 +73,8 @@ def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
 
 
 def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec], list[dict], dict | None]:
-    """For each of our schedules, the spec with the lowest cost per token on `prompts` (measured
-    next to the target alone, as in any evaluation). With a single candidate per schedule there
-    is nothing to choose and nothing is run. Returns the choices, the tuning summary and the cost
-    measurement on the tuning prompts (None when nothing was run)."""
+    """For each of our schedules, the spec of lowest cost per token on `prompts` (nothing runs with one candidate
+    each). Returns the choices, the tuning summary and its cost measurement (or None)."""
     specs = run.specs
     candidates = [s for s in specs if s.engine == "specdecpp"]
     schedules = {s.schedule for s in candidates}
@@ -103,9 +90,8 @@ def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec
 
 
 def run_demo(demo: DemoArguments, pair: HeadPairArguments | None = None) -> dict:
-    """Choose K, the confidence (and the thresholds) on the tuning prompts, then evaluate the six
-    methods on the others with `pair` (default: the embedded pair); print and save the table.
-    Returns the summary document (see `specdecpp.evaluation.report`)."""
+    """Choose the knobs on the tuning prompts, then evaluate the six methods on the others; print and save the
+    table. Returns the summary document."""
     run = evaluation(demo, pair or HeadPairArguments())
     prompts = run.prompts
     if len(prompts) <= demo.tune_prompts:
@@ -125,8 +111,7 @@ def run_demo(demo: DemoArguments, pair: HeadPairArguments | None = None) -> dict
 
 def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: list[Prompt], demo: DemoArguments,
                tuning_cost: dict | None) -> str:
-    """One paragraph saying which K, confidence and threshold were picked, and how; `tuning_cost` is
-    the cost measurement on the tuning prompts (None when there was nothing to choose)."""
+    """One paragraph saying which K, confidence and thresholds were picked, and how."""
     picked = (f"constant K = {best['constant'].num_assistant_tokens}, dynamic confidence = "
               f"{best['dynamic'].assistant_confidence_threshold:g}, online threshold = "
               f"{best['online'].stop_threshold:g}, ada threshold = {best['ada'].name.split('@')[-1]}")
@@ -140,9 +125,8 @@ def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: lis
 
 
 def headline(summary: list[dict]) -> str:
-    """SpecDec++ against the best constant K, our dynamic schedule, vLLM's online estimator and
-    Hugging Face's dynamic: flat cost per token first (`costs.FLAT_COST`; it does not drift with the
-    machine), then the measured speedup."""
+    """SpecDec++ against the best constant K, dynamic, online and Hugging Face's dynamic: flat cost per token
+    first, then the measured speedup."""
     rows = {row["schedule"] if row["engine"] == "specdecpp" else row["method"]: row for row in summary}
     ada, constant, dynamic, online, hf = (rows[name] for name in ("ada", "constant", "dynamic", "online",
                                                                    "hf:dynamic"))
@@ -163,8 +147,7 @@ FLAGS = (HeadPairArguments, DemoArguments)  # the command's flags, in --help's o
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`specdecpp demo [flags]`: set the process's threads and seed, run the demo; bad input exits
-    with a one-line message."""
+    """`specdecpp demo [flags]`: set threads and seed and run the demo; bad input exits with one line."""
     parser = HfArgumentParser(FLAGS, description=__doc__.splitlines()[0])
     pair, demo = parser.parse_args_into_dataclasses(args=argv)
     # The embedded pair is stored in float16, which CPUs run slowly: the demo runs in float32 unless told.
@@ -172,8 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     if demo.threads:
         torch.set_num_threads(demo.threads)
     torch.manual_seed(demo.seed)
-    # Hugging Face's assisted generation warns about its own internal generate call, and model
-    # loading draws progress bars: neither says anything about the demo.
+    # Quiet Hugging Face's own warnings and progress bars.
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:

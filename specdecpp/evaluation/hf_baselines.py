@@ -1,10 +1,5 @@
-"""Hugging Face's assisted generation as baselines, counted from the outside.
-
-`target.generate(assistant_model=draft)` with Hugging Face's constant, heuristic and dynamic
-schedules; `count_forwards` records the models' forward passes, and `rounds_from_target_calls`
-recovers the rounds (drafted and accepted tokens) from the target's, so that these baselines
-report the same counts as our engine.
-"""
+"""Hugging Face's assisted generation (constant, heuristic, dynamic) as baselines, its rounds recovered from the
+target's forward passes so they report our engine's counts."""
 from __future__ import annotations
 
 import copy
@@ -23,9 +18,8 @@ HF_SCHEDULES = ("constant", "heuristic", "dynamic")
 
 
 def hf_assistant_settings(spec: MethodSpec) -> dict:
-    """Hugging Face's assistant generation settings for one of its schedules. Its `dynamic` is
-    the `constant` schedule (at most K) with the confidence stop; a zero threshold turns that
-    stop off for the other two, which would otherwise inherit the 0.4 default."""
+    """Hugging Face's assistant settings for one of its schedules (its `dynamic` is `constant` with the confidence
+    stop; a zero threshold turns that stop off)."""
     if spec.schedule not in HF_SCHEDULES:
         raise ValueError(f"Hugging Face has no {spec.schedule!r} schedule; choose from {', '.join(HF_SCHEDULES)}")
     dynamic = spec.schedule == "dynamic"
@@ -35,11 +29,8 @@ def hf_assistant_settings(spec: MethodSpec) -> dict:
 
 
 def hf_assisted_generate(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Callable[[Prompt, int], Counts]:
-    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules, sampling and
-    processing the logits as `decoding` says (its length is set per prompt). It reads the
-    schedule from the draft's generation config, so each method owns a copy of that config and
-    swaps it in for its calls (Hugging Face's `heuristic` carries its K from call to call inside
-    that copy, as it does for a user; `dynamic` moves its threshold by ROC within a call)."""
+    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules under `decoding`; each method
+    owns a copy of the draft's generation config, where that schedule keeps its state."""
     target, draft = pair.target, pair.draft
     config = copy.deepcopy(draft.generation_config)
     for name, value in hf_assistant_settings(spec).items():
@@ -80,8 +71,7 @@ def _generation_config(model: PreTrainedModel, config) -> Iterator[None]:
 
 @contextmanager
 def count_forwards(model: PreTrainedModel) -> Iterator[list[tuple[int, int]]]:
-    """Within the block, append `(new tokens, cached tokens)` to the yielded list at each forward
-    pass of `model` (the KV cache length is read before the pass extends it)."""
+    """Within the block, append `(new tokens, cached tokens)` to the yielded list at each forward of `model`."""
     calls: list[tuple[int, int]] = []
 
     def hook(module, args, kwargs):
@@ -98,13 +88,9 @@ def count_forwards(model: PreTrainedModel) -> Iterator[list[tuple[int, int]]]:
 
 def rounds_from_target_calls(calls: list[tuple[int, int]], prompt_length: int,
                              generated: int) -> tuple[list[int], list[int]]:
-    """Per round (one target forward each): drafted tokens accepted, and tokens drafted. A round
-    feeds the last verified token plus its k drafted tokens on top of the cache (the first round
-    feeds the whole prompt plus k), so where each round starts tells how many tokens the previous
-    one emitted: all it accepted plus the target's own token. The recovered rounds are checked
-    (the first forward reads the prompt into an empty cache, every later one extends it, every
-    round emits 1..k+1 tokens, and they add up to `generated`): a sequence of forwards that is
-    not such rounds is a ValueError saying which round, never counts that could be wrong."""
+    """Per round (one target forward each): accepted and drafted tokens, recovered from where each round starts.
+    Rounds that cannot be (a later empty cache, a round emitting outside 1..k+1, a total other than `generated`)
+    are a ValueError naming the round."""
     if not calls:
         raise ValueError("no target forward pass was recorded")
     starts, drafted = [], []

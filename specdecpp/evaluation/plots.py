@@ -1,13 +1,6 @@
-"""The evaluation's figures, drawn from its summary rows (see `specdecpp.measuring.metrics.summarize`).
-
-- `plot_pareto`: discarded draft tokens per token against target calls per token, one curve per
-  schedule (constant over K, ada over thresholds, ...) and the Pareto front over all points —
-  the paper's main figure. Both axes are hardware-independent; lower-left is better.
-- `plot_speedup`: measured speedup over target alone against the `ada` stop threshold, with the
-  target alone and the fastest method of each other schedule as horizontal reference lines.
-
-`python -m specdecpp.evaluation.plots results/*/summary.json` redraws both next to each saved summary.
-"""
+"""The evaluation's figures from its summary rows: `plot_pareto` (discarded draft tokens against target calls per
+token, per schedule, with the Pareto front) and `plot_speedup` (speedup against the ada threshold). `python -m
+specdecpp.evaluation.plots results/*/summary.json` redraws them."""
 from __future__ import annotations
 
 import json
@@ -19,8 +12,7 @@ from matplotlib.figure import Figure  # not pyplot: files only, and no backend c
 
 
 def _series(summary: list[dict]) -> dict[str, list[dict]]:
-    """Rows grouped into curves: one per (engine, schedule) for speculative methods, sorted along
-    the schedule's knob (K or threshold); target and draft alone have no calls/discards trade-off."""
+    """Rows grouped into curves, one per (engine, schedule), sorted along the schedule's knob."""
     curves: dict[str, list[dict]] = {}
     for row in summary:
         if row["engine"] is None or row["target_calls_per_token"] is None or row["discarded_per_token"] is None:
@@ -67,8 +59,7 @@ def plot_pareto(summary: list[dict], path: str | Path, title: str = "") -> Path:
         xs = [r["discarded_per_token"] for r in rows]
         ys = [r["target_calls_per_token"] for r in rows]
         points += list(zip(xs, ys))
-        # Hugging Face's rows often coincide with ours (same schedule, same counts): open markers
-        # and dashes keep both visible.
+        # open markers and dashes keep Hugging Face's rows visible where they coincide with ours
         hf = rows[0]["engine"] == "hf"
         ax.plot(xs, ys, marker="s" if hf else "o", markerfacecolor="none" if hf else None, markersize=8 if hf else 6,
                 linestyle=("--" if hf else "-") if len(rows) > 1 else "none", label=name)
@@ -101,9 +92,7 @@ def plot_speedup(summary: list[dict], path: str | Path, title: str = "") -> Path
 
 
 def _fastest_per_family(summary: list[dict]) -> list[dict]:
-    """The reference lines: the target alone and the fastest row of every other speculative
-    family (e.g. the best K of constant). The draft alone is left out: it is not lossless, and
-    its speedup would squeeze every other line together."""
+    """The reference lines: the target alone and the fastest row of every other speculative family."""
     best: dict[str, dict] = {}
     for row in summary:
         if row["schedule"] == "ada" or (row["engine"] is None and row["method"] != "target"):

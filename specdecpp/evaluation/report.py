@@ -16,9 +16,8 @@ from specdecpp.measuring import metrics
 
 def report(records: list[dict], cost: dict, output: str | Path, title: str = "", figures: bool = True,
            settings: dict | None = None, **extra) -> dict:
-    """Summarize `records`, print the table and the greedy verdict, save `summary.json` (with the
-    run's `settings` and `extra` entries, atomically) and, when `figures`, the figures in the folder
-    `output`. Returns the summary document."""
+    """Summarize `records`, print the table and greedy verdict, save `summary.json` atomically and, when `figures`,
+    the figures in `output`. Returns the summary document."""
     summary = metrics.summarize(records, cost["cost_ratio"])
     table = metrics.format_table(summary, cost["cost_ratio"])
     verdict = metrics.greedy_verdict(summary, records)

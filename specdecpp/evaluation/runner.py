@@ -1,13 +1,5 @@
-"""The measurement loop: every method on every prompt, interleaved, timed, saved as it goes.
-
-`Evaluation` is the public way to run one: it checks the settings and reads the prompts when
-made, loads the pair on first use, and `measure`s and `report`s any methods on any of its
-prompts (the demo tunes on some prompts and evaluates on others this way). `evaluate` is the
-whole evaluation of a pair, a method grid, decoding settings, a prompt source and run options,
-with `resume` keeping the prompts an interrupted run finished and, without it, refusing to
-replace them unless `overwrite` says so. The records
-file is replaced atomically after each prompt, so an interruption leaves the last complete one.
-"""
+"""The measurement loop: every method on every prompt, interleaved, timed, and saved atomically after each prompt,
+so an interrupted run resumes from its last complete prompt."""
 from __future__ import annotations
 
 import json
@@ -29,13 +21,14 @@ from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, me
 from specdecpp.evaluation.report import report, run_title
 from specdecpp.evaluation.settings import (MethodGrid, Pair, Prompt, PromptSource, RunOptions,
                                            check_results_replaceable, load_inputs, load_pair, results_file, zoo_pair)
-from specdecpp.measuring import costs, metrics, step_timing
+from specdecpp import costs
+from specdecpp.measuring import step_timing
 from specdecpp.models import HeadPairArguments
 
 
 def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Method:
-    """A runnable method for `spec` on `pair`, with the bound and sampling settings of `decoding`;
-    an ada threshold of "auto" becomes the number stored in the spec's head."""
+    """A runnable method for `spec` on `pair` under `decoding`; an ada threshold of `auto` becomes the head's
+    stored one."""
     if spec.engine == "hf":
         return Method(spec, hf_assisted_generate(spec, pair, decoding))
     if spec.engine is None:
@@ -51,11 +44,8 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
 
 # -- the measurement loop -----------------------------------------------------------------------
 def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int, compile: bool = False) -> float:
-    """Run each method once, untimed, so that first-call costs (allocation, lazy initialisation)
-    stay out of the measurement: `tokens` tokens after the first prompt, or, when `compile`, all
-    the tokens of the longest prompt (the compiled engine then compiles graphs for caches that
-    hold every prompt, here rather than in a timed run). The methods that learn online then
-    `restart`, so that they learn from the evaluated prompts alone. Returns the seconds spent compiling."""
+    """Run each method once, untimed (when `compile`, over the longest prompt, so graphs compile here), then
+    restart the methods that learn online. Returns the seconds spent compiling."""
     seconds = 0.0
     if compile:
         longest = max(prompts, key=lambda prompt: len(prompt.ids) + prompt.max_new_tokens)
@@ -72,14 +62,9 @@ def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int
 def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions, probe: step_timing.CostProbe,
                    tokenizer=None, on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
                    target: PreTrainedModel | None = None, greedy: bool = True) -> list[dict]:
-    """Every method on every prompt, interleaved per prompt with the starting method rotating,
-    timed one generation at a time (prompt i seeded with `run.seed + i`), then
-    `run.cost_steps_per_prompt` draft steps and target verifications of the `probe`, whose
-    medians go into the prompt's records. `greedy` outputs are checked against the target's. Returns one record per
-    (prompt, method), with the output decoded when a `tokenizer` is given; `on_prompt(records)` is
-    called after each prompt with the records so far (to save partial results); `label` names
-    the progress bar. Given the `target`, a greedy output that differs from the target's gets the
-    target's top-two logit margin at the first differing token (`first_difference_margin`)."""
+    """Every method on every prompt, interleaved with the starting method rotating, timed one generation at a time
+    (prompt i seeded with `run.seed + i`), then the `probe`'s cost steps. Returns one record per (prompt, method);
+    greedy outputs are checked against the target's, and `on_prompt(records)` runs after each prompt."""
     records: list[dict] = []
     for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not run.progress)):
         seed = run.seed + prompt.id
@@ -104,10 +89,8 @@ def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions
 
 def first_difference_margin(target: PreTrainedModel, prompt: list[int], tokens: list[int],
                             reference: list[int]) -> float:
-    """Where greedy `tokens` first differ from the target's own greedy `reference`: the gap between
-    the target's two largest logits there, from one target forward on the prompt plus the common
-    prefix. A gap below `metrics.NEAR_TIE_MARGIN` is a numerical near-tie (rounding in another
-    order of operations may pick either token), not a failure of the decoding."""
+    """The target's top-two logit gap where greedy `tokens` first differ from its own `reference` (below
+    `metrics.NEAR_TIE_MARGIN`: a numerical near-tie)."""
     common = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
     device = target.get_input_embeddings().weight.device
     with torch.inference_mode():
@@ -123,9 +106,7 @@ def _time_cost_steps(probe: step_timing.CostProbe, steps: int) -> dict:
 
 
 def _record(prompt: Prompt, spec: MethodSpec, runs: dict, greedy: bool, tokenizer) -> dict:
-    """The reference's per-prompt fields for one method (`spec_time`, `target_time`, `draft_time`,
-    `num_mismatched_tokens` = discarded draft tokens, `num_LM_call` = target forward passes,
-    `generated_length`, ...) plus ours."""
+    """The reference's per-prompt fields for one method (`spec_time`, `num_LM_call`, ...) plus ours."""
     counts, seconds = runs[spec.name]
     target, target_time = runs["target"]
     draft, draft_time = runs.get("draft", (None, None))
@@ -150,11 +131,8 @@ def _record(prompt: Prompt, spec: MethodSpec, runs: dict, greedy: bool, tokenize
 def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding: DecodingSettings, run: RunOptions,
             results_path: Path | None = None, label: str = "evaluate",
             done: list[dict] | None = None) -> tuple[list[dict], dict]:
-    """Warm the methods up, then run every method (decoding as `decoding` says, measured as `run`
-    says) on every prompt not already in `done` (records
-    of an interrupted run), timing the cost ratio's steps after each prompt and saving all
-    records so far to `results_path`. Returns the records (`done` first) and the run's cost
-    measurement (`run_cost`, plus the warm-up's `compile_seconds`: nonzero with `decoding.compile`)."""
+    """Warm the methods up, then run them on every prompt not in `done`, saving all records to `results_path` after
+    each. Returns the records and the run's cost measurement (`run_cost` plus `compile_seconds`)."""
     done = done or []
     methods = [build_method(spec, pair, decoding) for spec in specs]
     compile_seconds = warm_up(methods, prompts, run.warmup_tokens, run.seed, decoding.compile)
@@ -170,9 +148,7 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding
 
 
 def run_cost(records: list[dict], probe: step_timing.CostProbe, steps_per_prompt: int) -> dict:
-    """The run's cost ratio c: the median over prompts of the draft step and of the target
-    verification timed after each prompt (`costs.cost_ratio`), with `steps_per_prompt` and the
-    number of `prompts` timed."""
+    """The run's cost ratio `c`: medians over prompts of the draft step and verification timed after each."""
     timed = {r["id"]: (r["draft_step_ms"], r["target_verify_ms"]) for r in records}
     draft_ms, target_ms = (list(times) for times in zip(*timed.values()))
     return {**costs.cost_ratio(draft_ms, target_ms, probe.k), "steps_per_prompt": steps_per_prompt,
@@ -180,10 +156,8 @@ def run_cost(records: list[dict], probe: step_timing.CostProbe, steps_per_prompt
 
 
 def records_to_resume(path: Path, specs: list[MethodSpec], prompts: list[Prompt]) -> list[dict]:
-    """The records of an interrupted run saved at `path` (none if there is no file), after checking
-    that they come from the same methods and prompts; a prompt is saved only once all its methods
-    have run, so every prompt found is complete. A file that is not a list of records is reported
-    as damaged, with the way out."""
+    """The records an interrupted run saved at `path` (none without a file), checked to be of the same methods and
+    prompts; a damaged file is reported with the way out."""
     if not path.is_file():
         return []
     try:
@@ -214,12 +188,9 @@ def damaged(path: Path, why: str) -> str:
 
 
 class Evaluation:
-    """One evaluation's inputs, checked: made from the pair (what it does not name comes from the
-    embedded pair, `zoo_pair`), the methods to compare, the decoding settings, the prompt source
-    and the run options, it refuses bad input, reads the tokenizer and the prompts and lists the
-    methods, all before any model is loaded; the pair is loaded on first use. `measure` runs any
-    of its methods on any of its prompts and `report` writes the summary, so a caller can also
-    tune on some prompts and evaluate on others (as the demo does)."""
+    """One evaluation's inputs, checked, its tokenizer and prompts read and methods listed before any model loads;
+    the pair loads on first use. `measure` runs any of its methods on any of its prompts and `report` writes the
+    summary."""
 
     def __init__(self, pair: HeadPairArguments, grid: MethodGrid | None = None,
                  decoding: DecodingSettings | None = None, source: PromptSource | None = None,
@@ -244,9 +215,8 @@ class Evaluation:
     def measure(self, specs: list[MethodSpec] | None = None, prompts: list[Prompt] | None = None,
                 save: bool = False, label: str = "evaluate",
                 done: list[dict] | None = None) -> tuple[list[dict], dict]:
-        """`measure` the `specs` (default: all of the grid) on the `prompts` (default: all),
-        saving the records to `results_file` after each prompt when `save`. Returns the records and
-        the run's cost measurement."""
+        """`measure` the `specs` (default: the grid) on the `prompts` (default: all), saving after each prompt when
+        `save`."""
         specs = self.specs if specs is None else specs
         prompts = self.prompts if prompts is None else prompts
         path = results_file(self.run.output, prompts) if save else None
@@ -254,9 +224,7 @@ class Evaluation:
 
     def report(self, records: list[dict], cost: dict, prompts: list[Prompt] | None = None, title: str = "",
                **extra) -> dict:
-        """`report` the records measured on `prompts` (default: all) under `title` (default:
-        `run_title`), with `extra` entries, `records_file` and the run's settings in the summary
-        document."""
+        """`report` the records measured on `prompts` under `title`, with `extra` entries in the summary."""
         prompts = self.prompts if prompts is None else prompts
         path = results_file(self.run.output, prompts)
         return report(records, cost, self.run.output, title or run_title(self.source.prompts, prompts, self.decoding),
@@ -273,10 +241,8 @@ class Evaluation:
 
 def evaluate(pair: HeadPairArguments, grid: MethodGrid | None = None, decoding: DecodingSettings | None = None,
              source: PromptSource | None = None, run: RunOptions | None = None, title: str = "") -> dict:
-    """The whole evaluation: check the inputs (`Evaluation`), read the saved records when
-    `run.resume` (else refuse to replace them without `run.overwrite`), load the pair, `measure`,
-    `report` (under `title`, by default `run_title`). Returns the summary document, with
-    `records_file` the path of the per-prompt records."""
+    """The whole evaluation: check the inputs, resume (`run.resume`) or refuse to replace saved records (without
+    `run.overwrite`), load the pair, measure and report. Returns the summary document."""
     evaluation = Evaluation(pair, grid, decoding, source, run)
     path = results_file(evaluation.run.output, evaluation.prompts)
     if evaluation.run.resume:

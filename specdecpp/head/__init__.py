@@ -1,1 +1,1 @@
-"""The acceptance prediction head: the model, its folder's card and files, publishing it."""
+"""The acceptance prediction head: the model, its objective, its inputs from records, its folder and publishing."""

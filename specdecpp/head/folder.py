@@ -28,8 +28,8 @@ import yaml
 from huggingface_hub import ModelCardData
 
 from specdecpp.checks import read_head_config
+from specdecpp.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 from specdecpp.head.card_data import LIBRARY_NAME, PAPER_URL, TAGS
-from specdecpp.measuring.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 
 # `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
 # published head keeps working as specdecpp improves and the file stays a few lines.
@@ -204,7 +204,7 @@ def _threshold_section(config: dict) -> str:
 
 It was chosen by replaying {REPLAYED_ROUNDS[selection.get('mode', 'greedy')]} on {selection.get('records')} dev
 records ({data}{selection.get('tokens')} tokens{processed}) with bound {tuple(selection.get('bound', ()))}, each round priced with
-what the loop spends (`specdecpp.measuring.costs`), {_priced(plain)}: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
+what the loop spends (`specdecpp.costs`), {_priced(plain)}: a target-alone step {plain['target_alone_ms']:.2f} ms; a draft step
 {plain['draft_ms'][0]:.2f} ms first in a round, {plain['draft_ms'][-1]:.2f} ms late in a long one ({judged['draft_ms'][0]:.2f} / {judged['draft_ms'][-1]:.2f} ms
 with this head judging); the head's judgement {judged['judge_ms']:.3f} ms per drafted token; a verification of 1 / {len(plain['verify_ms']) - 1}
 drafted tokens {plain['verify_ms'][1]:.2f} / {plain['verify_ms'][-1]:.2f} ms{fitted}; the loop's own overhead {plain['round_overhead_ms']:.3f} ms per round.

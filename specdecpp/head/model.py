@@ -1,15 +1,5 @@
-"""The acceptance prediction head: draft state -> P(the target accepts the judged token).
-
-`k` residual blocks `x + SiLU(Linear(x))` then `Linear(width, 2)`; class 1 means accept.
-Which draft state judges which drafted token is the head's `alignment` (docs/design.md, The two alignments):
-- `proposer`: the forward pass that proposes `y_j` judges it, from the draft's last-layer hidden
-  state there plus `features` of the same logits (`logit_features`: log q(y_j), the entropy of q);
-- `reader` (the reference's, and every config without the key): the state that has read `y_j`
-  judges it, one draft step later.
-Saved and loaded through `PyTorchModelHubMixin` (`config.json` + `model.safetensors` + the model
-card and `custom_generate/` that `specdecpp.head.folder` writes), so a folder or a Hub
-id loads with `AcceptancePredictionHead.from_pretrained` and `push_to_hub` publishes one.
-"""
+"""The acceptance prediction head: a draft state (and, for a proposer head, features of the judged token) -> P(the
+target accepts that token). Residual blocks then a 2-way output layer; the alignments are docs/design.md's."""
 from __future__ import annotations
 
 import json
@@ -26,22 +16,15 @@ from specdecpp.head.card_data import LIBRARY_NAME, PAPER_URL, TAGS
 ALIGNMENTS = ("proposer", "reader")
 
 
-# The features a head may read of the token it judges, all from the draft's raw logits
-# (`logit_features`).
+# The features a head may read of the token it judges (`logit_features`).
 FEATURES = ("log_q", "entropy", "margin", "log_rank")
 
 
 def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
                    probs: torch.Tensor | None = None) -> torch.Tensor:
-    """The named features (`FEATURES`) of `tokens` `[...]` under the draft's raw `logits`
-    `[..., vocab]` (temperature 1, no filtering, so greedy and sampled decoding, training and the
-    engine all see the same values), as float32 `[..., len(names)]`: `log_q`, log q(y); `entropy`,
-    the entropy of q; `margin`, log q(y) minus the best other token's log q (top-1 minus top-2 for a
-    greedy proposal, negative for a sampled token that is not the draft's top one); `log_rank`,
-    log(1 + the number of tokens the draft rates higher). The one code of the head's features:
-    training runs it on batches, the eager step on one token (`step_features`) and the compiled
-    draft step inside its graph. `probs`, the softmax of `logits` when the caller already computed
-    it, spares one; no log-softmax over the vocabulary is taken."""
+    """The named `FEATURES` of `tokens` under the draft's raw temperature-1 `logits`, float32 `[..., len(names)]`:
+    the one code of the head's features for training, the eager step and the compiled graph. `probs`, their softmax
+    when already computed, spares one."""
     logits = logits.float()
     probs = logits.softmax(-1) if probs is None else probs.float()
     index = tokens[..., None]
@@ -51,8 +34,7 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
         if name == "log_q":  # clamped so that a token the draft rules out (-inf) stays a finite input
             column = probs.gather(-1, index).log().clamp_min(-50.0)
         elif name == "entropy":
-            # log Z - E_q[logit], log Z read at the top token, whose probability (at least 1 / vocab)
-            # is well resolved; logits ruled out (-inf, probability 0: 0 * -inf is NaN) add nothing.
+            # log Z - E_q[logit], log Z read at the top token; ruled-out logits (0 * -inf) add nothing.
             log_z = logits.amax(-1, keepdim=True) - probs.amax(-1, keepdim=True).log()
             column = log_z - (probs * logits).nansum(-1, keepdim=True)
         elif name == "margin":  # a difference of log-probabilities is one of logits
@@ -67,20 +49,16 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
 
 
 def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, names: list[str]) -> list[float]:
-    """`logit_features` of one drafted `token` as Python floats, as the eager draft step judges it:
-    `logits` `[vocab]` are the draft's raw logits and `probs` their softmax at temperature 1 without
-    filtering when the step computed it (None when its distribution was warped)."""
+    """`logit_features` of one drafted `token` as Python floats, as the eager draft step judges it (`probs` None
+    when its distribution was warped)."""
     return logit_features(logits, torch.tensor(token, device=logits.device), names, probs).tolist()
 
 
 def head_logits(hidden: torch.Tensor | None, features: torch.Tensor | None,
                 blocks: list[tuple[torch.Tensor, torch.Tensor]], output: tuple[torch.Tensor, torch.Tensor]
                 ) -> torch.Tensor:
-    """A head's logits over (reject, accept) from what it reads, the hidden states `[..., hidden]`
-    and/or the features `[..., len(features)]` (None for what it does not read), and its weight
-    tensors: the residual blocks' `(weight, bias)` and the output layer's. The one code of the head's
-    computation: its `forward` (training), `accept_prob`, the eager step's `LeanJudge` and the
-    compiled draft step's graph all run it."""
+    """A head's logits over (reject, accept) from hidden states and/or features (None for what it does not read)
+    and its weight tensors: the one code of the head's computation."""
     weight = output[0]
     parts = [part.to(weight.device, weight.dtype) for part in (hidden, features) if part is not None]
     x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
@@ -96,26 +74,23 @@ def accept_probability(logits: torch.Tensor) -> torch.Tensor:
 
 def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`x + SiLU(x W^T + b)`: one residual block of a head."""
-    # One state (the draft step's judgement): one fused kernel call, a quarter faster than `linear`'s.
+    # One state (the draft step's judgement): one fused kernel call.
     linear = torch.addmv(bias, weight, x) if x.dim() == 1 else torch.nn.functional.linear(x, weight, bias)
     return x + torch.nn.functional.silu(linear)
 
 
 class LeanJudge:
-    """A head's judgement of one draft state at a time, as the eager decode loop makes it once per
-    draft step: `head_logits` on the head's own weight tensors, detached (no module calls, nothing
-    for autograd to record), returning a Python float. It shares the head's weights, so it must be
-    rebuilt after the head's weights are replaced (an in-place copy is seen)."""
+    """A head's judgement of one draft state, as a Python float: `head_logits` on the head's detached weight
+    tensors, shared with the head (rebuild it after replacing them)."""
 
-    def __init__(self, head: "AcceptancePredictionHead"):
+    def __init__(self, head: AcceptancePredictionHead):
         self.blocks = [(weight.detach(), bias.detach()) for weight, bias in head.blocks()]
         self.output = tuple(t.detach() for t in head.output())
         self.features = head.features
         self.reads_hidden_states = head.reads_hidden_states
 
     def __call__(self, hidden: torch.Tensor | None, features: list[float] = ()) -> float:
-        """P(accept) from one hidden state `[hidden]` (None for a head of features alone) and the
-        judged token's feature values."""
+        """P(accept) from one hidden state (None for a head of features alone) and the judged token's features."""
         weight = self.output[0]
         values = torch.tensor(features, dtype=weight.dtype, device=weight.device) if self.features else None
         logits = head_logits(hidden if self.reads_hidden_states else None, values, self.blocks, self.output)
@@ -141,12 +116,9 @@ class AcceptancePredictionHead(
     tags=TAGS,
     paper_url=PAPER_URL,
 ):
-    """Predicts, from a draft state (and, for a `proposer` head, features of the judged token),
-    whether the target accepts the judged token. `forward` returns logits over (reject, accept);
-    `accept_prob` the probability of class 1. Takes keyword arguments or the reference's config
-    dict; a config without `alignment` is a `reader` head. Unlike the reference (which repeated one
-    block `k` times) every residual block has its own weights; reference checkpoints still load
-    (see `_load_state_dict`) with identical outputs."""
+    """Predicts whether the target accepts the judged token; `forward` gives logits over (reject, accept),
+    `accept_prob` P(accept). Takes keyword arguments or the reference's config dict (no `alignment`: a reader), and
+    loads the reference's checkpoints."""
 
     def __init__(self, hidden_size: int | dict, num_layers: int = 3, alignment: str = "reader",
                  features: list[str] | None = None, stop_threshold: float | None = None,
@@ -184,8 +156,7 @@ class AcceptancePredictionHead(
 
     @property
     def config(self) -> dict:
-        """The head's config as saved in `config.json`: shape, alignment, features and, once
-        chosen (`specdecpp.calibration.report --choose_threshold`), the stored threshold and how it was chosen."""
+        """The head's `config.json`: shape, alignment, features and any stored threshold selection."""
         config = {"hidden_size": self.hidden_size, "num_layers": self.num_layers, "alignment": self.alignment}
         if self.features:
             config["features"] = list(self.features)
@@ -202,21 +173,19 @@ class AcceptancePredictionHead(
 
     @property
     def threshold_mode(self) -> str | None:
-        """`"greedy"` or `"sampling"`: the decoding mode of the records the stored threshold was
-        chosen on (selections that predate the field were greedy), or None without one."""
+        """The decoding mode (`greedy` or `sampling`) the stored threshold was chosen in, or None without one."""
         if self.stop_threshold is None:
             return None
         return (self.threshold_selection or {}).get("mode", "greedy")
 
     @property
     def threshold_processing(self) -> dict:
-        """The logits processing (`DecodingSettings.processing_fields()`) of the records the stored threshold
-        was chosen on: `{}` for none (and for selections that predate the field)."""
+        """The logits processing the stored threshold was chosen under (`{}` for none)."""
         return (self.threshold_selection or {}).get("processing", {})
 
     def resolve_stop_threshold(self, stop_threshold: float | str, step_times=None) -> float:
-        """`stop_threshold` itself, or for `"auto"` the threshold stored in this head, chosen again
-        for `step_times` when given (`threshold_for`); ValueError when none is stored."""
+        """`stop_threshold`, or for `auto` the stored one, chosen again for `step_times` when given
+        (`threshold_for`); ValueError when none is stored."""
         if stop_threshold != "auto":
             return float(stop_threshold)
         if self.stop_threshold is None:
@@ -242,8 +211,7 @@ class AcceptancePredictionHead(
 
     @property
     def reads_hidden_states(self) -> bool:
-        """Whether the head reads the draft's hidden state (`hidden_size > 0`); a head of logit
-        features alone (`hidden_size = 0`) fits any draft."""
+        """Whether the head reads the draft's hidden state; a head of features alone fits any draft."""
         return self.hidden_size > 0
 
     def blocks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -255,9 +223,8 @@ class AcceptancePredictionHead(
         return self.model[-1].weight, self.model[-1].bias
 
     def forward(self, hidden_states: torch.Tensor | None, features: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits over (reject, accept) from hidden states `[..., hidden]` (ignored, and may be None,
-        for a head of features alone) and, for a head with features, the matching
-        `[..., len(features)]` values (see `logit_features`)."""
+        """Logits over (reject, accept) from hidden states `[..., hidden]` (None for a head of features alone) and
+        its `features` `[..., len(features)]`."""
         if self.features and features is None:
             raise ValueError(f"this head also reads the features {self.features} of the judged token")
         return head_logits(hidden_states if self.reads_hidden_states else None, features if self.features else None,
@@ -265,14 +232,12 @@ class AcceptancePredictionHead(
 
     @torch.no_grad()
     def accept_prob(self, hidden_states: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
-        """P(accept) for each hidden state (`[..., hidden]` -> `[...]`), computed in the head's
-        own dtype whatever the draft's, returned as float32."""
+        """P(accept) `[...]` as float32, computed in the head's own dtype."""
         return accept_probability(self(hidden_states, features))
 
     # -- loading: accept the reference's shared-block layout as well as ours ---------------------
     def _load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load strictly, first filling in residual blocks a reference checkpoint left out: its
-        blocks were one shared module, so a file may hold only `model.0.linear.*`."""
+        """Load strictly, filling in the residual blocks a reference checkpoint (one shared block) left out."""
         state_dict = dict(state_dict)
         blocks = {int(m.group(1)) for k in state_dict if (m := re.match(r"model\.(\d+)\.linear\.", k))}
         if blocks and blocks != set(range(self.num_layers)) and blocks <= set(range(self.num_layers)):
@@ -284,8 +249,7 @@ class AcceptancePredictionHead(
 
     @classmethod
     def _from_pretrained(cls, *, model_id: str, map_location: str = "cpu", strict: bool = False, **kwargs):
-        """Also load a local folder that holds only `pytorch_model.bin`, as older huggingface_hub
-        versions (the reference's) saved; the mixin looks for that file on the Hub only."""
+        """Also load a local folder holding only `pytorch_model.bin`, as the reference saved."""
         folder = str(model_id)
         pickle_file = os.path.join(folder, constants.PYTORCH_WEIGHTS_NAME)
         if (os.path.isdir(folder) and os.path.isfile(pickle_file)
@@ -308,13 +272,10 @@ class AcceptancePredictionHead(
         return model.eval()
 
     # -- custom_generate and the model card: a saved folder runs from transformers' generate ----------
-    # The folder's other files are `specdecpp.head.folder`'s, which renders the card with the cost
-    # model; it is imported where a folder is written, so that the module (what the engine loads)
-    # stands on neither.
+    # `head.folder` is imported where a folder is written, so that this module stands on neither it nor the cost model.
     def save_pretrained(self, save_directory: str | Path, *, model_card_kwargs: dict | None = None, **kwargs):
-        """The mixin's `save_pretrained` (and `push_to_hub`, which calls it); `model_card_kwargs`, the
-        card's facts (`draft`, `target`, `training_data`, `eval_metrics`, see `head.folder`), are
-        kept in the folder's `card.json`, so that the card renders from the folder alone, now and later."""
+        """The mixin's `save_pretrained`; `model_card_kwargs` (the card's facts) are kept in the folder's
+        `card.json`, so the card renders from the folder alone."""
         from specdecpp.head.folder import record_card_facts
 
         if model_card_kwargs:
@@ -322,9 +283,8 @@ class AcceptancePredictionHead(
         return super().save_pretrained(save_directory, model_card_kwargs=model_card_kwargs, **kwargs)
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        """Save the weights (the mixin's way) and `config.json` (now, so that the card renders from
-        it; the mixin then keeps it), then `custom_generate/` and the model card rendered from the
-        folder (`head.folder.write_head_files`), so `generate(custom_generate=FOLDER)` runs SpecDec++."""
+        """Save the weights and `config.json`, then `custom_generate/` and the model card
+        (`head.folder.write_head_files`)."""
         from specdecpp.head.folder import write_head_files
 
         super()._save_pretrained(save_directory)

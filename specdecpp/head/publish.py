@@ -1,18 +1,8 @@
 """Publish a trained head on the Hugging Face Hub, and only the head.
 
-    specdecpp push HEAD REPO_ID [--private] [--token TOKEN] [--revision BRANCH]
-    python specdecpp/train.py ... --push_to_hub --hub_model_id REPO_ID   (the same, at the end of training)
-
-What goes up: the weights, `config.json`, the model card (`README.md`), `custom_generate/` (so
-`target.generate(..., custom_generate=REPO_ID, trust_remote_code=True)` runs SpecDec++ with it)
-and the head's evidence when the folder has it: calibration reports (`calibration*.json`,
-`card.json`) and reliability diagrams (`*.png`). Nothing else: no draft weights, no optimizer,
-scheduler or RNG state, no `training_args.bin`, no `checkpoint-*` folders, no cached hidden states.
-The files are staged in a temporary folder (with `custom_generate/` rewritten by the installed
-specdecpp and the model card rendered afresh from the staged config and files by
-`specdecpp.head.folder`: the pair, the stored threshold, the calibration figures, the `generate`
-examples naming the repo) and handed to `HfApi.upload_folder`. Loading a
-published head is the ordinary `AcceptancePredictionHead.from_pretrained(REPO_ID)`.
+`specdecpp push HEAD REPO_ID` (or `train.py --push_to_hub`) uploads the weights, config, card, `custom_generate/`
+and the head's calibration evidence, staged with files rendered afresh; never draft weights, optimizer state or
+checkpoints.
 """
 from __future__ import annotations
 
@@ -37,19 +27,14 @@ PUBLISHED = ("config.json", "model.safetensors", "pytorch_model.bin", "card.json
 
 
 def published_files(head_dir: str | os.PathLike) -> list[str]:
-    """The files of `head_dir` that `push_head` publishes besides `custom_generate/` and the model
-    card (which it renders afresh): weights, config, card facts, calibration reports and diagrams.
-    Sorted names."""
+    """The files of `head_dir` published besides `custom_generate/` and the card (rendered afresh), sorted."""
     names = [p.name for p in Path(head_dir).iterdir() if p.is_file()]
     return sorted(n for n in names if any(fnmatch.fnmatch(n, pattern) for pattern in PUBLISHED))
 
 
 def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id: str | None = None) -> list[str]:
-    """Copy what is published from `head_dir` into `staging`, write `custom_generate/` and the
-    model card rendered from the staged files there (`head.folder.write_head_files`, the repo id in
-    its examples), and return the staged files' relative paths, sorted. ValueError or
-    FileNotFoundError, saying so, if `head_dir` is not a head (`models.load_head` checks it before
-    loading, so a model folder is not mistaken for one)."""
+    """Copy what is published from `head_dir` into `staging` with `custom_generate/` and the card rendered there;
+    returns the staged paths, sorted. ValueError or FileNotFoundError if `head_dir` is not a head."""
     head_dir, staging = Path(head_dir), Path(staging)
     if not head_dir.is_dir():
         raise FileNotFoundError(f"no head folder at {head_dir}")
@@ -62,9 +47,8 @@ def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id:
 
 def push_head(head_dir: str | os.PathLike, repo_id: str, *, private: bool = False, token: str | None = None,
               revision: str | None = None, commit_message: str = "Upload SpecDec++ acceptance prediction head"):
-    """Publish the head in `head_dir` as the Hub model repo `repo_id` (created if needed; `private`
-    applies when it is created): stage it with `stage_head`, then `HfApi.upload_folder`. Returns
-    the upload's `CommitInfo`."""
+    """Publish the head in `head_dir` as the Hub model repo `repo_id` (created if needed) and return the upload's
+    `CommitInfo`."""
     read_head_config(os.fspath(head_dir))  # refuse what is not a head before creating a repo for it
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id

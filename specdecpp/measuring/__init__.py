@@ -1,1 +1,1 @@
-"""Measuring: the cost model, timing the engine's steps, an evaluation's figures."""
+"""Measuring: timing the engine's steps and an evaluation's figures."""

@@ -1,22 +1,10 @@
-"""The figures an evaluation reports.
-
-Hardware-independent figures come first (docs/design.md, Measuring): target calls, draft calls and
-discarded draft tokens per generated token, and the mean number of drafted tokens the target
-accepts per round. They are pooled over prompts (sums over sums), so long generations weigh
-as much as their tokens. Wall-clock figures are medians over prompts of per-prompt values, and
-speedup is paired: each prompt's target-alone time over the method's time on the same prompt in
-the same run, so machine drift between prompts cancels.
-
-Cost per token is the flat view of `specdecpp.measuring.costs` (`costs.FLAT_COST`, in target
-verifications): `target_calls + c * draft_calls` per token, with `c` = (one draft step) / (one
-target verification of k = 4 drafted tokens), both timed by `step_timing.CostProbe` on this
-machine in this run.
-"""
+"""The figures an evaluation reports (docs/design.md, Measuring): per-token counts pooled over prompts, medians of
+wall-clock figures, the paired speedup, the flat cost per token, the table and the greedy verdict."""
 from __future__ import annotations
 
 import statistics
 
-from specdecpp.measuring.costs import FLAT_COST, FLAT_UNIT, cost_per_token, flat_spent
+from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, flat_spent
 
 
 # -- the summary: one row per method -------------------------------------------------------------
@@ -25,9 +13,8 @@ IDENTITY_FIELDS = ("method", "engine", "schedule", "num_assistant_tokens", "stop
 
 
 def summarize(records: list[dict], cost_ratio: float) -> list[dict]:
-    """One summary row per method, in the order methods first appear in `records` (the per-prompt
-    records `specdecpp.evaluate` writes). Counts not available for a method (None in its
-    records) give None, never a made-up number."""
+    """One summary row per method, in the order methods first appear in `records`; a count a method lacks is None,
+    never a made-up number."""
     methods: dict[str, list[dict]] = {}
     for record in records:
         methods.setdefault(record["method"], []).append(record)
@@ -73,12 +60,9 @@ NEAR_TIE_MARGIN = 1e-2  # top-two logit gap below which a greedy difference is a
 
 
 def greedy_verdict(summary: list[dict], records: list[dict] | None = None) -> str | None:
-    """One sentence on the greedy check: whether every checked method reproduced the target's
-    output on every prompt, or which did not (None when nothing was checked, e.g. sampling).
-    Given the `records`, a difference at a numerical near-tie (the target's top-two logit margin
-    at the first differing token below `NEAR_TIE_MARGIN`, `first_difference_margin` in the
-    record) is reported apart, as "differs at a near-tie (margin m)", and is not a failure:
-    float rounding in another order of operations may pick either token there."""
+    """One sentence on the greedy check: whether every checked method reproduced the target on every prompt, or
+    which did not (None when nothing was checked). A difference at a near-tie (margin below `NEAR_TIE_MARGIN`) is
+    reported apart, not as a failure."""
     checked = [row for row in summary if row["greedy_checked"]]
     if not checked:
         return None
@@ -116,8 +100,7 @@ COLUMNS = (  # (header, summary key, format)
 
 
 def format_table(summary: list[dict], cost_ratio: float | None = None) -> str:
-    """The summary as a fixed-width text table (a Markdown table as well), one line per method;
-    a figure a method does not have is shown as `-`."""
+    """The summary as a fixed-width table, one line per method, `-` for a figure a method lacks."""
     cells = [[header for header, _, _ in COLUMNS]]
     for row in summary:
         cells.append([_cell(row, key, fmt) for _, key, fmt in COLUMNS])

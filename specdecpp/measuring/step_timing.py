@@ -1,14 +1,5 @@
-"""Timing the loop's steps on this machine: the measured `StepTimes` that price the cost model,
-and the steps behind the flat view's cost ratio `c` (`EngineSteps`, which `CostProbe` times).
-
-Every figure is timed through the engine's own step functions, eager or compiled as the decoding
-will run (`decoding.step_models`: the draft's `draft_step`, `decoding.verify`, the schedule's
-`stop_after`); `StepProbe` takes its rounds through the loop's own `decoding.draft_round` and
-`decoding.verify`, so that the cache state each step meets is the loop's and each step is timed
-as the loop times it (see `specdecpp.measuring.costs` for what each figure prices). The first round of a
-generation also reads the prompt: its first draft step and its verification are prefill forwards,
-priced apart by `prefill_extra_ms`.
-"""
+"""Timing the loop's steps on this machine, through the engine's own step functions (eager or compiled, as decoding
+will run): the measured `StepTimes` and the flat view's cost ratio `c`."""
 from __future__ import annotations
 
 import hashlib
@@ -26,24 +17,21 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread
 from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step_models, verify
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.schedules import HeadJudge, Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.measuring.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread
 
 
 def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                   head: AcceptancePredictionHead | None = None, do_sample: bool = False,
                   repeats: int = 8, compile: bool = False) -> tuple[StepTimes, StepTimes | None]:
-    """The pair's step times on the context `input_ids` `[1, length]`: those of schedules without a
-    head (the loop's own overhead per round included, see `measure_round_overhead`) and, given a
-    `head`, those of `ada` with it (its draft steps also return hidden states and each is judged, which changes what
-    the next step finds in the CPU caches; same round overhead). The two probes alternate pass by
-    pass, so that load on the machine hits both alike. Greedy steps unless `do_sample`; the
-    compiled engine's steps when `compile` (the engine the decoding will run)."""
+    """The pair's `StepTimes` on the context `input_ids`: for schedules without a head and, given `head`, for `ada`
+    with it, the two probes alternating pass by pass, round overhead included. Greedy unless `do_sample`; compiled
+    when `compile`."""
     probes = [StepProbe(target, draft, input_ids, max_draft, do_sample=do_sample, compile=compile)]
     if head is not None:
         probes.append(StepProbe(target, draft, input_ids, max_draft, head=head, do_sample=do_sample, compile=compile))
@@ -57,15 +45,9 @@ def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: to
 
 
 class StepProbe:
-    """Times the loop's steps on the context `input_ids` `[1, length]` kept in both KV caches, one
-    pass at a time (`sample`), so that an evaluation can spread its timing over a run and machine
-    load hits it as it hits the methods. A pass takes `max_draft + 1` target-alone steps back to
-    back, then rounds of every length `k = 0..max_draft` through the loop's own `draft_round` and
-    `verify` (each drafted token judged by `head` when given, `TimedRound`), timing each draft step,
-    judgement and verification apart, and crops both caches back so that every round sees the same
-    context. Greedy steps unless `do_sample` (warpers of temperature 1, no filtering); the compiled
-    engine's steps when `compile` (its draft step then includes the judgement); `warmup` passes run
-    untimed."""
+    """Times the loop's steps on a fixed context, one pass at a time (`sample`): target-alone steps, then rounds of
+    every length `0..max_draft` through the loop's own `draft_round` and `verify`, each draft step, judgement and
+    verification apart. Both caches are cropped back after each round."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                  head: AcceptancePredictionHead | None = None, do_sample: bool = False, warmup: int = 2,
@@ -105,10 +87,8 @@ class StepProbe:
                 self.passes += 1
 
     def times(self) -> StepTimes:
-        """The medians of every pass so far, as a `StepTimes` (no round overhead: see `measure_costs`),
-        verifications fitted over lengths (`fit_verify_ms`, the medians kept beside), with the spread
-        between the passes' verifications (`pass_spread`, each length timed once per pass): a warning
-        and `busy` when it says the machine was busy."""
+        """The medians of every pass so far as a `StepTimes` (no round overhead), verifications fitted over
+        lengths, with the passes' spread (warns and sets `busy` when the machine was busy)."""
         median = statistics.median
         verify_ms, spread = [median(v) for v in self.verified], pass_spread(self.verified)
         return StepTimes(draft_ms=[median(t) for t in self.drafts], verify_ms=fit_verify_ms(verify_ms),
@@ -142,11 +122,8 @@ class StepProbe:
 
 
 class TimedRound(Schedule):
-    """A probe's round as the loop drafts it (`decoding.draft_round`): exactly `k` tokens, each
-    judged by `judge` (a `HeadJudge`) when given, the judgement timed.
-    The loop adds each draft step's time and its stop decision's to `stats` after that decision, so
-    the running totals read at each `stop_after` and once after the round, differenced, are each
-    step's times as the loop measures them (`step_ms`)."""
+    """A probe's round as the loop drafts it: exactly `k` tokens, each judged by `judge` (a `HeadJudge`) when given,
+    the judgement timed; `step_ms` reads each step's times from the loop's own running totals."""
 
     def __init__(self, k: int, judge: HeadJudge | None, stats: GenerationStats):
         self.k, self.judge, self.stats = k, judge, stats
@@ -177,10 +154,8 @@ class TimedRound(Schedule):
 
 
 def loaded_models(models, seq: list[int], generator: torch.Generator | None = None) -> tuple:
-    """The target and draft `models()` builds (`decoding.step_models`), with the context `seq` in
-    their caches as between rounds: everything but the last verified token, which the next step
-    feeds. The compiled engine's models are shared with generations, which empty them, so timing
-    loads them again before it samples."""
+    """The target and draft the engine uses (`decoding.step_models`), with the context `seq` in their caches as
+    between rounds."""
     target_model, draft_model = models()
     with torch.inference_mode():
         target_model.logits(seq, num_logits=1)
@@ -191,11 +166,8 @@ def loaded_models(models, seq: list[int], generator: torch.Generator | None = No
 
 
 class EngineSteps:
-    """The steps the flat view's cost ratio `c` divides (`CostProbe` times them): one draft
-    step feeding the context's last token and one verification of it and `k` drafted tokens,
-    greedy, through the engine the decoding runs (eager, or compiled when `compile`), each leaving
-    the caches as it found them. `load` puts the context back in the compiled engine's caches,
-    which generations empty (eager models keep theirs)."""
+    """The two steps `c` divides, through the engine decoding runs: one draft step and one verification of `k`
+    drafted tokens, each leaving the caches as it found them. `load` refills the compiled engine's caches."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, k: int,
                  compile: bool = False):
@@ -225,8 +197,7 @@ class EngineSteps:
 
 @contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
-    """Run the block with `threads` torch CPU threads (0: as they are), then set them back: step
-    times hold only for the thread count they were timed with, which should be the decoding's."""
+    """Run the block with `threads` torch CPU threads (0: as they are), then set them back."""
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -238,10 +209,8 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
                      times: StepTimes, compile: bool = False) -> float:
-    """What a generation's first round costs beyond its priced steps because it reads the prompt:
-    a forward over the prompt on each model (empty caches of the engine `compile` names, timed
-    now) less the draft step and target-alone verification it stands in for. `draft=None`: the
-    target alone."""
+    """What a generation's first round costs beyond its priced steps because it reads the prompt (`draft=None`: the
+    target alone)."""
     if draft is None:
         return _prefill_ms(target, input_ids, compile) - times.target_alone_ms
     extra = _prefill_ms(target, input_ids, compile) - times.verify_ms[0]
@@ -261,21 +230,15 @@ def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bo
 
 def measure_round_overhead(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                            tokens: int = 32, runs: int = 3, compile: bool = False) -> float:
-    """The loop's own time per round (ms, `loop_overhead_ms`) in a `constant` K=3 decode of
-    `tokens` tokens after `input_ids` (on the compiled engine when `compile`); the median of `runs`."""
+    """The loop's own time per round (ms), the median of `runs` `constant` K=3 decodes of `tokens` tokens."""
     settings = DecodingSettings(schedule="constant", num_assistant_tokens=3, max_new_tokens=tokens, eos_token_id=[],
                                 compile=compile)
     return statistics.median(loop_overhead_ms(decode(target, draft, input_ids, settings).stats) for _ in range(runs))
 
 
 class CostProbe:
-    """Times draft steps and target verifications on demand, so that an evaluation can sample the
-    cost ratio between prompts all through a run (machine load then hits it as it hits the
-    methods) instead of once at the start. The steps are the engine's (`EngineSteps`,
-    eager, or compiled with `compile`, as the methods then run them): a draft step feeds one
-    token, a target verification the last verified token plus `k` drafted ones, both after the
-    prompt `input_ids` `[1, length]` is in the KV cache (as mid-generation); `warmup_steps` of
-    each run untimed."""
+    """Times draft steps and target verifications (`EngineSteps`) on demand after the prompt `input_ids`, so an
+    evaluation can sample `c` all through a run; `warmup_steps` of each run untimed."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                  k: int = 4, warmup_steps: int = 10, compile: bool = False) -> None:
@@ -284,8 +247,8 @@ class CostProbe:
         self.sample(warmup_steps)
 
     def sample(self, steps: int) -> tuple[list[float], list[float]]:
-        """`steps` timings (ms) of each kind of step, alternating so that load on the machine
-        hits both alike. Returns the draft step times and the target verification times."""
+        """`steps` alternating timings (ms) of each kind of step: the draft step times and the verification
+        times."""
         self.steps.load()
         draft_ms, (target_ms,) = time_alternately(self.steps.draft_step, [self.steps.verify], steps)
         return draft_ms, target_ms
@@ -293,22 +256,20 @@ class CostProbe:
 
 def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                        k: int = 4, steps: int = 50, warmup_steps: int = 10) -> dict:
-    """Measure `c` on this machine now: `steps` alternating timings of a `CostProbe`, reduced by
-    `costs.cost_ratio`. Returns its figures plus `"steps"`."""
+    """`c` on this machine now, from `steps` alternating timings (`costs.cost_ratio`'s figures plus `steps`)."""
     draft_ms, target_ms = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
     return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
 
 
 def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[], None]],
                      steps: int) -> tuple[list[float], list[list[float]]]:
-    """`steps` rounds of timing, for each of `verifies` in turn, one draft step and then that
-    verification (ms), so that load on the machine hits them all alike. Returns the draft step
-    times and each verification's times."""
+    """`steps` rounds of one draft step then each of `verifies` (ms), alternating so load hits them alike: the
+    draft times and each verification's times."""
     draft_ms, verify_ms = [], [[] for _ in verifies]
     for _ in range(steps):
-        for times, verify in zip(verify_ms, verifies):
+        for times, verification in zip(verify_ms, verifies):
             draft_ms.append(1000 * timed(draft_step))
-            times.append(1000 * timed(verify))
+            times.append(1000 * timed(verification))
     return draft_ms, verify_ms
 
 

@@ -1,1 +1,1 @@
-"""Training the head: its loss, records to examples, the recipe from a pair to a head folder, the zoo pair."""
+"""Training the head end to end: the recipe from a pair to a head folder, and the zoo pair."""

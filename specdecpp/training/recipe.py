@@ -1,32 +1,4 @@
-"""From a target/draft pair to a calibrated, card-carrying head folder: one command, one recipe file.
-
-    specdecpp head --target T --draft D --prompts P --output heads/mine [--nproc_per_node N] [--FIELD VALUE ...]
-    specdecpp head --recipe recipes/zoo-small.yaml --output heads/zoo-small [--FIELD VALUE ...]
-
-A `Recipe` holds every setting of the pipeline (the flags are its fields; a YAML file of them is
-read with `--recipe`, the flags given beside it override it). `run_recipe` runs the stages in
-order, each the package's own command in a subprocess of this interpreter, its output streamed:
-
-1. train records and 2. dev records: `specdecpp.data.build_data` (under torchrun, one rank per
-   `--nproc_per_node`) over prompts `[0, n_train)` and `[n_train, n_train + n_dev)` of the source;
-3. training: `specdecpp.train` (under torchrun), a checkpoint per epoch;
-4. calibration: `specdecpp.calibration.report --choose_threshold` on the dev records, which stores the
-   threshold in the head's `config.json` (the steps timed with `threads` torch threads);
-5. evaluation: `specdecpp.evaluate` of the head at its stored threshold against constant K, our
-   `dynamic` schedule and the target alone, on a few held-out prompts (decoding with `threads`);
-6. card: the recipe and the evaluation's table go into the head's `card.json`, and the model card
-   (`README.md`) is rendered again from the folder (`specdecpp.head.folder`).
-
-Everything lands in the head folder `--output`: `recipe.yaml` (written first), `data/`, the head
-with its last `checkpoint-*`, `calibration.json` with its diagrams, and `evaluation/`; what
-`specdecpp push` publishes of it is the head and its card. Every stage resumes: a stage whose
-result exists is skipped, an interrupted build, training or evaluation continues where it stopped
-(the commands' own resumption), and before a stage runs the results of the stages that read it
-are removed, so that they run again, in this run or the next. The folder's `recipe.yaml` stands
-for its content: settings of the training, calibration or evaluation may change (their stage and
-those after it run again), those of the records may not (`recipe_changes`), and `nproc_per_node`
-changes how the stages run, not what they make.
-"""
+"""From a target/draft pair to a calibrated, card-carrying head folder: one command, one recipe file."""
 from __future__ import annotations
 
 import argparse
@@ -52,8 +24,7 @@ RUN_ONLY = ("nproc_per_node",)  # how the stages run, not what they make: may ch
 
 @dataclass
 class Recipe:
-    """Every setting of `specdecpp head`, from the pair to the short evaluation; a YAML file of
-    these fields (`Recipe.from_yaml`, `to_yaml`) is what a head folder records as `recipe.yaml`."""
+    """Every setting of `specdecpp head`; a head folder records them as `recipe.yaml`."""
 
     # the pair and the data
     target: str | None = common_field("target", default=None, help="the target model (required)")
@@ -127,8 +98,8 @@ class Recipe:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Recipe:
-        """The recipe in the YAML file `path`; ValueError on a key that is no setting, a value of the
-        wrong type or a missing required setting."""
+        """The recipe in the YAML file `path`; ValueError on an unknown key, a wrongly typed value or a missing
+        required setting."""
         return cls(**recipe_settings(path))
 
     def to_yaml(self, path: str | Path) -> Path:
@@ -145,8 +116,8 @@ class Recipe:
 
 
 def recipe_settings(path: str | Path) -> dict:
-    """The settings a recipe YAML file gives (a mapping of `Recipe` fields, any of them left out);
-    ValueError naming the keys that are no setting, and FileNotFoundError for a missing file."""
+    """The settings a recipe YAML file gives; ValueError naming unknown keys, FileNotFoundError for a missing
+    file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no recipe file {path}")
@@ -160,8 +131,8 @@ def recipe_settings(path: str | Path) -> dict:
 
 
 def _coerce(value, kind, name: str):
-    """`value` as the field type `kind` (int, float, str, bool, `X | None`, `list[X]`); ValueError
-    naming the field when it cannot be."""
+    """`value` as the field type `kind` (int, float, str, bool, `X | None`, `list[X]`); ValueError naming the
+    field."""
     args = typing.get_args(kind)
     if type(None) in args:
         return None if value is None else _coerce(value, next(a for a in args if a is not type(None)), name)
@@ -176,9 +147,7 @@ def _coerce(value, kind, name: str):
 
 
 # -- the stages -----------------------------------------------------------------------------------
-# The settings each stage reads besides what the stages before it made. A folder's records are
-# fixed: a change to their settings (every setting not named here) is refused, as it would remake
-# everything; a change to these makes their stage, and those after it, run again.
+# The settings each stage reads; changing any other (the records') is refused.
 STAGE_SETTINGS = {
     "training": ("head_features", "num_layers", "epochs", "learning_rate", "train_batch_size", "weight_mismatch",
                  "cache_hidden_states"),
@@ -190,10 +159,8 @@ STAGE_SETTINGS = {
 
 @dataclass
 class Stage:
-    """One step of the pipeline: `done` when its result exists, `after` the stages whose results
-    it reads, `results` what to remove when its result no longer holds (an earlier stage ran
-    again, or one of its settings changed), and `command`, the subprocess that makes (or resumes)
-    the result; a stage without a command (the card) runs `action` in this process."""
+    """One step of the pipeline: `done` when its result exists, `after` the stages it reads, `results` what to
+    remove when its result no longer holds, and its `command` (or, without one, `action` run in this process)."""
 
     name: str
     done: typing.Callable[[], bool]
@@ -214,9 +181,8 @@ class StageError(RuntimeError):
 
 
 def launch(module: str, args: list[str], nproc_per_node: int | None = None) -> list[str]:
-    """The command line running `python -m module args` with this interpreter: under torchrun
-    (`--standalone`, so concurrent runs never share a rendezvous port) with `nproc_per_node` ranks
-    when given and above 1; a single rank runs the module directly, as torchrun would."""
+    """The command line running `python -m module args` with this interpreter, under torchrun (`--standalone`) when
+    `nproc_per_node` is above 1."""
     if nproc_per_node and nproc_per_node > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc_per_node),
                 "-m", module, *args]
@@ -224,8 +190,7 @@ def launch(module: str, args: list[str], nproc_per_node: int | None = None) -> l
 
 
 def _flag_values(**flags) -> list[str]:
-    """`--name value...` for each flag that is set (None and False are left out, True is bare, a
-    list gives several values)."""
+    """`--name value...` for each set flag (None and False left out, True bare, a list several values)."""
     argv = []
     for name, value in flags.items():
         if value is None or value is False:
@@ -320,9 +285,8 @@ def _read_json(path: Path) -> dict:
 
 
 def recipe_changes(recipe: Recipe, output_dir: str | Path) -> set[str]:
-    """The settings in which `recipe` differs from the one recorded in `output_dir` (none for a
-    new folder), after refusing (ValueError, naming them) changes to the records' settings: those
-    of no stage in `STAGE_SETTINGS` nor in `RUN_ONLY`."""
+    """The settings in which `recipe` differs from the one recorded in `output_dir`; ValueError naming changes to
+    the records' settings, which a folder keeps."""
     path = Path(output_dir) / RECIPE_FILE
     changed = recipe.changes_from(Recipe.from_yaml(path)) if path.is_file() else {}
     later = {name for names in STAGE_SETTINGS.values() for name in names}
@@ -334,11 +298,9 @@ def recipe_changes(recipe: Recipe, output_dir: str | Path) -> set[str]:
 
 
 def run_recipe(recipe: Recipe, output_dir: str | Path) -> dict[str, str]:
-    """Make the head folder `output_dir` from `recipe`, saying on stdout what each stage does:
-    drop the results of the stages whose settings changed (`recipe_changes`), record the recipe,
-    then skip each stage that is done and run each other one, first dropping the results of the
-    stages that read it (so that they run too, now or in a rerun). Returns `{stage: "ran" |
-    "skipped"}`; StageError, naming the command, when a stage fails (its partial work resumes)."""
+    """Make the head folder `output_dir` from `recipe`: skip each stage that is done, run the others after dropping
+    the results of the stages that read them. Returns `{stage: "ran" | "skipped"}`; StageError naming the command
+    when a stage fails."""
     changed = recipe_changes(recipe, output_dir)
     pipeline = stages(recipe, output_dir)
     for stage in pipeline:  # before the new recipe is recorded, so that no interruption hides the change
@@ -393,8 +355,8 @@ FLAGS = (Recipe, HeadCommandArguments)
 
 
 def parse_args(argv: list[str]) -> tuple[Recipe, HeadCommandArguments]:
-    """The recipe and the command's arguments from `argv`: the recipe file's settings (`--recipe`,
-    else the output folder's own `recipe.yaml`) as defaults, under the flags given."""
+    """The recipe from `argv`: the recipe file's settings (`--recipe`, else the folder's `recipe.yaml`) under the
+    flags given."""
     parser = HfArgumentParser(FLAGS, description=__doc__.split("\n\n")[0])
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--recipe")
@@ -408,8 +370,7 @@ def parse_args(argv: list[str]) -> tuple[Recipe, HeadCommandArguments]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`specdecpp head [flags]` (`--help` lists them): run the recipe; exit non-zero with one line
-    on bad input or a failed stage."""
+    """`specdecpp head [flags]`: run the recipe; exit non-zero with one line on bad input or a failed stage."""
     with input_errors("head"):
         recipe, command = parse_args(sys.argv[1:] if argv is None else argv)
         try:

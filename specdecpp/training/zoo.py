@@ -1,21 +1,6 @@
-"""Build the zoo pair: a small real target/draft pair trained on the standard library.
-
-`specdecpp zoo build` (or `python -m specdecpp.training.zoo build`) trains, from the interpreter's own
-standard-library source (`specdecpp.data.stdlib_corpus`), a byte-level BPE tokenizer, a Llama target
-and a much cheaper Llama draft that shares the tokenizer, then saves both as ordinary Hugging
-Face model folders (`<output>/target`, `<output>/draft`, each with the tokenizer) and
-writes a card (`README.md` and `card.json`) with the corpus, sizes, steps, time and the
-figures measured on held-out standard-library functions and on HumanEval prompts.
-
-Recipe (why it looks like this): on a 2-core CPU the budget is a few million training tokens,
-so the target is deep and narrow (depth sets the CPU cost of a decoding step, width sets the
-training cost per token), trained on packed fixed-length windows with bf16 autocast, AdamW,
-warmup and a cosine decay. The draft is the target cut down to its first layer(s) (embeddings,
-those layers, final norm and tied head are copied) and distilled on the target's logits, as in
-DistillSpec, which is what lets a one-layer model agree with the target often enough to be
-worth drafting with. Weights are stored in float16 to halve the size; the config records
-float32, so `from_pretrained` gives float32 models on the CPU.
-"""
+"""Build the zoo pair: a byte-level BPE tokenizer, a Llama target and a one-layer distilled Llama draft trained on
+the standard library's source, saved as Hugging Face folders with a card of measured figures. The recipe and its
+reasons are in the card and docs/design.md."""
 from __future__ import annotations
 
 import json
@@ -24,7 +9,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +18,11 @@ from tqdm.auto import tqdm
 from specdecpp.cli import common_field
 from specdecpp.data import stdlib_corpus
 from specdecpp.measuring.step_timing import measure_cost_ratio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from transformers import LlamaForCausalLM
 
 EOS = "<|endoftext|>"
 
@@ -70,9 +60,8 @@ class ZooArguments:
 # ----------------------------------------------------------------------------- tokenizer
 
 def train_tokenizer(texts: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer trained on `texts`, wrapped as a `transformers` fast tokenizer.
-    `<|endoftext|>` is the only special token: it separates documents in training and is
-    prepended to every encoded text (as BOS), so a prompt starts the way a file did."""
+    """A byte-level BPE fast tokenizer trained on `texts`; `<|endoftext|>`, the only special token, separates
+    documents and is prepended as BOS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -97,8 +86,8 @@ def encode_corpus(tokenizer, texts: list[str]) -> torch.Tensor:
 # ----------------------------------------------------------------------------- models
 
 def llama_config(args: ZooArguments, num_layers: int, tokenizer):
-    """The Llama config shared by target and draft, differing only in depth: heads of 64,
-    SwiGLU of 8/3 the width, tied embeddings (they are a large share of a model this small)."""
+    """The Llama config of target and draft, differing only in depth: heads of 64, SwiGLU of 8/3 the width, tied
+    embeddings."""
     from transformers import LlamaConfig
 
     eos = tokenizer.eos_token_id
@@ -110,8 +99,8 @@ def llama_config(args: ZooArguments, num_layers: int, tokenizer):
 
 
 def draft_from_target(target, config):
-    """A draft of `config.num_hidden_layers` layers initialised from the target's embeddings,
-    first layers, final norm and (tied) head; the layers it lacks are simply not copied."""
+    """A draft of `config.num_hidden_layers` layers initialised from the target's embeddings, first layers, final
+    norm and head."""
     from transformers import LlamaForCausalLM
 
     draft = LlamaForCausalLM(config)
@@ -128,17 +117,14 @@ def count_params(model) -> int:
 # ----------------------------------------------------------------------------- training
 
 def lr_at(step: int, progress: float, lr: float, warmup: int) -> float:
-    """Linear warmup over `warmup` steps, then cosine decay to a tenth of `lr` as `progress`
-    (the larger of the step and wall-clock fractions of the budget) goes from 0 to 1."""
+    """Linear warmup over `warmup` steps, then cosine decay to a tenth of `lr` as `progress` goes from 0 to 1."""
     return lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def train_lm(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments, steps: int, minutes: float,
           lr: float, desc: str, seed: int) -> dict:
-    """Train `model` on random `seq_len` windows of `stream`, minimising `loss_fn(model, x)`,
-    for `steps` steps or `minutes` of wall clock, whichever ends first (the schedule follows
-    the one that runs out first, so a slow machine still ends annealed; on a machine fast
-    enough to finish the steps the run is deterministic given the seed). Returns the log."""
+    """Train `model` on random `seq_len` windows of `stream` minimising `loss_fn(model, x)`, for `steps` steps or
+    `minutes`, whichever ends first (the schedule follows it). Returns the log."""
     device = torch.device(args.device)
     model.to(device).train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -180,11 +166,8 @@ def lm_loss(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def distill_loss(teacher, hard_label_weight: float = 0.0) -> Callable:
-    """Forward KL(target || draft) over the full vocabulary at every position: the draft learns
-    the target's whole next-token distribution, not just the corpus token. `hard_label_weight`
-    adds cross-entropy on the target's argmax, which is what greedy acceptance rewards: it raises
-    agreement and leaves the draft worse on real text (a wider loss gap), where plain KL trades
-    one for the other."""
+    """Forward KL(target || draft) over the vocabulary at every position, plus `hard_label_weight` x cross-entropy
+    on the target's argmax."""
     def loss_fn(model, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             t = teacher(input_ids=x).logits.float().flatten(0, 1).log_softmax(-1)
@@ -201,10 +184,9 @@ def train_texts(args: ZooArguments) -> list[str]:
     return [text for _, text in stdlib_corpus.read_split("train")][:args.max_train_files or None]
 
 
-def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -> tuple["LlamaForCausalLM", dict]:
-    """The build's draft phase: a draft of `draft_layers` initialised from `target` and distilled
-    on its logits (plus `draft_hard_label_weight` x cross-entropy on its argmax) over `stream`.
-    Returns the draft and its training log."""
+def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -> tuple[LlamaForCausalLM, dict]:
+    """A draft of `draft_layers` initialised from `target` and distilled on its logits over `stream`; returns the
+    draft and its log."""
     draft = draft_from_target(target, llama_config(args, args.draft_layers, tokenizer))
     teacher = target.to(args.device).eval().requires_grad_(False)
     log = train_lm(draft, distill_loss(teacher, args.draft_hard_label_weight), stream, args, args.draft_steps,
@@ -215,8 +197,8 @@ def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -
 # ----------------------------------------------------------------------------- saving
 
 def save_model(model, tokenizer, path: Path) -> None:
-    """Save `model` as a Hugging Face folder with float16 safetensors and the tokenizer. The
-    config records float32, so `from_pretrained` (dtype "auto") loads float32 on the CPU."""
+    """Save `model` as a Hugging Face folder with float16 safetensors and the tokenizer; the config says float32,
+    which loading gives."""
     model.to("cpu", torch.float16).save_pretrained(path)
     tokenizer.save_pretrained(path)
     config_path = path / "config.json"
@@ -243,8 +225,8 @@ def humaneval_problems() -> list[dict]:
 
 @torch.no_grad()
 def heldout_loss(model, tokenizer, texts: list[str], max_len: int, device: str) -> float:
-    """Mean next-token loss (nats/token) over all tokens of `texts`, each truncated to
-    `max_len` tokens and starting with `<|endoftext|>` as in training."""
+    """Mean next-token loss (nats/token) over `texts`, each truncated to `max_len` tokens and starting with
+    `<|endoftext|>`."""
     total, count = 0.0, 0
     for text in texts:
         ids = torch.tensor([tokenizer(text)["input_ids"][:max_len]], device=device)
@@ -256,10 +238,8 @@ def heldout_loss(model, tokenizer, texts: list[str], max_len: int, device: str) 
 
 @torch.no_grad()
 def greedy_agreement(target, draft, tokenizer, prompts: list[str], args: ZooArguments, batch: int = 16) -> dict:
-    """Teacher-forced greedy agreement: the target continues each prompt greedily for
-    `continuation_tokens` tokens (up to its first EOS), then both models read prompt +
-    continuation in one pass and we count how often the draft's argmax equals the target's at
-    the continuation positions. This is the greedy acceptance rate of one drafted token."""
+    """How often the draft's argmax equals the target's over the target's greedy continuations of `prompts`
+    (teacher-forced): the greedy acceptance rate of one drafted token."""
     eos, n = tokenizer.eos_token_id, args.continuation_tokens
     tokenizer.padding_side = "left"
     agree, total = 0, 0
@@ -283,9 +263,7 @@ def greedy_agreement(target, draft, tokenizer, prompts: list[str], args: ZooArgu
 
 @torch.no_grad()
 def pair_cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 4) -> dict:
-    """c = one draft step (1 token) / one target verify step (k + 1 tokens) on warm KV caches of
-    `context`, measured by `specdecpp.measuring.step_timing.measure_cost_ratio` (the evaluation's own
-    measurement), with the card's field names."""
+    """The cost ratio `c` on warm caches of `context` (`measure_cost_ratio`), with the card's field names."""
     ids = torch.tensor([tokenizer(context)["input_ids"][-256:]])
     cost = measure_cost_ratio(target, draft, ids, k=k, steps=reps)
     return {"c": cost["cost_ratio"], "draft_step_ms": cost["draft_step_ms"],
@@ -294,9 +272,8 @@ def pair_cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 
 
 
 def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict:
-    """The card's figures, measured on the saved (float16-stored, float32-loaded) models:
-    held-out losses on standard-library functions and on HumanEval (prompt + canonical
-    solution), greedy agreement on both prompt sets, and the CPU cost ratio c."""
+    """The card's figures on the saved models: held-out losses and greedy agreement on standard-library functions
+    and HumanEval, and the CPU cost ratio."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
@@ -320,8 +297,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict
 
 # ----------------------------------------------------------------------------- card
 
-# The issue's targets for the committed pair: the target clearly better than the draft, the
-# draft agreeing with it often enough to be worth drafting with, and drafting cheap.
+# What the committed pair must reach: a loss gap, the draft's agreement, a cheap draft step.
 TARGETS = {"gap": 0.3, "agreement": 0.7, "c": 0.25}
 
 
@@ -403,8 +379,7 @@ Cost ratio c = one draft step (1 token) / one target verify step (k = {c['k']}, 
 # ----------------------------------------------------------------------------- build
 
 def build_command(args: ZooArguments) -> str:
-    """The `specdecpp zoo build` command line that reproduces `args` (options left at their
-    defaults are not spelled out)."""
+    """The `specdecpp zoo build` command line that reproduces `args`, defaults left out."""
     defaults = ZooArguments()
     changed = [f"--{k} {v}" for k, v in asdict(args).items() if v != getattr(defaults, k)]
     return " ".join(["specdecpp zoo build", *changed])

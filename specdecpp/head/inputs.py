@@ -1,36 +1,24 @@
-"""From training records to what the head reads: examples, batches, and the head's inputs.
-
-One record (docs/design.md, The record format) becomes one example, laid out by the head's alignment:
-- `proposer`: `input_ids = prefix + tokens[:-1]` (the target's continuation); the state at
-  `tokens[i-1]` (the last prompt token for `i = 0`) is labelled `p_acc[i]` and its `candidates`
-  entry is `draft[i]`, whose features under the draft's logits there the head also reads;
-- `reader` (the reference's): `input_ids = prefix + z`, `z_i` the draft's proposal `draft[i]` or,
-  with probability `mixing_ratio`, the target's token (label ignored); the state at `z_i` is
-  labelled `p_acc[i]`.
-Prefix positions are ignored. Training, the calibration report and the threshold choice all build
-the head's inputs here, so they see the same positions.
-"""
+"""Records to what the head reads (examples, batches, hidden states and features, laid out by alignment), and
+`predict`, the head run over records. Training, calibration and the threshold choice all read the head's inputs
+here."""
 from __future__ import annotations
 
 import numpy as np
 import torch
-from datasets import Dataset
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from specdecpp.checks import check_head_fits_draft, hidden_size
 from specdecpp.head.model import AcceptancePredictionHead, logit_features
+from specdecpp.head.objective import IGNORE
 from specdecpp.models import last_hidden_states, model_device, positions_from_mask
-from specdecpp.training.objective import IGNORE
 
 NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
 
 
 def make_example(record: dict, index: int, mixing_ratio: float, seed: int, alignment: str = "reader") -> dict:
-    """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a
-    proposer head, `candidates` (the judged draft token at each labelled position). A reader's
-    mixing draws depend only on (seed, record index): fixed per record, whatever the number of
-    ranks, epochs, or whether hidden states are cached."""
+    """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a proposer,
+    `candidates`. A reader's mixing draws depend only on (seed, record index)."""
     prefix, n = list(record["prefix"]), len(record["tokens"])
     if alignment == "proposer":
         ignored = [IGNORE] * (len(prefix) - 1)
@@ -44,14 +32,9 @@ def make_example(record: dict, index: int, mixing_ratio: float, seed: int, align
     return {"input_ids": prefix + z.tolist(), "labels": [IGNORE] * len(prefix) + labels.tolist()}
 
 
-def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignment: str = "reader") -> Dataset:
-    """The records as training examples (see `make_example`)."""
-    return Dataset.from_list([make_example(r, i, mixing_ratio, seed, alignment) for i, r in enumerate(records)])
-
-
 def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
-    """Right-pad a list of examples into tensors: `input_ids` + `attention_mask` (+ `candidates`),
-    or the cached `hidden_states` (+ `features`); `labels` padded with IGNORE."""
+    """Right-pad examples into tensors (`input_ids` and `attention_mask`, or cached `hidden_states`), `labels`
+    padded with IGNORE."""
     width = max(len(f["labels"]) for f in features)
 
     def padded(name: str, fill: float, dtype: torch.dtype) -> torch.Tensor:
@@ -77,9 +60,8 @@ def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
 
 def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: torch.Tensor,
                 attention_mask: torch.Tensor, candidates: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The draft's last-layer hidden states `[batch, seq, hidden]` and, when the head reads
-    `feature_names`, the features of each position's candidate token under the draft's logits
-    there (`[batch, seq, len(feature_names)]`; zeros where there is no candidate)."""
+    """The draft's last hidden states `[batch, seq, hidden]` and, for `feature_names`, each position's candidate's
+    features (zeros where there is none)."""
     if not feature_names:
         return last_hidden_states(draft, input_ids, attention_mask), None
     position_ids = positions_from_mask(attention_mask)
@@ -92,9 +74,8 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
 
 @torch.no_grad()
 def record_features(draft: PreTrainedModel, records: list[dict], names: list[str]) -> list[np.ndarray]:
-    """The named `logit_features` of each record's proposals (`draft[i]`) under the draft's raw
-    logits, teacher-forced on the target's prefix as a proposer head reads them: one
-    `[len(p_acc), len(names)]` array per record, in record order."""
+    """The named `logit_features` of each record's proposals, teacher-forced on the target's prefix: one
+    `[len(p_acc), len(names)]` array per record."""
     device = model_device(draft)
     features = []
     for record in tqdm(records, desc="features", unit="record"):
@@ -107,9 +88,8 @@ def record_features(draft: PreTrainedModel, records: list[dict], names: list[str
 @torch.no_grad()
 def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: list[dict], mixing_ratio: float = 0.15,
             seed: int = 42, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """`(labels, predictions)` over every labelled position of the records, in record order: `p_acc`
-    and the head's accept probability, on the examples training builds for the head's alignment
-    (a proposer head's positions are each record's `p_acc` in full)."""
+    """`(labels, predictions)` over every labelled position of the records, in order: `p_acc` and the head's
+    P(accept) on the examples training builds."""
     check_head_fits_draft(head.hidden_size, hidden_size(draft.config))
     device = model_device(draft)
     head = head.to(device)

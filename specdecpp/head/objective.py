@@ -1,9 +1,5 @@
-"""What the head is trained and measured by, without the Trainer: the weighted BCE on the soft
-acceptance labels (docs/design.md, Training the head), the mean binary KL(label || prediction)
-that training's evaluation and the calibration report give, and `IGNORE`, the label of positions
-neither counts. This module imports neither accelerate, datasets nor the Trainer, so calibration
-and the benchmarks measure a head without loading training.
-"""
+"""What the head is trained and measured by: the weighted BCE on soft acceptance labels, the
+mean binary KL, and `IGNORE`. Imports no accelerate, datasets or Trainer."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -18,8 +14,8 @@ IGNORE = -100.0  # label of positions the loss skips (Trainer also pads predicti
 
 
 def acceptance_loss(logits: torch.Tensor, labels: torch.Tensor, weight_mismatch: float) -> torch.Tensor:
-    """`sum[w (1-y) (-log(1-s)) + y (-log s)] / sum[w (1-y) + y]` over positions whose label is not
-    IGNORE, `s` the predicted accept probability, computed from log-softmax for stability."""
+    """The weighted BCE `sum[w (1-y) (-log(1-s)) + y (-log s)] / sum[w (1-y) + y]` over labelled positions, from
+    log-softmax."""
     keep = labels != IGNORE
     y = labels[keep].float()
     log_probs = logits[keep].float().log_softmax(-1)  # [:, 0] = log(1 - s), [:, 1] = log s

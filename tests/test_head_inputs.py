@@ -8,8 +8,8 @@ from conftest import tiny_llama
 
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
+from specdecpp.head.inputs import head_inputs
 from specdecpp.head.model import FEATURES, step_features
-from specdecpp.training.head_data import head_inputs
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
