@@ -13,8 +13,8 @@ number of tokens).
 Per method and concurrency: output tokens/s, its median ratio over the batches to vLLM without
 speculation and to `draft_model` at its best K (the K with the best median ratio to no speculation
 there), the median request latency, vLLM's speculative counters, target steps per generated token
-(each request's engine steps, prefill included), and for our head the draft forwards per propose
-and its time in `propose` per proposed token. Greedy outputs are checked against vLLM without
+(each request's engine steps, prefill included), and for our head the draft forwards per engine
+step (the batch drafts until its last request stops) and its time in `propose` per proposed token. Greedy outputs are checked against vLLM without
 speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
 
     python benchmarks/vllm_serving.py --num_prompts 16
@@ -140,7 +140,7 @@ def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
         "median_latency_s": statistics.median(x for b in batches for x in b["latency"]),
         **total, "acceptance": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else None,
         "target_steps_per_token": steps / tokens,
-        "draft_forwards_per_propose": forwards / total["drafts"] if forwards and total["drafts"] else None,
+        "draft_forwards_per_step": forwards / sum(max(b["steps"]) for b in batches) if forwards else None,
         "propose_ms_per_proposed": 1e3 * sum(b["propose_s"] for b in batches) / proposed if proposed else None,
         "same_output_as_plain": all(b["outputs"] == p["outputs"] for b, p in zip(batches, plain)),
     }
@@ -164,14 +164,14 @@ def against_best_draft_model(rows: list[dict], results: dict[str, list[dict]]) -
 def markdown(rows: list[dict]) -> str:
     header = ("| method | concurrency | tokens/s | vs no speculation (median) | vs best draft_model (median) | "
               "median latency (s) | drafts | draft tokens | accepted | acceptance | target steps/token | "
-              "vs fewest draft_model | draft forwards/propose | propose ms/proposed | output = plain |\n"
+              "vs fewest draft_model | draft forwards/engine step | propose ms/proposed | output = plain |\n"
               + "|---" * 15 + "|\n")
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     lines = [f"| {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_plain']:.2f}x | "
              f"{fmt(r.get('ratio_to_best_draft_model'), '.2f')}x | {r['median_latency_s']:.2f} | {r['drafts']:.0f} | "
              f"{r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | {fmt(r['acceptance'], '.3f')} | "
              f"{r['target_steps_per_token']:.3f} | {fmt(r.get('steps_to_fewest_draft_model'), '.2f')}x | "
-             f"{fmt(r['draft_forwards_per_propose'], '.2f')} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
+             f"{fmt(r['draft_forwards_per_step'], '.2f')} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
              f"{r['same_output_as_plain']} |" for r in rows]
     return header + "\n".join(lines) + "\n"
 
