@@ -1,19 +1,21 @@
-"""Serving with vLLM: SpecDec++'s proposer (`specdecpp.serving.vllm`) against vLLM's own speculation.
+"""Serving with vLLM: SpecDec++'s head in vLLM's `draft_model` loop (`specdecpp.serving.vllm_draft`)
+against vLLM's own speculation.
 
 One run, every engine alive in this process (vLLM's in-process engine, one thread each): vLLM
-without speculation, vLLM's `draft_model` at K = 2..5, vLLM's `ngram`, and our proposer with
-`constant`, `dynamic` and `ada@auto`, all on the embedded pair. For each prompt set and
-concurrency the prompts go in batches of `concurrency` requests; each batch runs on every engine,
-in an order that rotates from batch to batch, so load on the machine hits every method alike.
-Greedy, `max_new_tokens` each (EOS ignored, so every method generates the same number of tokens).
+without speculation, vLLM's `draft_model` at K = 2..5, vLLM's `ngram`, and `draft_model` with our
+head (`ada@auto` with bound [1, 20], the same capped at 5 drafted tokens, and `ada@0.3`), all on the
+embedded pair.
+For each prompt set and concurrency the prompts go in batches of `concurrency` requests; each batch
+runs on every engine, in an order that rotates from batch to batch, so load on the machine hits
+every method alike. Greedy, `max_new_tokens` each (EOS ignored, so every method generates the same
+number of tokens).
 
-Per method and concurrency: output tokens/s (and its median ratio to vLLM without speculation
-over the batches), the median request latency, vLLM's speculative counters, target steps per
-generated token (each request's engine steps, prefill included), the draft's time per proposed
-token (ours: the proposer's own clock; `draft ms` is the draft's forwards, `propose ms` all its work
-in `propose`), and the time the counts predict (target steps at the plain engine's step time of
-that batch size, plus our proposer's time) beside the measured one. Greedy outputs are checked
-against vLLM without speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
+Per method and concurrency: output tokens/s, its median ratio over the batches to vLLM without
+speculation and to `draft_model` at its best K (the K with the best median ratio to no speculation
+there), the median request latency, vLLM's speculative counters, target steps per generated token
+(each request's engine steps, prefill included), and for our head the draft forwards per engine
+step (the batch drafts until its last request stops) and its time in `propose` per proposed token. Greedy outputs are checked against vLLM without
+speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
 
     python benchmarks/vllm_serving.py --num_prompts 16
 """
@@ -35,23 +37,20 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 from harness import ZOO  # noqa: E402  (imports torch: after the thread settings)
 
-PROPOSER = "specdecpp.serving.vllm.SpecDecPPProposer"
+PLAIN, DRAFT_MODEL = "vLLM, no speculation", "vLLM draft_model K="
 
 
 def methods(zoo: Path) -> dict[str, dict]:
     """Each compared method's `speculative_config` and `additional_config`."""
-    draft = str(zoo / "draft")
-    ours = lambda k, **section: {"speculative_config": {"method": "custom_class", "model": PROPOSER,  # noqa: E731
-                                                        "num_speculative_tokens": k},
-                                 "additional_config": {"specdecpp": {"draft": draft, **section}}}
-    grid = {"vLLM, no speculation": {}}
+    draft_model = lambda k: {"method": "draft_model", "model": str(zoo / "draft"), "num_speculative_tokens": k}  # noqa: E731
+    head = lambda bound, threshold="auto": {"specdecpp": {"head": str(zoo / "head"), "stop_threshold": threshold,  # noqa: E731
+                                                          "bound": bound}}
+    grid = {PLAIN: {}}
     for k in (2, 3, 4, 5):
-        grid[f"vLLM draft_model K={k}"] = {"speculative_config": {"method": "draft_model", "model": draft,
-                                                                  "num_speculative_tokens": k}}
-    grid["ours constant K=3"] = ours(3, schedule="constant", num_assistant_tokens=3)
-    grid["ours dynamic@0.4 K<=5"] = ours(5, schedule="dynamic", num_assistant_tokens=5,
-                                        assistant_confidence_threshold=0.4)
-    grid["ours ada@auto"] = ours(20, head=str(zoo / "head"), stop_threshold="auto", bound=[1, 20])
+        grid[f"{DRAFT_MODEL}{k}"] = {"speculative_config": draft_model(k)}
+    grid["ours ada@auto"] = {"speculative_config": draft_model(20), "additional_config": head([1, 20])}
+    grid["ours ada@auto K<=5"] = {"speculative_config": draft_model(5), "additional_config": head([1, 5])}
+    grid["ours ada@0.3"] = {"speculative_config": draft_model(20), "additional_config": head([1, 20], 0.3)}
     # Built last: vLLM's ngram proposer imports numba, and once llvmlite is imported the CPU build's
     # start-up scan of every module (its Triton kernel overrides) fails for the engines built after it.
     grid["vLLM ngram K=5"] = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5,
@@ -88,14 +87,13 @@ def counting_engine(**engine_args):
     return engine
 
 
-def proposer_clock(engine) -> tuple[float, float, int]:
-    """Our proposer's seconds in draft forwards and judgements, seconds in `propose`, tokens proposed
-    (zeros for other engines)."""
+def proposer_clock(engine) -> tuple[float, int, int]:
+    """Our proposer's seconds in `propose`, tokens proposed and draft forwards (zeros for other engines)."""
     def read(worker):
         drafter = getattr(worker.model_runner, "drafter", None)
         if not hasattr(drafter, "propose_time"):
-            return 0.0, 0.0, 0
-        return drafter.stats.draft_time + drafter.stats.schedule_time, drafter.propose_time, drafter.proposed_tokens
+            return 0.0, 0, 0
+        return drafter.propose_time, drafter.proposed_tokens, drafter.draft_steps
     return tuple(engine.collective_rpc(read)[0])
 
 
@@ -122,59 +120,60 @@ def run_batch(engine, prompts: list[list[int]], max_new_tokens: int) -> dict:
     return {"outputs": [outputs[i] for i in order], "latency": [latency[i] for i in order],
             "steps": [steps[i] for i in order], "wall": wall,
             "counters": {k: after[k] - before[k] for k in after},
-            "draft_s": clock_after[0] - clock[0], "propose_s": clock_after[1] - clock[1],
-            "proposed": clock_after[2] - clock[2]}
+            "propose_s": clock_after[0] - clock[0], "proposed": clock_after[1] - clock[1],
+            "draft_forwards": clock_after[2] - clock[2]}
+
+
+def tokens_per_s(batch: dict) -> float:
+    return sum(map(len, batch["outputs"])) / batch["wall"]
 
 
 def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
     """One table row from a method's batches and vLLM-without-speculation's same batches."""
     tokens = sum(len(o) for b in batches for o in b["outputs"])
-    wall = sum(b["wall"] for b in batches)
     steps = sum(sum(b["steps"]) for b in batches)
     total = {k: sum(b["counters"].get(k, 0) for b in batches) for k in ("drafts", "draft_tokens", "accepted_tokens")}
-    proposed = sum(b["proposed"] for b in batches)
-    # Predicted: each engine step at the plain engine's step time for this batch, plus our proposer's time.
-    plain_step = sum(b["wall"] for b in plain) / sum(max(b["steps"]) for b in plain)
-    predicted = sum(max(b["steps"]) for b in batches) * plain_step + sum(b["propose_s"] for b in batches)
+    proposed, forwards = sum(b["proposed"] for b in batches), sum(b["draft_forwards"] for b in batches)
     return {
-        "method": name, "tokens_per_s": tokens / wall,
-        "ratio_to_plain": statistics.median((sum(map(len, b["outputs"])) / b["wall"]) /
-                                            (sum(map(len, p["outputs"])) / p["wall"]) for b, p in zip(batches, plain)),
+        "method": name, "tokens_per_s": tokens / sum(b["wall"] for b in batches),
+        "ratio_to_plain": statistics.median(tokens_per_s(b) / tokens_per_s(p) for b, p in zip(batches, plain)),
         "median_latency_s": statistics.median(x for b in batches for x in b["latency"]),
         **total, "acceptance": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else None,
         "target_steps_per_token": steps / tokens,
-        "draft_ms_per_proposed": 1e3 * sum(b["draft_s"] for b in batches) / proposed if proposed else None,
+        "draft_forwards_per_step": forwards / sum(max(b["steps"]) for b in batches) if forwards else None,
         "propose_ms_per_proposed": 1e3 * sum(b["propose_s"] for b in batches) / proposed if proposed else None,
-        "measured_s": wall, "predicted_s": predicted,
         "same_output_as_plain": all(b["outputs"] == p["outputs"] for b, p in zip(batches, plain)),
     }
 
 
-def eager_draft_step_ms(target, draft, head, prompts: list[list[int]], max_new_tokens: int) -> float:
-    """Our own eager engine's draft step (ms, forward and judgement) with `ada@auto`, in this process."""
-    import torch
+def against_best_draft_model(rows: list[dict], results: dict[str, list[dict]]) -> None:
+    """Add to each row its median per-batch ratio to `draft_model` at its best K (by median ratio
+    to no speculation) and its target steps per token over `draft_model`'s fewest at any K."""
+    draft_models = [r for r in rows if r["method"].startswith(DRAFT_MODEL)]
+    if not draft_models:
+        return
+    best = max(draft_models, key=lambda r: r["ratio_to_plain"])
+    fewest = min(r["target_steps_per_token"] for r in draft_models)
+    for row in rows:
+        row["best_draft_model"] = best["method"]
+        row["ratio_to_best_draft_model"] = statistics.median(
+            tokens_per_s(b) / tokens_per_s(d) for b, d in zip(results[row["method"]], results[best["method"]]))
+        row["steps_to_fewest_draft_model"] = row["target_steps_per_token"] / fewest
 
-    from specdecpp import speculative_generate
 
-    seconds, calls = 0.0, 0
-    for ids in prompts:
-        stats = speculative_generate(target, draft, torch.tensor([ids]), head=head, stop_threshold="auto",
-                                     bound=(1, 20), max_new_tokens=max_new_tokens).stats
-        seconds, calls = seconds + stats.draft_time + stats.schedule_time, calls + stats.draft_calls
-    return 1e3 * seconds / calls
-
-
-def markdown(rows: list[dict], eager_ms: float) -> str:
-    header = ("| method | concurrency | tokens/s | vs no speculation (median) | median latency (s) | drafts | "
-              "draft tokens | accepted | acceptance | target steps/token | draft ms/proposed | propose ms/proposed | "
-              "measured s | predicted s | output = plain |\n" + "|---" * 15 + "|\n")
+def markdown(rows: list[dict]) -> str:
+    header = ("| method | concurrency | tokens/s | vs no speculation (median) | vs best draft_model (median) | "
+              "median latency (s) | drafts | draft tokens | accepted | acceptance | target steps/token | "
+              "vs fewest draft_model | draft forwards/engine step | propose ms/proposed | output = plain |\n"
+              + "|---" * 15 + "|\n")
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     lines = [f"| {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_plain']:.2f}x | "
-             f"{r['median_latency_s']:.2f} | {r['drafts']:.0f} | {r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | "
-             f"{fmt(r['acceptance'], '.3f')} | {r['target_steps_per_token']:.3f} | "
-             f"{fmt(r['draft_ms_per_proposed'], '.3f')} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
-             f"{r['measured_s']:.1f} | {r['predicted_s']:.1f} | {r['same_output_as_plain']} |" for r in rows]
-    return header + "\n".join(lines) + f"\n\nOur eager engine's draft step (ada@auto, same process): {eager_ms:.3f} ms\n"
+             f"{fmt(r.get('ratio_to_best_draft_model'), '.2f')}x | {r['median_latency_s']:.2f} | {r['drafts']:.0f} | "
+             f"{r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | {fmt(r['acceptance'], '.3f')} | "
+             f"{r['target_steps_per_token']:.3f} | {fmt(r.get('steps_to_fewest_draft_model'), '.2f')}x | "
+             f"{fmt(r['draft_forwards_per_step'], '.2f')} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
+             f"{r['same_output_as_plain']} |" for r in rows]
+    return header + "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -188,7 +187,7 @@ def main() -> None:
     parser.add_argument("--output", default="results/vllm-serving")
     args = parser.parse_args()
 
-    from harness import load_pair, load_prompt_ids, rotated
+    from harness import load_prompt_ids, rotated
 
     zoo = Path(args.zoo)
     grid = {k: v for k, v in methods(zoo).items() if args.methods is None or k in args.methods}
@@ -205,15 +204,15 @@ def main() -> None:
             for b, start in enumerate(range(0, len(prompts), concurrency)):
                 for name in rotated(list(engines), b):
                     results[name].append(run_batch(engines[name], prompts[start:start + concurrency], args.max_new_tokens))
-            plain = results["vLLM, no speculation"]
-            for name, batches in results.items():
-                rows.append({"prompt_set": prompt_set, "concurrency": concurrency, **summarise(name, batches, plain)})
-                print(json.dumps(rows[-1]), flush=True)
-        target, draft, head = load_pair(str(zoo / "target"), str(zoo / "draft"), str(zoo / "head"))
-        eager_ms = eager_draft_step_ms(target, draft, head, prompts[:4], args.max_new_tokens)
+            plain = results[PLAIN]
+            done = [{"prompt_set": prompt_set, "concurrency": concurrency, **summarise(name, batches, plain)}
+                    for name, batches in results.items()]
+            against_best_draft_model(done, results)
+            rows += done
+            for row in done:
+                print(json.dumps(row), flush=True)
         report.append(f"## {prompt_set} (prompts 0-{len(prompts) - 1}, {args.max_new_tokens} tokens, greedy)\n\n"
-                      + markdown([r for r in rows if r["prompt_set"] == prompt_set], eager_ms))
-        rows.append({"prompt_set": prompt_set, "eager_draft_step_ms": eager_ms})
+                      + markdown([r for r in rows if r["prompt_set"] == prompt_set]))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vllm_serving.json").write_text(json.dumps(rows, indent=1))

