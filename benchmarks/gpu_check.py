@@ -29,12 +29,11 @@ from pathlib import Path
 
 import compiled_steps
 import torch
-import transformers
 from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids
 from time_breakdown import breakdown, format_breakdown, head_bound, methods
 
 from specdecpp import speculative_generate
-from specdecpp.compat import STATIC_CACHE_CROPS
+from specdecpp.compat import STATIC_CACHE_CROPS, TRANSFORMERS_VERSION
 from specdecpp.measuring.step_timing import device_step_times
 from specdecpp.measuring.metrics import NEAR_TIE_MARGIN
 
@@ -153,10 +152,10 @@ def synchronize(device: str) -> None:
 def environment(device: str) -> dict:
     """What ran the check, and what it needs."""
     needs = [] if STATIC_CACHE_CROPS else [
-        f"transformers {transformers.__version__} is installed; the compiled engine needs >= 5.24: carry its wheel "
+        f"transformers {TRANSFORMERS_VERSION} is installed; the compiled engine needs >= 5.24: carry its wheel "
         "(and regex's) beside the project and install them first (the device tool's README says how)"]
     return {"device": compiled_steps.device_name(device), "torch": torch.__version__,
-            "transformers": transformers.__version__, "needs": needs}
+            "transformers": TRANSFORMERS_VERSION, "needs": needs}
 
 
 def main(argv: list[str] | None = None) -> dict:
