@@ -15,7 +15,7 @@ import torch
 from conftest import write_prompts
 
 from specdecpp import evaluate as ev
-from specdecpp.engine import compiled
+from specdecpp.engine import compiled, schedules
 from specdecpp.evaluation import methods, runner, settings
 from specdecpp.head.model import AcceptancePredictionHead
 
@@ -91,12 +91,12 @@ def test_online_methods_learn_over_the_evaluated_prompts_in_order(eval_dirs, tmp
     it is forgotten (`Method.restart`); the outputs still equal the target's."""
     made = []
 
-    class Estimator(methods.OnlineAcceptanceEstimator):
+    class Estimator(schedules.OnlineAcceptanceEstimator):
         def __post_init__(self):
             super().__post_init__()
             made.append(self)
 
-    monkeypatch.setattr(methods, "OnlineAcceptanceEstimator", Estimator)
+    monkeypatch.setattr(schedules, "OnlineAcceptanceEstimator", Estimator)  # where schedules make their cold starts
     args = make_args(eval_dirs, tmp_path, schedule=["ada", "online"], stop_threshold=[0.5], online=True,
                      online_threshold=[0.4], baselines=["target"], n_end=3, bound=[1, 6])
     document = args.evaluate()

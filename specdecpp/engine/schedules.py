@@ -43,9 +43,15 @@ class Schedule:
         raise NotImplementedError
 
     @classmethod
-    def new_estimator(cls, settings) -> OnlineAcceptanceEstimator | None:
-        """A cold-start estimator for a generation of this schedule, or None for one that learns nothing."""
+    def estimator_positions(cls, settings) -> int | None:
+        """The draft positions an estimator of this schedule covers, or None: it learns nothing."""
         return None
+
+    @classmethod
+    def new_estimator(cls, settings) -> OnlineAcceptanceEstimator | None:
+        """A cold-start estimator for a generation of this schedule, or None."""
+        positions = cls.estimator_positions(settings)
+        return None if positions is None else OnlineAcceptanceEstimator(positions)
 
     @classmethod
     def estimator_for(cls, settings) -> OnlineAcceptanceEstimator | None:
@@ -253,6 +259,10 @@ class Ada(ProductRule):
         return cls(settings.head, threshold, tuple(settings.bound), cls.estimator_for(settings) if settings.online else None)
 
     @classmethod
+    def estimator_positions(cls, settings):
+        return settings.bound[1] if settings.online else None
+
+    @classmethod
     def new_estimator(cls, settings):
         return OnlineAcceptanceEstimator.recalibration(settings.bound[1]) if settings.online else None
 
@@ -278,8 +288,8 @@ class Online(ProductRule):
                    settings.temperature if settings.do_sample else 1.0)
 
     @classmethod
-    def new_estimator(cls, settings):
-        return OnlineAcceptanceEstimator(settings.bound[1])
+    def estimator_positions(cls, settings):
+        return settings.bound[1]
 
     @classmethod
     def check(cls, settings, name):
@@ -306,8 +316,8 @@ class VerifyBudget(Schedule):
         return cls(judge, settings.num_assistant_tokens, settings.budget_step_times(), judged=False)
 
     @classmethod
-    def new_estimator(cls, settings):
-        return OnlineAcceptanceEstimator(settings.num_assistant_tokens)
+    def estimator_positions(cls, settings):
+        return settings.num_assistant_tokens
 
     def start_round(self) -> None:
         self.judge.start_round()
@@ -344,7 +354,7 @@ class AdaBudget(VerifyBudget):
         return cls(settings.head, settings.num_assistant_tokens, settings.budget_step_times())
 
     @classmethod
-    def new_estimator(cls, settings):
+    def estimator_positions(cls, settings):
         return None
 
     @classmethod

@@ -88,11 +88,10 @@ class DecodingSettings:
                              "rounds would depend on the drafted tokens in a way the acceptance test cannot correct")
         if self.online and not policy.recalibrates:
             raise ValueError(f"{name('online')} recalibrates a head online; schedule {schedule!r} has none")
-        needed = policy.new_estimator(self) if self.estimator is not None else None
-        if needed is not None and self.estimator.num_positions < needed.num_positions:
+        needed = policy.estimator_positions(self)
+        if self.estimator is not None and needed is not None and self.estimator.num_positions < needed:
             raise ValueError(f"the estimator has {self.estimator.num_positions} positions and schedule {schedule!r} "
-                             f"drafts up to {needed.num_positions}: make it with num_positions >= "
-                             f"{needed.num_positions}")
+                             f"drafts up to {needed}: make it with num_positions >= {needed}")
         policy.check(self, name)
 
     def check_models(self, target: PreTrainedModel, draft: PreTrainedModel | None) -> None:

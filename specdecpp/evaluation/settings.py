@@ -154,8 +154,10 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
         raise ValueError("--stop_threshold auto needs a head with a stored threshold, and none of "
                          f"{', '.join(pair.head)} has one: choose one with "
                          "`python -m specdecpp.calibration.report ... --choose_threshold`")
-    for schedule in grid.schedule:
-        if SCHEDULES[schedule].needs_step_times and budget_step_times_from(grid, schedule, pair.head or []) is None:
+    for schedule in grid.schedule:  # a schedule with a head reads its own head's step times
+        policy = SCHEDULES[schedule]
+        if policy.needs_step_times and not policy.needs_head and budget_step_times_from(
+                grid, schedule, pair.head or []) is None:
             raise ValueError(f"{schedule} prices its verifications with measured step times, and no --head folder "
                              f"({', '.join(pair.head or []) or 'none given'}) stores them: pass --step_times_from a "
                              "head folder (or calibration --output file) whose threshold was chosen with timed steps")
