@@ -12,6 +12,7 @@ from transformers import TextIteratorStreamer
 from transformers.generation import GenerateDecoderOnlyOutput
 
 import specdecpp
+from specdecpp.measuring.step_timing import auto_step_times
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.custom_generate import SpeculativeGenerateOutput
 from specdecpp.engine.online import OnlineAcceptanceEstimator
@@ -98,7 +99,11 @@ def test_the_stored_threshold_and_its_bound_are_the_defaults(zoo):
     inputs = tokenizer(PROMPTS[1], return_tensors="pt")
     settings = dict(max_new_tokens=40, return_dict_in_generate=True)
     default = folder_generate(target, draft, inputs, **settings)
-    stored = folder_generate(target, draft, inputs, stop_threshold=head.stop_threshold,
+    # "auto": the stored threshold, chosen again for this device's step times where they differ
+    times = auto_step_times(head, target, draft)
+    assert default.stats.stop_threshold == (head.stop_threshold if times is None else head.threshold_for(times))
+    assert "cpu eager" in default.stats.threshold_step_times
+    stored = folder_generate(target, draft, inputs, stop_threshold=default.stats.stop_threshold,
                              bound=tuple(head.threshold_selection["bound"]), **settings)
     engine_defaults = folder_generate(target, draft, inputs, stop_threshold=0.3, bound=(2, 20), **settings)
     assert default.stats.draft_lengths == stored.stats.draft_lengths
