@@ -114,17 +114,21 @@ VOCAB = 6  # small_vocab_pair's vocabulary
 ZOO_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
+def randomized(head):
+    """`head` with every weight drawn from N(0, 0.5^2), from torch's global generator."""
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5)
+    return head
+
+
 @pytest.fixture(scope="module")
 def random_head():
     """A reader head with random weights on `tiny_llama`'s hidden states."""
     from specdecpp import AcceptancePredictionHead
 
     torch.manual_seed(3)
-    head = AcceptancePredictionHead(HIDDEN, num_layers=2)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.5)
-    return head
+    return randomized(AcceptancePredictionHead(HIDDEN, num_layers=2))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import HIDDEN, VOCAB, perturbed_copy, tiny_llama, tiny_recurrent
+from conftest import HIDDEN, VOCAB, perturbed_copy, randomized, tiny_llama, tiny_recurrent
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
@@ -42,10 +42,7 @@ def random_proposer(hidden_size: int = HIDDEN, features: tuple[str, ...] = ("log
                     seed: int = 4) -> AcceptancePredictionHead:
     torch.manual_seed(seed)
     head = AcceptancePredictionHead(hidden_size, num_layers=2, alignment="proposer", features=list(features))
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.5)
-    return head
+    return randomized(head)
 
 
 @pytest.fixture(scope="module")
