@@ -41,6 +41,7 @@ SHAPES = {
 PAIRS = {"1.7b": ("smollm2-135m", "smollm2-1.7b", 49152), "8b": ("smollm2-135m", "llama3-8b", 49152),
          "tiny": ("tiny-draft", "tiny-target", 256)}
 ROUND_LENGTHS = (1, 2, 4, 8)
+ENGINES = ("eager", "compiled")
 
 
 def random_model(shape: str, vocab: int, dtype: torch.dtype, device: str, seed: int) -> LlamaForCausalLM:
@@ -53,8 +54,9 @@ def random_model(shape: str, vocab: int, dtype: torch.dtype, device: str, seed: 
     return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
 
 
-def time_pair(pair: str, device: str, dtype: torch.dtype, context: int, max_draft: int, passes: int) -> dict:
-    """Step and round times of both engines for `pair` (see the module docstring), as a dict."""
+def time_pair(pair: str, device: str, dtype: torch.dtype, context: int, max_draft: int, passes: int,
+              engines: tuple[str, ...] = ENGINES) -> dict:
+    """Step and round times of each of `engines` for `pair` (see the module docstring), as a dict."""
     draft_shape, target_shape, vocab = PAIRS[pair]
     draft = random_model(draft_shape, vocab, dtype, device, seed=0)
     target = random_model(target_shape, vocab, dtype, device, seed=1)
@@ -62,7 +64,7 @@ def time_pair(pair: str, device: str, dtype: torch.dtype, context: int, max_draf
                                     features=["log_q", "entropy", "margin"]).to(device)
     input_ids = torch.randint(vocab, (1, context), generator=torch.Generator().manual_seed(0)).to(device)
     probes, compile_seconds = {}, 0.0
-    for engine in ("eager", "compiled"):
+    for engine in engines:
         for kind, judge in (("plain", None), ("judged", head)):
             start = time.perf_counter()
             probes[engine, kind] = StepProbe(target, draft, input_ids, max_draft, head=judge,
@@ -73,7 +75,7 @@ def time_pair(pair: str, device: str, dtype: torch.dtype, context: int, max_draf
         for probe in probes.values():
             probe.sample()
     times: dict[tuple[str, str], StepTimes] = {}
-    for engine in ("eager", "compiled"):
+    for engine in engines:
         overhead = measure_round_overhead(target, draft, input_ids, runs=1, compile=engine == "compiled")
         for kind in ("plain", "judged"):
             times[engine, kind] = replace(probes[engine, kind].times(), round_overhead_ms=overhead)
@@ -87,10 +89,12 @@ def time_pair(pair: str, device: str, dtype: torch.dtype, context: int, max_draf
              for k in ROUND_LENGTHS if k <= max_draft]
     table = []
     for label, pick in rows:
-        eager = pick({kind: times["eager", kind] for kind in ("plain", "judged")})
-        compiled = pick({kind: times["compiled", kind] for kind in ("plain", "judged")})
-        table.append({"step": label, "eager_ms": eager, "compiled_ms": compiled, "gain": eager / compiled})
-    return {"pair": pair, "draft": draft_shape, "target": target_shape, "vocab": vocab, "dtype": str(dtype),
+        row = {"step": label} | {f"{engine}_ms": pick({kind: times[engine, kind] for kind in ("plain", "judged")})
+                                 for engine in engines}
+        if set(ENGINES) <= set(engines):
+            row["gain"] = row["eager_ms"] / row["compiled_ms"]
+        table.append(row)
+    return {"pair": pair, "engines": list(engines), "draft": draft_shape, "target": target_shape, "vocab": vocab, "dtype": str(dtype),
             "device": device_name(device), "context": context, "passes": passes,
             "compile_seconds": compile_seconds, "rows": table,
             "step_times": {f"{engine}/{kind}": t.as_dict() for (engine, kind), t in times.items()}}
@@ -105,11 +109,13 @@ def device_name(device: str) -> str:
 
 def format_result(result: dict) -> str:
     """One pair's table in Markdown."""
+    engines, gain = result["engines"], "gain" in result["rows"][0]
     lines = [f"{result['draft']} draft, {result['target']} target ({result['dtype']}, {result['device']}, context "
              f"{result['context']} tokens, {result['passes']} passes; compiling took {result['compile_seconds']:.1f} s)",
-             "", "| step | eager ms | compiled ms | eager / compiled |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {row['step']} | {row['eager_ms']:.3f} | {row['compiled_ms']:.3f} | {row['gain']:.2f}x |"
-              for row in result["rows"]]
+             "", "| step | " + " | ".join(f"{engine} ms" for engine in engines) + (" | eager / compiled |" if gain else " |"),
+             "| --- |" + " ---: |" * (len(engines) + gain)]
+    lines += ["| " + " | ".join([row["step"]] + [f"{row[f'{engine}_ms']:.3f}" for engine in engines]
+                                + ([f"{row['gain']:.2f}x"] if gain else [])) + " |" for row in result["rows"]]
     return "\n".join(lines)
 
 

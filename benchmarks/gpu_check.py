@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
     for pair in args.pairs or (["tiny"] if args.quick else ["1.7b", "8b"]):
         def shapes(pair=pair):
             result = compiled_steps.time_pair(pair, args.device, torch.float32 if args.quick else torch.bfloat16,
-                                              context=128, max_draft=8, passes=3 if args.quick else 5)
+                                              context=128, max_draft=8, passes=3 if args.quick else 5,
+                                              engines=tuple(engines))
             return compiled_steps.format_result(result), result
         section(f"shapes-{pair} pair", shapes)
     return written
