@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_model
 from torch import nn
 
 from specdecpp import AcceptancePredictionHead
-from specdecpp.head.model import FEATURES, LeanJudge, ResBlock, logit_features, step_features
+from specdecpp.head.model import FEATURES, LeanJudge, ResBlock, logit_features
 
 
 class ReferenceHead(nn.Module):
@@ -141,23 +141,30 @@ def test_logit_features_are_log_q_and_entropy():
     assert torch.isfinite(ruled_out).all()
 
 
-def test_step_features_from_the_shared_softmax_equal_logit_features():
-    """The engine's features of one drafted token, from the softmax its draft step computed, are
-    training's `logit_features` of the raw logits: for the argmax (greedy), sampled and unlikely
-    tokens, with the softmax given or not, and with logits the draft rules out."""
+def test_features_from_the_shared_softmax_equal_logit_features():
+    """The features of one drafted token from the softmax its draft step computed equal those of the
+    raw logits alone: for the argmax (greedy), sampled and unlikely tokens, and logits the draft rules out."""
     torch.manual_seed(0)
     logits = torch.randn(64) * 4
     logits[7] = -30.0  # probability ~1e-14: log Z is read at the argmax instead
     names = list(FEATURES)
     probs = logits.softmax(-1)
     for token in (int(logits.argmax()), int(torch.multinomial(probs, 1)), 7):
-        expected = logit_features(logits, torch.tensor(token), names)
-        for shared in (probs, None):
-            torch.testing.assert_close(torch.tensor(step_features(logits, shared, token, names)), expected,
-                                       rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logit_features(logits, torch.tensor(token), names, probs),
+                                   logit_features(logits, torch.tensor(token), names), rtol=1e-5, atol=1e-5)
     ruled_out = torch.tensor([2.0, float("-inf"), 0.5])
-    torch.testing.assert_close(torch.tensor(step_features(ruled_out, ruled_out.softmax(-1), 0, names)),
+    torch.testing.assert_close(logit_features(ruled_out, torch.tensor(0), names, ruled_out.softmax(-1)),
                                logit_features(ruled_out, torch.tensor(0), names), rtol=1e-5, atol=1e-5)
+
+
+def test_lean_judge_reads_the_features_of_the_drafted_token():
+    head = AcceptancePredictionHead(2, num_layers=0, alignment="proposer", features=["log_q"])
+    with torch.no_grad():  # P(accept) = sigmoid(10 + 10 log q): near 1 for a sure token, below 1/2 for a doubtful one
+        head.model[-1].weight.copy_(torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 10.0]]))
+        head.model[-1].bias.copy_(torch.tensor([0.0, 10.0]))
+    judge, hidden, token = LeanJudge(head), torch.zeros(2), torch.tensor(0)
+    assert judge(hidden, torch.tensor([10.0, -10.0, -10.0]), token) > 0.99
+    assert judge(hidden, torch.tensor([0.0, 0.0, 0.0]), token) < 0.5
 
 
 def test_margin_is_the_token_log_q_minus_the_best_other_token():
@@ -199,10 +206,12 @@ def test_lean_judge_equals_accept_prob(config):
     judge = LeanJudge(head)
     torch.manual_seed(1)
     for _ in range(5):
-        hidden = torch.randn(16)
-        features = (torch.randn(len(head.features)) * 2).tolist()
-        expected = head.accept_prob(hidden, torch.tensor(features) if head.features else None)
-        assert judge(hidden, features) == pytest.approx(float(expected), rel=1e-5, abs=1e-6)
+        hidden, logits = torch.randn(16), torch.randn(32) * 3
+        token = torch.multinomial(logits.softmax(-1), 1)[0]
+        features = logit_features(logits, token, head.features) if head.features else None
+        expected = head.accept_prob(hidden, features)
+        torch.testing.assert_close(judge(hidden, logits, token), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(judge(hidden, logits, token, logits.softmax(-1)), expected, rtol=1e-5, atol=1e-6)
 
 
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"

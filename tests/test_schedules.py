@@ -34,19 +34,23 @@ def test_dynamic_stops_on_a_low_confidence_token():
     assert policy.stop_after(DraftStep(2, 0.39))
 
 
+def judged(num_drafted: int, accept_prob: float) -> DraftStep:
+    """A draft step whose head judged P(accept) = `accept_prob`."""
+    return DraftStep(num_drafted, 1.0, accept_prob=accept_prob)
+
+
 def test_ada_keeps_a_running_product_of_the_judged_tokens():
     head = AcceptancePredictionHead(4, num_layers=0)
     with torch.no_grad():
         head.model[-1].weight.zero_()
         head.model[-1].bias.copy_(torch.tensor([0.0, float(torch.logit(torch.tensor(0.8)))]))
     policy = Ada(head, stop_threshold=0.45, bound=(1, 10))
-    hidden = torch.zeros(4)
     assert policy.max_draft() == 10
     # j = 1: only the verified token's state is known, nothing is judged yet.
-    assert not policy.stop_after(DraftStep(1, 1.0, hidden)) and policy.p_all_accepted == 1.0
-    assert not policy.stop_after(DraftStep(2, 1.0, hidden))  # 1 - 0.8 = 0.2
-    assert not policy.stop_after(DraftStep(3, 1.0, hidden))  # 1 - 0.64 = 0.36
-    assert policy.stop_after(DraftStep(4, 1.0, hidden))      # 1 - 0.512 = 0.488 > 0.45
+    assert not policy.stop_after(judged(1, 0.8)) and policy.p_all_accepted == 1.0
+    assert not policy.stop_after(judged(2, 0.8))  # 1 - 0.8 = 0.2
+    assert not policy.stop_after(judged(3, 0.8))  # 1 - 0.64 = 0.36
+    assert policy.stop_after(judged(4, 0.8))      # 1 - 0.512 = 0.488 > 0.45
     assert policy.p_all_accepted == pytest.approx(0.8 ** 3)
     policy.start_round()  # a new round starts from certainty
     assert policy.p_all_accepted == 1.0
@@ -63,30 +67,17 @@ def constant_head(accept_prob: float, hidden_size: int = 4, **config) -> Accepta
 
 def test_proposer_ada_judges_each_token_right_after_drafting_it():
     policy = Ada(constant_head(0.8, alignment="proposer"), stop_threshold=0.45, bound=(1, 10))
-    hidden = torch.zeros(4)
     assert policy.max_draft() == 10
-    assert not policy.stop_after(DraftStep(1, 1.0, hidden))  # 1 - 0.8 = 0.2
-    assert not policy.stop_after(DraftStep(2, 1.0, hidden))  # 1 - 0.64 = 0.36
-    assert policy.stop_after(DraftStep(3, 1.0, hidden))      # 1 - 0.512 = 0.488 > 0.45: one step sooner than a reader
+    assert not policy.stop_after(judged(1, 0.8))  # 1 - 0.8 = 0.2
+    assert not policy.stop_after(judged(2, 0.8))  # 1 - 0.64 = 0.36
+    assert policy.stop_after(judged(3, 0.8))      # 1 - 0.512 = 0.488 > 0.45: one step sooner than a reader
     assert policy.p_all_accepted == pytest.approx(0.8 ** 3)
 
 
 def test_proposer_ada_never_stops_before_min():
     policy = Ada(constant_head(0.1, alignment="proposer"), stop_threshold=0.3, bound=(3, 10))
     policy.max_draft()
-    assert [policy.stop_after(DraftStep(j, 1.0, torch.zeros(4))) for j in (1, 2, 3)] == [False, False, True]
-
-
-def test_proposer_ada_feeds_the_features_of_the_drafted_token():
-    head = AcceptancePredictionHead(2, num_layers=0, alignment="proposer", features=["log_q"])
-    with torch.no_grad():  # P(accept) = sigmoid(10 + 10 log q): near 1 for a sure token, near 0 for a doubtful one
-        head.model[-1].weight.copy_(torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 10.0]]))
-        head.model[-1].bias.copy_(torch.tensor([0.0, 10.0]))
-    policy = Ada(head, stop_threshold=0.5, bound=(1, 10))
-    policy.max_draft()
-    sure, doubtful = torch.tensor([10.0, -10.0, -10.0]), torch.tensor([0.0, 0.0, 0.0])
-    assert not policy.stop_after(DraftStep(1, 1.0, torch.zeros(2), token=0, logits=sure))
-    assert policy.stop_after(DraftStep(2, 1.0, torch.zeros(2), token=0, logits=doubtful))
+    assert [policy.stop_after(judged(j, 0.1)) for j in (1, 2, 3)] == [False, False, True]
 
 
 def test_ada_auto_threshold_comes_from_the_head():
@@ -151,15 +142,14 @@ def test_ada_online_starts_at_no_correction_and_learns():
     assert online.judge.estimator.slope == 1.0 and online.judge.estimator.intercepts == [0.0] * 10
     for policy in (plain, online):
         policy.max_draft()
-    hidden = torch.zeros(4)
     for j in (1, 2, 3):
-        assert plain.stop_after(DraftStep(j, 1.0, hidden)) == online.stop_after(DraftStep(j, 1.0, hidden))
+        assert plain.stop_after(judged(j, 0.8)) == online.stop_after(judged(j, 0.8))
     assert online.p_all_accepted == pytest.approx(plain.p_all_accepted)
     assert online.judge.features == pytest.approx([log_odds(0.8)] * 3)  # the head's logit is the feature
     for _ in range(100):  # the head says 0.8, the target rejects every first token
         online.start_round()
-        online.stop_after(DraftStep(1, 1.0, hidden))
+        online.stop_after(judged(1, 0.8))
         online.end_round(1, 0)
     online.start_round()
-    online.stop_after(DraftStep(1, 1.0, hidden))
+    online.stop_after(judged(1, 0.8))
     assert online.judge.estimator.refits == 1 and online.p_all_accepted < 0.5

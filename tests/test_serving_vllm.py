@@ -12,6 +12,7 @@ import torch
 from specdecpp import AcceptancePredictionHead
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.schedules import make_schedule
+from specdecpp.head.model import LeanJudge
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.serving.vllm import FIELDS, BatchRound, StopDrafting, section_settings
 
@@ -39,15 +40,17 @@ def draft_steps(count: int, seed: int = 1):
 
 
 def eager_lengths(settings: DecodingSettings, steps: list, max_draft: int) -> list[int]:
-    """Each row's round length as the eager engine judges it: token by token, `Ada.stop_after` on
+    """Each row's round length as the eager engine judges it: token by token, `LeanJudge` then `Ada.stop_after` on
     the step's hidden state, logits and softmax."""
-    lengths = []
+    lengths, judge = [], LeanJudge(settings.head)
     for row in range(ROWS):
         schedule = make_schedule(settings)
         schedule.start_round()
         for j, (hidden, logits, tokens) in enumerate(steps, start=1):
+            probs = logits[row].softmax(-1)
             step = DraftStep(num_drafted=j, token_prob=0.0, hidden=hidden[row], token=int(tokens[row]),
-                             logits=logits[row], probs=logits[row].softmax(-1))
+                             logits=logits[row], probs=probs,
+                             accept_prob=float(judge(hidden[row], logits[row], tokens[row], probs)))
             if schedule.stop_after(step) or j == max_draft:
                 break
         lengths.append(j)

@@ -9,7 +9,7 @@ from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.schedules import HeadJudge
 from specdecpp import speculative_generate
-from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.head.model import AcceptancePredictionHead, LeanJudge
 from specdecpp.measuring import step_timing
 from specdecpp.measuring.step_timing import StepProbe, TimedRound, measure_cost_ratio
 
@@ -35,12 +35,13 @@ def test_a_timed_round_drafts_k_tokens_through_the_loop_and_splits_its_times_by_
             judged.append(step.num_drafted)
             return super().__call__(step)
 
-    judge = CountingJudge(proposer_head(0.1))
+    head = proposer_head(0.1)
+    judge = CountingJudge(head)
     policy = TimedRound(4, judge, stats)
     policy.start_round()
     seq = [5, 9, 17, 3]
     with torch.inference_mode():
-        drafted, _ = draft_round(EagerDraft(draft, sampling_only(False), True), seq, policy, 4, False, None,
+        drafted, _ = draft_round(EagerDraft(draft, sampling_only(False), LeanJudge(head)), seq, policy, 4, False, None,
                                  stats)
         greedy = draft.generate(torch.tensor([seq]), max_new_tokens=4, do_sample=False)[0, len(seq):].tolist()
     assert drafted == greedy and stats.draft_calls == 4

@@ -18,7 +18,7 @@ from specdecpp.compat import (STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kw
 from specdecpp.engine.draft_step import proposed_step
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, make_warpers, proposed_token, widened
-from specdecpp.head.model import AcceptancePredictionHead, logit_features
+from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, logit_features
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
 
@@ -32,7 +32,7 @@ def recompiles_forbidden(enabled: bool = True):
 
 
 def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_length: int, processing: Processing,
-                    with_hidden_states: bool = False, head: AcceptancePredictionHead | None = None,
+                    head: AcceptancePredictionHead | None = None,
                     sampling: tuple[float, int, float] | None = None, longest_verification: int = 3
                     ) -> tuple[StaticModel, CompiledDraft | ProcessedDraft | None, float]:
     """The compiled target and (unless None) draft, empty, for at least `max_length` tokens: the
@@ -45,9 +45,11 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_
     if draft is None:
         return target_model, None, seconds
     if any(not isinstance(p, SAMPLING_WARPERS) for p in processing.processors):
+        judge = LeanJudge(head, draft.device) if head is not None else None
+        with_hidden_states = judge is not None and judge.reads_hidden_states
         forward, draft_seconds = _engine(draft, ("processed draft", with_hidden_states), max_length,
                                          lambda capacity: DraftForward(draft, capacity, with_hidden_states))
-        return target_model, ProcessedDraft(forward, processing), seconds + draft_seconds
+        return target_model, ProcessedDraft(forward, processing, judge), seconds + draft_seconds
     draft_model, draft_seconds = _engine(draft, ("draft", sampling, head_shape(head)), max_length,
                                          lambda capacity: CompiledDraft(draft, capacity, sampling, head))
     if head is not None:
@@ -308,14 +310,14 @@ class DraftForward(StaticModel):
 
 class ProcessedDraft:
     """One generation's draft under prefix-reading processors: the forward compiled (`DraftForward`),
-    then processing, token choice and judgement as in the eager draft (`proposed_step`)."""
+    then processing, token choice and `judge`'s judgement as in the eager draft (`proposed_step`)."""
 
-    def __init__(self, forward: DraftForward, processing: Processing):
-        self.forward, self.processing = forward, processing
+    def __init__(self, forward: DraftForward, processing: Processing, judge: LeanJudge | None):
+        self.forward, self.processing, self.judge = forward, processing, judge
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         logits, state = self.forward.step(tokens)
-        return proposed_step(self.processing, tokens, logits, state, num_drafted, generator)
+        return proposed_step(self.processing, tokens, logits, state, num_drafted, generator, self.judge)
 
     def crop(self, length: int) -> None:
         self.forward.crop(length)

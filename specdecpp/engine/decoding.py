@@ -20,6 +20,7 @@ from specdecpp.engine.processing import CRITERIA_FIELDS, PROCESSOR_FIELDS, Proce
 from specdecpp.engine.sampling import residual_distribution, sample
 from specdecpp.engine.schedules import Schedule, make_schedule
 from specdecpp.engine.settings import DecodingSettings, default_schedule
+from specdecpp.head.model import LeanJudge
 
 
 @dataclass
@@ -104,7 +105,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
         stats.stop_threshold, stats.threshold_step_times = policy.stop_threshold, _priced_on(settings)
     target_model, draft_model, stats.compile_time = step_models(
         target, draft if settings.schedule_class.needs_draft else None, settings, processing,
-        policy.needs_hidden_states, prompt_length + max_new_tokens)
+        prompt_length + max_new_tokens)
     start = time.perf_counter()
     if streamer is not None:
         streamer.put(input_ids.cpu())
@@ -146,14 +147,16 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
 
 
 def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
-                processing: Processing, with_hidden_states: bool, max_length: int
-                ) -> tuple[Target, Draft | None, float]:
-    """The target and (unless None) the draft as the loop steps them, empty, for up to
-    `max_length` tokens: eager, or compiled (`settings.compile`); and the seconds spent compiling."""
+                processing: Processing, max_length: int) -> tuple[Target, Draft | None, float]:
+    """The target and (unless None) the draft as the loop steps them, empty, for up to `max_length`
+    tokens, the draft judging with `settings.judging_head`: eager, or compiled (`settings.compile`);
+    and the seconds spent compiling."""
+    head = settings.judging_head
     if not settings.compile:
-        return CachedModel(target), EagerDraft(draft, processing, with_hidden_states) if draft else None, 0.0
+        judge = LeanJudge(head, draft.device) if head is not None and draft is not None else None
+        return CachedModel(target), EagerDraft(draft, processing, judge) if draft else None, 0.0
     sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
-    return compiled_models(target, draft, max_length, processing, with_hidden_states, settings.judging_head, sampling,
+    return compiled_models(target, draft, max_length, processing, head, sampling,
                            longest_verification=max(settings.bound[1], settings.num_assistant_tokens) + 1)
 
 

@@ -11,18 +11,25 @@ from transformers import DynamicCache, PreTrainedModel
 from specdecpp.compat import cache_kwargs, takes_logits_to_keep
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.sampling import DraftStep, draft_noise, proposed_token, widened
+from specdecpp.head.model import LeanJudge
 
 
 def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tensor, hidden: torch.Tensor | None,
-                  num_drafted: int, generator: torch.Generator | None) -> DraftStep:
+                  num_drafted: int, generator: torch.Generator | None, judge: LeanJudge | None = None) -> DraftStep:
     """The `DraftStep` of a draft forward after `tokens` with raw `logits` `[vocab]`: processed with
-    that prefix, the token chosen (`sampling.proposed_token`) and the state `hidden` a head reads."""
+    that prefix, the token chosen (`sampling.proposed_token`), the state `hidden` a head reads and,
+    given `judge`, its P(accept); one host sync."""
     logits = widened(logits)
     processed = processing.logits(tokens, logits[None])[0]
     probs = processed.softmax(-1)
     noise = draft_noise(probs.shape[-1], probs.device, generator) if processing.do_sample else None
-    token = int(proposed_token(processed, probs, noise))
-    return DraftStep(num_drafted, float(probs[token]), hidden, token, logits, probs, warped=processing.changes_logits)
+    token = proposed_token(processed, probs, noise)
+    values = [token.double(), probs[token].double()]
+    if judge is not None:
+        values.append(judge(hidden, logits, token, None if processing.changes_logits else probs).double())
+    token, token_prob, *judged = torch.stack(values).tolist()
+    return DraftStep(num_drafted, token_prob, hidden, int(token), logits, probs, warped=processing.changes_logits,
+                     accept_prob=judged[0] if judged else None)
 
 
 class Draft(Protocol):
@@ -100,13 +107,13 @@ class CachedModel:
 
 
 class EagerDraft(CachedModel):
-    """The eager draft: a `CachedModel` proposing under `processing`, with the hidden state a head reads
-    when `with_hidden_states`."""
+    """The eager draft: a `CachedModel` proposing under `processing`, each step judged by `judge` when given."""
 
-    def __init__(self, model: PreTrainedModel, processing: Processing, with_hidden_states: bool = False):
+    def __init__(self, model: PreTrainedModel, processing: Processing, judge: LeanJudge | None = None):
         super().__init__(model)
-        self.processing, self.with_hidden_states = processing, with_hidden_states
+        self.processing, self.judge = processing, judge
+        self.with_hidden_states = judge is not None and judge.reads_hidden_states
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         logits, state = self.forward(tokens, num_logits=1, with_hidden_states=self.with_hidden_states)
-        return proposed_step(self.processing, tokens, logits[0], state, num_drafted, generator)
+        return proposed_step(self.processing, tokens, logits[0], state, num_drafted, generator, self.judge)

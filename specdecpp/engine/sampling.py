@@ -26,11 +26,6 @@ class DraftStep:
     warped: bool = False
     accept_prob: float | None = None
 
-    @property
-    def raw_probs(self) -> torch.Tensor | None:
-        """The softmax of the raw logits when the step computed it (unwarped), else None."""
-        return None if self.warped else self.probs
-
 
 def make_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> LogitsProcessorList:
     """The warpers `generate` would apply for these settings (none for the neutral values)."""

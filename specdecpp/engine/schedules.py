@@ -14,7 +14,7 @@ import torch
 from specdecpp.engine.online import (MAX_LOG_ODDS, OnlineAcceptanceEstimator, best_verify_length, clamp_log_odds,
                                      log_odds)
 from specdecpp.engine.sampling import DraftStep
-from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, step_features
+from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.costs import StepTimes
 
 SCHEDULES: dict[str, type[Schedule]] = {}
@@ -31,7 +31,6 @@ class Schedule:
     needs_step_times: ClassVar[bool] = False  # prices verifications with `settings.budget_step_times()`
     recalibrates: ClassVar[bool] = False  # takes `online=True`
     knows_target: ClassVar[bool] = False  # built with the target's own output (`draft_correct`)
-    needs_hidden_states = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -143,9 +142,9 @@ class Dynamic(Constant):
 
 class Judge:
     """P(accept) of each token a round judges: `value(step)` (the step's own `accept_prob` here, as
-    the compiled draft step and the replay hand it) or, with an `estimator`, the estimator's
-    prediction from that value as its feature, learned from each round's outcome. A step whose
-    value is None judges nothing (P = 1)."""
+    the draft steps and the replay hand it) or, with an `estimator`, the estimator's prediction from
+    that value as its feature, learned from each round's outcome. A step whose value is None judges
+    nothing (P = 1)."""
 
     def __init__(self, estimator: OnlineAcceptanceEstimator | None = None):
         self.estimator = estimator
@@ -174,24 +173,18 @@ class Judge:
 
 
 class HeadJudge(Judge):
-    """The head's P(accept) (its logit the feature of a recalibrating `estimator`). A `proposer`
-    head judges `y_j` from the step that drafted it; a `reader` head judges `y_{j-1}` from the step
-    that drafts `y_j`, the last verified token (at `j == 1`) counting as accepted."""
+    """The head's P(accept), as the draft step judged it (its logit the feature of a recalibrating
+    `estimator`). A `proposer` head judges `y_j` from the step that drafted it; a `reader` head judges
+    `y_{j-1}` from the step that drafts `y_j`, the last verified token (at `j == 1`) counting as accepted."""
 
     def __init__(self, head: AcceptancePredictionHead, estimator: OnlineAcceptanceEstimator | None = None):
-        self.head_features, self.judge_state = head.features, LeanJudge(head)
         self.reader = head.alignment != "proposer"
         super().__init__(estimator)
 
     def value(self, step: DraftStep) -> float | None:
         if self.reader and step.num_drafted == 1:
             return None
-        p = step.accept_prob
-        if p is None:
-            features = step_features(step.logits, step.raw_probs, step.token, self.head_features) \
-                if self.head_features else ()
-            p = self.judge_state(step.hidden, features)
-        return p if self.estimator is None else log_odds(p)
+        return step.accept_prob if self.estimator is None else log_odds(step.accept_prob)
 
 
 class DraftConfidence(Judge):
@@ -251,7 +244,6 @@ class Ada(ProductRule):
     def __init__(self, head: AcceptancePredictionHead, stop_threshold: float, bound: tuple[int, int],
                  recalibration: OnlineAcceptanceEstimator | None = None):
         super().__init__(HeadJudge(head, recalibration), stop_threshold, bound)
-        self.needs_hidden_states = head.reads_hidden_states
 
     @classmethod
     def from_settings(cls, settings, draft_correct=None):
@@ -347,7 +339,6 @@ class AdaBudget(VerifyBudget):
 
     def __init__(self, head: AcceptancePredictionHead, num_tokens: int, times: StepTimes):
         super().__init__(HeadJudge(head), num_tokens, times, judged=True)
-        self.needs_hidden_states = head.reads_hidden_states
 
     @classmethod
     def from_settings(cls, settings, draft_correct=None):

@@ -48,12 +48,6 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
     return torch.cat(columns, -1)
 
 
-def step_features(logits: torch.Tensor, probs: torch.Tensor | None, token: int, names: list[str]) -> list[float]:
-    """`logit_features` of one drafted `token` as Python floats, as the eager draft step judges it (`probs` None
-    when its distribution was warped)."""
-    return logit_features(logits, torch.tensor(token, device=logits.device), names, probs).tolist()
-
-
 def head_logits(hidden: torch.Tensor | None, features: torch.Tensor | None,
                 blocks: list[tuple[torch.Tensor, torch.Tensor]], output: tuple[torch.Tensor, torch.Tensor]
                 ) -> torch.Tensor:
@@ -80,21 +74,22 @@ def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
 
 
 class LeanJudge:
-    """A head's judgement of one draft state, as a Python float: `head_logits` on the head's detached weight
-    tensors, shared with the head (rebuild it after replacing them)."""
+    """A head's judgement of one drafted token as an eager draft step makes it: `head_logits` on the head's
+    detached weights (on `device`; shared with the head when already there), without a host sync."""
 
-    def __init__(self, head: AcceptancePredictionHead):
-        self.blocks = [(weight.detach(), bias.detach()) for weight, bias in head.blocks()]
-        self.output = tuple(t.detach() for t in head.output())
+    def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None):
+        self.blocks = [(weight.detach().to(device), bias.detach().to(device)) for weight, bias in head.blocks()]
+        self.output = tuple(t.detach().to(device) for t in head.output())
         self.features = head.features
         self.reads_hidden_states = head.reads_hidden_states
 
-    def __call__(self, hidden: torch.Tensor | None, features: list[float] = ()) -> float:
-        """P(accept) from one hidden state (None for a head of features alone) and the judged token's features."""
-        weight = self.output[0]
-        values = torch.tensor(features, dtype=weight.dtype, device=weight.device) if self.features else None
-        logits = head_logits(hidden if self.reads_hidden_states else None, values, self.blocks, self.output)
-        return float(accept_probability(logits))
+    def __call__(self, hidden: torch.Tensor | None, logits: torch.Tensor, token: torch.Tensor,
+                 probs: torch.Tensor | None = None) -> torch.Tensor:
+        """P(accept) (0-d, float32) of `token` drafted from the raw `logits` `[vocab]` (`probs` their softmax, when
+        computed) at the draft state `hidden`."""
+        features = logit_features(logits, token, self.features, probs) if self.features else None
+        logits = head_logits(hidden if self.reads_hidden_states else None, features, self.blocks, self.output)
+        return accept_probability(logits)
 
 
 class ResBlock(nn.Module):

@@ -59,7 +59,7 @@ class StepProbe:
         self.judge = HeadJudge(head) if head is not None else None
         self.models = lambda: step_models(target, draft, DecodingSettings(
             schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile),
-            self.processing, head is not None, len(self.seq) + max_draft + 1)[:2]
+            self.processing, len(self.seq) + max_draft + 1)[:2]
         self.compiled = compile
         self.drafts = [[] for _ in range(max_draft)]
         self.verified = [[] for _ in range(max_draft + 1)]
@@ -173,7 +173,7 @@ class EngineSteps:
                  compile: bool = False):
         self.seq, self.k, self.compiled = input_ids[0].tolist(), k, compile
         self.processing = sampling_only(False)
-        self.models = lambda: step_models(target, draft, DecodingSettings(compile=compile), self.processing, False,
+        self.models = lambda: step_models(target, draft, DecodingSettings(compile=compile), self.processing,
                                           len(self.seq) + k + 1)[:2]
         self.target_model, self.draft_model = loaded_models(self.models, self.seq)
 
@@ -221,7 +221,7 @@ def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, inp
 
 def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool) -> float:
     seq = input_ids[0].tolist()
-    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False), False, len(seq))
+    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False), len(seq))
     with torch.inference_mode():
         start = time.perf_counter()
         cached.logits(seq, num_logits=1)
