@@ -1,7 +1,5 @@
 """Train the acceptance prediction head on the frozen draft's hidden states, `torchrun --nproc_per_node N
-specdecpp/train.py --draft DRAFT --records train.jsonl --output heads/mine [flags]` (the reference's flags work
-too). Only the head trains and is saved; every checkpoint loads with `AcceptancePredictionHead.from_pretrained` and
-resumes."""
+specdecpp/train.py --draft DRAFT --records train.jsonl --output heads/mine [flags]`. Only the head is saved."""
 from __future__ import annotations
 
 import fnmatch
@@ -33,7 +31,6 @@ from specdecpp.models import PairArguments, load_head, load_model
 
 
 def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignment: str = "reader") -> Dataset:
-    """The records as training examples (see `make_example`)."""
     return Dataset.from_list([make_example(r, i, mixing_ratio, seed, alignment) for i, r in enumerate(records)])
 
 
@@ -79,12 +76,11 @@ class HeadTrainingArguments(TrainingArguments):
     label_names: list[str] | None = field(default_factory=lambda: ["labels"], metadata={"help": "label columns"})
 
 
-# -- data ---------------------------------------------------------------------------------------------
 @torch.no_grad()
 def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], examples: Dataset, cache_dir: str,
                         batch_size: int, device: torch.device) -> Dataset:
-    """The head's inputs at the labelled positions of every example, computed once (each rank its share) into Arrow
-    files in `cache_dir`, memory-mapped back."""
+    """The head's inputs at every example's labelled positions, computed once (each rank its share) into Arrow
+    files in `cache_dir`."""
     state = PartialState()
     hidden_size = draft.config.get_text_config().hidden_size
     columns = {"hidden_states": Array2D((None, hidden_size), "float32"), "labels": Sequence(Value("float32"))}
@@ -111,10 +107,8 @@ def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], exampl
                                  for r in range(state.num_processes)]).with_format("numpy")
 
 
-# -- model ------------------------------------------------------------------------------------------
 class HeadOnDraft(nn.Module):
-    """What the Trainer trains: the head, on cached hidden states or those the frozen draft computes; returns
-    logits over (reject, accept)."""
+    """The head on cached hidden states or those of the frozen draft; returns logits over (reject, accept)."""
 
     def __init__(self, head: AcceptancePredictionHead, draft: PreTrainedModel | None = None):
         super().__init__()
@@ -140,7 +134,7 @@ class HeadOnDraft(nn.Module):
 
 
 class HeadTrainer(Trainer):
-    """Trainer with the acceptance loss, whose checkpoints hold only the head (and a card) and resume from one."""
+    """Trainer with the acceptance loss whose checkpoints hold only the head (and a card)."""
 
     loss_is_scaled_for_ga = False  # compute_loss returns a per-batch mean
 
@@ -176,10 +170,9 @@ class HeadTrainer(Trainer):
     def _load_best_model(self) -> None:
         self._load_from_checkpoint(self.state.best_model_checkpoint)
 
-    # -- publishing (--push_to_hub): the head folder only -------------------------------------------
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
-        """Save the head, then publish `output_dir` with `specdecpp.head.publish.push_head` (rank 0)."""
+        """Save the head, then publish `output_dir` with `push_head` (rank 0)."""
         self.save_model(_internal_call=True)
         if not self.is_world_process_zero():
             return None
@@ -189,7 +182,6 @@ class HeadTrainer(Trainer):
                          commit_message=commit_message or "End of training")
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """Publish each saved checkpoint's head the same way under the checkpoint hub strategies."""
         if self.is_world_process_zero() and self.args.hub_strategy != "end":
             push_head(checkpoint_folder, self._hub_repo_id(), private=bool(self.args.hub_private_repo),
                       token=self.args.hub_token, revision=self.args.hub_revision,
@@ -200,8 +192,7 @@ class HeadTrainer(Trainer):
 
 
 def check_head_fits(saved: dict, config: dict, where: str) -> None:
-    """ValueError unless a saved head's config (`hidden_size`, `num_layers`, `alignment`, `features`) is the
-    trained head's."""
+    """ValueError unless a saved head's config has the trained head's shape, alignment and features."""
     check_head_fits_draft(saved["hidden_size"], config["hidden_size"], f"the head in {where}",
                           " (use a fresh --output)")
     for key, flag in (("num_layers", "--resnet_num_layers"), ("alignment", "--head_alignment"),
@@ -211,14 +202,8 @@ def check_head_fits(saved: dict, config: dict, where: str) -> None:
             raise ValueError(f"the head in {where} has {key} {theirs}, but {flag} asks for {ours}")
 
 
-# -- the run ----------------------------------------------------------------------------------------
-def draft_hidden_size(name_or_path: str, trust_remote_code: bool) -> int:
-    """The draft's hidden size from its config alone (no weights loaded)."""
-    return hidden_size(text_config(name_or_path, trust_remote_code))
-
-
 def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
-    """The config of the head to train: its shape, alignment and (proposer only) features."""
+    """The config of the head to train."""
     features = [name for name in model_args.head_features if name != "none"]
     if model_args.head_alignment == "reader":
         features = []
@@ -231,7 +216,7 @@ def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
 
 
 def missing_checkpoint_files(folder: str) -> list[str]:
-    """What `folder` lacks of a complete checkpoint (head, optimizer and scheduler state, `trainer_state.json`)."""
+    """What `folder` lacks of a complete checkpoint."""
     names = os.listdir(folder)
 
     def has(*patterns: str) -> bool:
@@ -245,8 +230,8 @@ def missing_checkpoint_files(folder: str) -> list[str]:
 
 
 def latest_complete_checkpoint(output_dir: str, report: bool = True) -> str:
-    """The newest complete `checkpoint-*` of `output_dir`, the incomplete newer ones skipped (named on stderr when
-    `report`); ValueError when there is none."""
+    """The newest complete `checkpoint-*` of `output_dir` (skipped ones named on stderr when `report`); ValueError
+    when there is none."""
     pattern = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
     steps = {int(m.group(1)): os.path.join(output_dir, name) for name in os.listdir(output_dir)
              if (m := pattern.fullmatch(name)) and os.path.isdir(os.path.join(output_dir, name))}
@@ -289,8 +274,7 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
                          f"{model_args.resnet_num_layers}")
     train_records = read_records(data_args.records)
     eval_records = read_records(data_args.eval_records) if data_args.eval_records else None
-    hidden_size = draft_hidden_size(pair.draft, pair.trust_remote_code)
-    head_config = head_config_from(model_args, hidden_size)
+    head_config = head_config_from(model_args, hidden_size(text_config(pair.draft, pair.trust_remote_code)))
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
@@ -302,7 +286,7 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
 
     draft = load_model(pair.draft, **pair.loading())
     check_data_fits_draft(train_records + (eval_records or []), draft)
-    set_seed(args.seed)  # the head's initial weights, like everything else, follow --seed
+    set_seed(args.seed)
     head = AcceptancePredictionHead(head_config)
     layout = (data_args.mixing_ratio, args.seed, head.alignment)
     train_set = examples_dataset(train_records, *layout)
@@ -335,7 +319,7 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
     return trainer
 
 
-FLAGS = (PairArguments, ModelArguments, DataArguments, HeadTrainingArguments)  # the command's flags, in --help's order
+FLAGS = (PairArguments, ModelArguments, DataArguments, HeadTrainingArguments)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -348,8 +332,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def release_process_group(trainer: Trainer) -> None:
-    """Free the trainer's DDP model, then destroy the process group: freed the other way round, gloo can deadlock
-    joining its thread under the GIL."""
+    """Free the trainer's DDP model, then destroy the process group (the other way round, gloo can deadlock)."""
     accelerator = trainer.accelerator
     accelerator.free_memory()
     trainer.model_wrapped = trainer.model = None

@@ -1,10 +1,6 @@
-"""Calibration report of a trained acceptance head: can its probabilities be trusted?
-
-`python -m specdecpp.calibration.report --head HEAD --draft DRAFT --records dev.jsonl` prints ECE, Brier score,
-soft-label AUROC, binary KL and the per-bin table on held-out records and draws a reliability diagram;
-`--weight_mismatch w` reports the probability a head trained with that weight implies. `--choose_threshold
---target TARGET` also chooses and stores the head's threshold (`specdecpp.calibration.threshold`).
-"""
+"""Calibration report of a trained acceptance head on held-out records, `python -m specdecpp.calibration.report
+--head HEAD --draft DRAFT --records dev.jsonl`: ECE, Brier score, AUROC, binary KL, a reliability diagram; with
+`--choose_threshold --target TARGET` it also chooses and stores the head's threshold."""
 from __future__ import annotations
 
 import json
@@ -14,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure  # not pyplot: files only, and no backend chosen for the process
+from matplotlib.figure import Figure  # not pyplot: no backend chosen for the process
 from transformers import HfArgumentParser
 
 from specdecpp.calibration.threshold import choose_threshold
@@ -33,8 +29,7 @@ from specdecpp.models import HeadPairArguments, load_head, load_model
 
 @dataclass
 class CalibrationArguments:
-    """What to report, next to the pair (`HeadPairArguments`: `--head`, the `--draft` it was trained
-    on, and the `--target` for `--choose_threshold`)."""
+    """What to report, next to the pair (`HeadPairArguments`)."""
 
     records: str = common_field("records", aliases=("--data_path",), help=(
         "held-out records (JSON Lines or the reference's JSON)"))
@@ -89,8 +84,7 @@ def unweight(predictions: np.ndarray, weight_mismatch: float) -> np.ndarray:
 
 
 def soft_auroc(labels: np.ndarray, predictions: np.ndarray) -> float:
-    """AUROC with soft labels: each position an accept with weight `y` and a reject with weight `1 - y`; NaN with
-    only one class."""
+    """AUROC with soft labels (an accept of weight `y` and a reject of weight `1 - y`); NaN with one class."""
     from sklearn.metrics import roc_auc_score
 
     y_true = np.concatenate([np.ones_like(labels), np.zeros_like(labels)])
@@ -103,8 +97,7 @@ def soft_auroc(labels: np.ndarray, predictions: np.ndarray) -> float:
 
 
 def calibration_report(labels: np.ndarray, predictions: np.ndarray, num_bins: int = 10) -> dict:
-    """ECE (count-weighted mean |mean prediction - mean label| over equal-width bins), Brier score,
-    AUROC, binary KL, the base rates, and the bins themselves."""
+    """ECE over equal-width bins, Brier score, AUROC, binary KL, the base rates, and the bins themselves."""
     if len(labels) == 0:
         raise ValueError("no labelled positions to evaluate")
     edges = np.linspace(0.0, 1.0, num_bins + 1)
@@ -125,8 +118,7 @@ def calibration_report(labels: np.ndarray, predictions: np.ndarray, num_bins: in
 
 
 def plot_reliability(report: dict, path: str, title: str = "") -> None:
-    """The reliability diagram: mean label against mean prediction per bin (on the diagonal when
-    calibrated), with the number of positions per bin below."""
+    """The reliability diagram (mean label against mean prediction per bin) over the positions per bin."""
     fig = Figure(figsize=(5, 6))
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     filled = [b for b in report["bins"] if b["count"]]
@@ -147,7 +139,6 @@ def plot_reliability(report: dict, path: str, title: str = "") -> None:
 
 
 def format_report(report: dict) -> str:
-    """The report as a short text table."""
     lines = [f"positions        {report['positions']}",
              f"ECE              {report['ece']:.4f}",
              f"Brier score      {report['brier']:.4f}",
@@ -163,8 +154,7 @@ def format_report(report: dict) -> str:
 
 
 def check_outputs(args: CalibrationArguments) -> None:
-    """Refuse an output file in a folder that does not exist (FileNotFoundError) before anything is
-    read or scored, rather than after the whole report was computed."""
+    """FileNotFoundError for an output path in a folder that does not exist."""
     outputs = {"--plot_path": args.plot_path, "--output": args.output}
     if args.choose_threshold:
         outputs["--threshold_plot_path"] = args.threshold_plot_path
@@ -174,8 +164,8 @@ def check_outputs(args: CalibrationArguments) -> None:
 
 
 def run(pair: HeadPairArguments, args: CalibrationArguments) -> dict:
-    """Score the records with `pair`'s head and draft, print the report and write the diagram; with
-    `--choose_threshold`, also choose and store the threshold. Returns the report."""
+    """Score the records with `pair`'s head and draft, print the report and write the diagram (and with
+    `--choose_threshold` store the threshold). Returns the report."""
     pair.require("head", "draft")
     head_dir = pair.single_head()
     if args.choose_threshold and not (pair.target and os.path.isdir(head_dir)):
@@ -209,8 +199,8 @@ def run(pair: HeadPairArguments, args: CalibrationArguments) -> dict:
 
 def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target, records: list[dict],
                     args: CalibrationArguments, predictions: np.ndarray) -> dict:
-    """Choose the head's threshold on `records` from its raw `predictions`, store it in `head_dir`'s config
-    (re-rendering the card) and plot the cost curve; returns the selection record."""
+    """Choose the head's threshold on `records`, store it in `head_dir` and plot the cost curve; returns the
+    selection record."""
     times = stored_step_times(args.step_times_from) if args.step_times_from else None
     with torch_threads(args.threads):
         threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound),
@@ -224,13 +214,15 @@ def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target
     best_dynamic = min(dynamic.items(), key=lambda kv: kv[1]) if dynamic else None
     online = selection.get("online_cost_per_token")
     best_online = min(online.items(), key=lambda kv: kv[1]) if online else None
+    oracle = selection["oracle_cost_per_token"]
     flat = flat_costs(selection.get("calls_per_token") or {}, StepTimes(**selection["step_times"]))
     flat_text = f"; {FLAT_COST} {flat[f'ada@{threshold:g}']:.3f}" if f"ada@{threshold:g}" in flat else ""
     print(f"stop threshold {threshold:g}: replayed {MEASURED_COST} {min(selection['cost_per_token']):.3f}{flat_text} "
           f"({selection['mode']}; best constant K={best_k[0]}: {best_k[1]:.3f}"
           + (f"; best dynamic ({best_dynamic[0]}): {best_dynamic[1]:.3f}" if best_dynamic else "")
           + (f"; best online, vLLM's estimator ({best_online[0]}): {best_online[1]:.3f}" if best_online else "")
-          + f"{oracle_text(selection)}); stored in {head_dir}/config.json; plot: {args.threshold_plot_path}")
+          + ("" if oracle is None else f"; oracle {oracle:.3f}")
+          + f"); stored in {head_dir}/config.json; plot: {args.threshold_plot_path}")
     if best_dynamic and best_dynamic[1] < min(selection["cost_per_token"]):
         print(f"note: on these records and this machine our dynamic schedule (assistant_confidence_threshold="
               f"{best_dynamic[0]}) replays cheaper than this head at any threshold: its judgement costs more than "
@@ -238,14 +230,8 @@ def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target
     return {"stop_threshold": threshold, **selection}
 
 
-def oracle_text(selection: dict) -> str:
-    """`; oracle X` for a greedy selection, nothing for a sampled one (no oracle there)."""
-    oracle = selection["oracle_cost_per_token"]
-    return "" if oracle is None else f"; oracle {oracle:.3f}"
-
-
 def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
-    """Replayed cost per token against the stop threshold, with the best constant K and the oracle."""
+    """Replayed cost per token against the stop threshold, with the best baselines and the oracle."""
     fig = Figure(figsize=(5.5, 3.8))
     ax = fig.subplots()
     ax.plot(selection["thresholds"], selection["cost_per_token"], "o-", label="ada (this head)")
@@ -267,7 +253,7 @@ def plot_threshold_curve(selection: dict, threshold: float, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-FLAGS = (HeadPairArguments, CalibrationArguments)  # the command's flags, in --help's order
+FLAGS = (HeadPairArguments, CalibrationArguments)
 
 
 def main(argv: list[str] | None = None) -> None:

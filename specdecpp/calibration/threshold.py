@@ -1,6 +1,5 @@
-"""Choosing a proposer head's stop threshold by replaying rounds on records (docs/design.md, Choosing the threshold
-from the costs): the engine's own schedule objects decide each round's length from the records' values, and each
-round is priced with the pair's measured `StepTimes`. `choose_threshold` keeps the cheapest threshold of a grid."""
+"""Choosing a proposer head's stop threshold by replaying rounds on records: the engine's schedules decide each
+round's length from the records' values, each round priced with the pair's measured `StepTimes`."""
 from __future__ import annotations
 
 import json
@@ -22,18 +21,15 @@ from specdecpp.head.inputs import predict
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6)  # our dynamic schedule's, replayed beside the head
-# How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k,
-# or (verified, drafted) for a round whose verification takes only the first `verified` (`budget_length`).
+# How many tokens a round drafts: (the record's predictions, its p_acc, round start, limit) -> k or (verified, drafted)
 RoundLength = Callable[[np.ndarray, np.ndarray, int, int], int | tuple[int, int]]
-# The most a replayed schedule drafts of itself: `replay`'s `max_draft` and the record's end bound its rounds.
 NO_LIMIT = sys.maxsize
 
 
 def replayed_rounds(accept: list[np.ndarray], values: list[np.ndarray], round_length: RoundLength,
                     max_draft: int) -> Iterator[tuple[int, int, float, int, int]]:
-    """Every round a replay takes over records, in order, as `(record, start, weight, verified, drafted)`: `weight`
-    is the probability that a round starts there (for greedy records 1 on the one path), `drafted` from
-    `round_length`, never past the record's end."""
+    """Every round a replay takes over records, in order, as `(record, start, weight, verified, drafted)`, `weight`
+    the probability that a round starts there."""
     for record, (acc, vals) in enumerate(zip(accept, values)):
         n = len(acc)
         starts = np.zeros(n + 1)  # starts[pos]: P(a round starts at pos)
@@ -53,9 +49,8 @@ def replayed_rounds(accept: list[np.ndarray], values: list[np.ndarray], round_le
 
 def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length: RoundLength, max_draft: int,
            times: StepTimes, judged: bool = False, unit_ms: float | None = None) -> dict:
-    """Replay rounds over records (`replayed_rounds`) and return the expected counts, time per token and both cost
-    views (`cost_per_token` in `unit_ms`, `flat_cost_per_token`), with `round_weights` (rounds by length; None when
-    a round verifies fewer than it drafts)."""
+    """The expected calls, time per token and both cost views of replayed rounds, with `round_weights` (rounds by
+    length; None when a round verifies fewer than it drafts)."""
     target_calls, draft_calls, total_ms = 0.0, 0.0, 0.0
     round_weights = []
     for _, _, weight, k, drafted in replayed_rounds(accept, predictions, round_length, max_draft):
@@ -65,7 +60,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
             round_weights.extend([0.0] * (drafted + 1 - len(round_weights)))
             round_weights[drafted] += weight
         else:
-            round_weights = None  # rounds that verify fewer than they draft are not priced by length alone
+            round_weights = None
     tokens = sum(len(acc) for acc in accept)
     return {"tokens": tokens, "target_calls": float(target_calls), "draft_calls": float(draft_calls),
             "round_weights": round_weights, "ms_per_token": total_ms / tokens,
@@ -74,8 +69,8 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
 
 
 def schedule_length(policy: Schedule, step: Callable[[float, int], DraftStep] | None = None) -> RoundLength:
-    """Rounds of the engine's schedule `policy`, driven as the loop drives it with a record's values in place of
-    draft steps (`step(value, j)`); returns the tokens drafted, or `(verified, drafted)` when it verifies fewer."""
+    """Rounds of the engine's schedule `policy`, driven as the loop drives it with `step(value, j)` in place of
+    draft steps."""
     def length(values: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int | tuple[int, int]:
         policy.start_round()
         most, drafted = min(policy.max_draft(), limit), 0
@@ -90,21 +85,19 @@ def schedule_length(policy: Schedule, step: Callable[[float, int], DraftStep] | 
 
 
 def judged_step(value: float, num_drafted: int) -> DraftStep:
-    """The `num_drafted`-th draft step carrying a record's value as its `accept_prob` (the head's
-    recorded prediction, or the feature an estimator judges from), as a compiled step hands it."""
+    """The `num_drafted`-th draft step carrying a record's value as its `accept_prob`."""
     return DraftStep(num_drafted, 1.0, accept_prob=float(value))
 
 
 def ada_length(threshold: float, min_draft: int, scale: list[float] | None = None) -> RoundLength:
-    """The `ada` rule for a proposer head on its recorded predictions; with `scale` (`marginal_scale`)
-    the cost-aware rule (`CostAwareRule`)."""
+    """The `ada` rule on a proposer head's recorded predictions; with `scale`, the cost-aware rule."""
     rule = CostAwareRule(threshold, min_draft, scale) if scale else ProductRule(Judge(), threshold, (min_draft, NO_LIMIT))
     return schedule_length(rule, judged_step)
 
 
 class CostAwareRule(ProductRule):
-    """The cost-aware stop rule (replayed, not run by the engine): the product rule at threshold
-    `1 - (1 - threshold) * scale[j - 1]` after `j` drafted tokens, at most `len(scale)` a round."""
+    """The product rule at threshold `1 - (1 - threshold) * scale[j - 1]` after `j` drafted tokens, at most
+    `len(scale)` a round (replayed only)."""
 
     def __init__(self, stop_threshold: float, min_draft: int, scale: list[float]):
         super().__init__(Judge(), stop_threshold, (min_draft, len(scale)))
@@ -115,8 +108,7 @@ class CostAwareRule(ProductRule):
 
 
 def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
-    """The cost-aware stop rule's factors: `scale[j - 1]` is the cost of one more token after `j` drafted over its
-    cost after the first; flat step times give all ones (the product rule)."""
+    """The cost-aware rule's factors: `scale[j - 1]` is the cost of one more token after `j` over that after one."""
     slope = verify_slope(times.verify_ms)
     draft = list(times.draft_ms) or [0.0]
     marginal = [draft[min(j, len(draft) - 1)] + times.judge_ms + slope for j in range(1, max_draft + 1)]
@@ -124,39 +116,32 @@ def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
 
 
 def online_length(estimator: OnlineAcceptanceEstimator, threshold: float, min_draft: int) -> RoundLength:
-    """The product rule on `estimator`'s predictions from the record's features, learning each round's outcome;
-    greedy records only, replayed in order."""
+    """The product rule on `estimator`'s predictions from the record's features (greedy records, in order)."""
     return schedule_length(ProductRule(Judge(estimator), threshold, (min_draft, NO_LIMIT)), judged_step)
 
 
 def budget_length(max_draft: int, times: StepTimes, judged: bool = False,
                   estimator: OnlineAcceptanceEstimator | None = None) -> RoundLength:
-    """vLLM's adaptive verification at batch 1 (`VerifyBudget`): draft `max_draft` tokens, score each by its
-    survival and verify the prefix of most expected tokens per round time at `times`. Returns `(verified, drafted)`
-    when it verifies fewer."""
+    """vLLM's adaptive verification at batch 1 (`VerifyBudget`) with blocks of `max_draft` tokens."""
     return schedule_length(VerifyBudget(Judge(estimator), max_draft, times, judged), judged_step)
 
 
 def greedy_log_odds(record: dict) -> np.ndarray:
-    """vLLM's feature, `logit(max q)`, at every position of a greedy record: its proposal is the
-    draft's top token, so `log_p_draft` is `log max q`."""
+    """vLLM's feature, `logit(max q)`, at every position of a greedy record."""
     return np.array([log_odds_from_log(x) for x in record["log_p_draft"]])
 
 
 def dynamic_length(confidence: float) -> RoundLength:
-    """Our `dynamic` rule (the engine's `Dynamic`), replayed with the draft's probability of each
-    proposal as the draft step's: stop after drafting a token whose probability is below `confidence`."""
+    """Our `dynamic` rule (the engine's `Dynamic`) on the draft's probability of each proposal."""
     return schedule_length(Dynamic(NO_LIMIT, confidence), lambda prob, num_drafted: DraftStep(num_drafted, prob))
 
 
 def constant_length(k: int) -> RoundLength:
-    """Draft exactly `k` tokens (the engine's `Constant`)."""
     return schedule_length(Constant(k))
 
 
 def oracle_length(pred: np.ndarray | None, ok: np.ndarray, pos: int, limit: int) -> int:
-    """Draft exactly the run of proposals the target will accept (greedy records only): the engine's
-    `Oracle` over the record's correct proposals from `pos`."""
+    """The engine's `Oracle` over a greedy record's correct proposals from `pos`."""
     return Oracle(ok[pos:pos + limit], limit).max_draft()
 
 
@@ -166,13 +151,11 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
                      predictions: np.ndarray | None = None,
                      times: tuple[StepTimes, StepTimes] | None = None, compile: bool = False) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on `records` is lowest, and the record of the
-    choice (times, cost curve, the baselines replayed alike, the records' processing), ready for
-    `head.with_threshold`. `predictions` and `times` spare computing them; ValueError when the replay shows the
-    times to be wrong."""
+    choice for `head.with_threshold`; ValueError when the replay shows the times to be wrong."""
     if head.alignment != "proposer":
         raise ValueError("choosing a threshold replays rounds from the head's predictions, which needs a "
                          "proposer head (a reader head judges states the records do not hold)")
-    processing = records_processing(records)  # records of mixed processing are refused before any work
+    processing = records_processing(records)  # refuses mixed processing before any work
     flat = predict(head, draft, records, batch_size=batch_size)[1] if predictions is None else predictions
     bounds = np.cumsum([0] + [len(r["p_acc"]) for r in records])
     predictions = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
@@ -183,8 +166,8 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
 
     draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
 
-    calls = {}  # method -> [target calls, draft calls] per token: the counts behind every cost
-    round_weights = {}  # method -> its rounds counted by length (`replay`)
+    calls = {}  # method -> [target calls, draft calls] per token
+    round_weights = {}
 
     def cost(method: str, round_length: RoundLength, times: StepTimes = plain,
              values: list[np.ndarray] = predictions) -> float:
@@ -216,14 +199,13 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
 
 ONLINE_KEYS = ("online_cost_per_token", "ada_online_cost_per_token", "verify_budget_cost_per_token",
                "ada_budget_cost_per_token")
-BUDGET_KS = tuple(range(1, 7))  # the blocks verify-budget and ada-budget draft, as constant K's
+BUDGET_KS = tuple(range(1, 7))
 
 
 def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Callable, thresholds: tuple[float, ...],
                  bound: tuple[int, int], plain: StepTimes, judged: StepTimes) -> dict:
-    """The online rules replayed on greedy records in order, each from its cold start: `online` and `ada`
-    recalibrated online at each threshold, and adaptive verification (`verify-budget`, `ada-budget`) for blocks of
-    `BUDGET_KS`."""
+    """The online rules replayed on greedy records in order from a cold start: `online` and `ada-online` at each
+    threshold, `verify-budget` and `ada-budget` for blocks of `BUDGET_KS`."""
     features = [greedy_log_odds(r) for r in records]
     head_logits = [np.array([log_odds(float(p)) for p in values]) for values in predictions]
     return {
@@ -241,8 +223,7 @@ def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Calla
 
 
 def records_processing(records: list[dict]) -> dict:
-    """The logits processing the records were built under (none when absent); records built under different
-    processing are a ValueError."""
+    """The logits processing the records were built under; ValueError when they differ."""
     found = {json.dumps(r.get("processing", {}), sort_keys=True) for r in records}
     if len(found) > 1:
         raise ValueError(f"the records were built under different logits processing ({', '.join(sorted(found))}): "
@@ -251,9 +232,8 @@ def records_processing(records: list[dict]) -> dict:
 
 
 def check_replayed_costs(selection: dict, times: StepTimes) -> None:
-    """ValueError for a replay only wrong step times can give: a constant K dearer than the target alone even with
-    every token accepted and free drafting, or, on greedy records, the oracle dearer than a causal rule while it
-    should win."""
+    """ValueError for a replay only wrong step times can give: a constant K dearer than the target alone at full
+    acceptance, or the oracle dearer than a causal rule while it should win."""
     way_out = ("time the steps again on a quieter machine, or pass --step_times_from a head folder whose step "
                "times are sound")
     for k in map(int, selection["constant_k_cost_per_token"]):
@@ -281,8 +261,7 @@ def check_replayed_costs(selection: dict, times: StepTimes) -> None:
 
 
 def probe_input(records: list[dict]) -> torch.LongTensor:
-    """Where to time the steps: the record whose prompt is nearest the mean length, its prompt and
-    the first half of its continuation, the context a generation sees halfway through."""
+    """Where to time the steps: the prompt nearest the mean length and half its continuation."""
     mean_length = sum(len(r["prefix"]) for r in records) / len(records)
     record = min(records, key=lambda r: abs(len(r["prefix"]) - mean_length))
     return torch.tensor([list(record["prefix"]) + list(record["tokens"][: len(record["tokens"]) // 2])])

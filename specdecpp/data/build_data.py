@@ -1,7 +1,6 @@
-"""Build the acceptance head's training records from a target/draft pair (docs/design.md, The record format),
-`python -m specdecpp.data.build_data --target T --draft D --prompts SRC --output OUT.jsonl --max_new_tokens N
-[flags]`, or under torchrun, each rank its share. Resumable: shards go to `OUT.parts/` and are merged into `OUT`,
-atomically, once every prompt is done."""
+"""Build the acceptance head's training records from a target/draft pair, `python -m specdecpp.data.build_data
+--target T --draft D --prompts SRC --output OUT.jsonl [flags]` (under torchrun, each rank its share). Resumable:
+shards go to `OUT.parts/` and are merged into `OUT` once every prompt is done."""
 from __future__ import annotations
 
 import json
@@ -32,7 +31,7 @@ from specdecpp.models import (PairArguments, check_tokenizer, load_model, load_t
 
 @dataclass
 class BuildDataArguments:
-    """What to build, next to the pair (`PairArguments`: `--target` and `--draft`)."""
+    """What to build, next to the pair (`PairArguments`)."""
 
     prompts: str = common_field("prompts", help=(
         "prompts: a registered set (humaneval), a .json/.jsonl file, or a Hub dataset"))
@@ -66,12 +65,10 @@ class BuildDataArguments:
             raise ValueError(f"--output must end in .jsonl (records are JSON Lines), got {self.output}")
 
     def processing_fields(self) -> dict:
-        """The logits processing the records are built under, as `DecodingSettings.processing_fields()` names
-        it."""
+        """The logits processing the records are built under, as `DecodingSettings.processing_fields()`."""
         return DecodingSettings(repetition_penalty=self.repetition_penalty).processing_fields()
 
 
-# -- one batch -----------------------------------------------------------------------------------
 def left_pad(prefixes: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """`(input_ids, attention_mask)` with every prefix right-aligned, as generation needs."""
     width = max(len(p) for p in prefixes)
@@ -85,8 +82,7 @@ def left_pad(prefixes: list[list[int]], pad_token_id: int, device: torch.device)
 
 def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attention_mask: torch.Tensor,
                         n: int) -> torch.Tensor:
-    """Teacher-forced logits `[batch, n, vocab]` of `model` predicting the last `n` tokens of left-padded
-    `sequences`."""
+    """Teacher-forced logits `[batch, n, vocab]` predicting the last `n` tokens of left-padded `sequences`."""
     device = model_device(model)
     sequences, attention_mask = sequences.to(device), attention_mask.to(device)
     out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
@@ -95,8 +91,7 @@ def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attenti
 
 
 class RowProcessing(LogitsProcessor):
-    """Each row of a left-padded batch processed by its own `Processing`, which sees that row's tokens without the
-    padding."""
+    """Each row of a left-padded batch processed by its own `Processing`, without the padding."""
 
     def __init__(self, processings: list[Processing], pads: list[int]):
         self.processings, self.pads = processings, pads
@@ -108,8 +103,7 @@ class RowProcessing(LogitsProcessor):
 
 def processed_logits(processings: list[Processing], contexts: list[list[int]], logits: torch.Tensor,
                      lengths: list[int]) -> torch.Tensor:
-    """The continuation logits `[sum(lengths), vocab]`, record after record, each row processed with its own prefix
-    from `contexts`, as the engine processes them."""
+    """The continuation logits `[sum(lengths), vocab]`, each row processed after its prefix in `contexts`."""
     rows = logits.split(lengths)
     return torch.cat([p.logits(context, chunk) for p, context, chunk in zip(processings, contexts, rows)])
 
@@ -119,9 +113,9 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 processing_fields: dict | None = None, pad_token_id: int = 0,
                 eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0) -> list[dict]:
-    """Records for a batch of tokenized prompts: the target's continuation, then one teacher-forced forward of each
-    model over it, logits processed as decoding processes them. Sampling draws from `seed` and sets `p_acc = min(1,
-    p/q)`; greedy sets it to 1.0 where the draft's argmax is the target's."""
+    """Records for a batch of tokenized prompts: the target's continuation, scored by one teacher-forced forward of
+    each model, logits processed as decoding does. `p_acc` is `min(1, p/q)` when sampling (draws from `seed`), else
+    1.0 where the draft's argmax is the target's."""
     if any(len(p) == 0 for p in prefixes):
         raise ValueError("every prompt needs at least one token")
     processing_fields = processing_fields or {}
@@ -173,7 +167,6 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
     return records
 
 
-# -- the run: shards, resume, merge --------------------------------------------------------------
 def init_distributed() -> tuple[int, int]:
     """`(rank, world_size)` of the process group torchrun set up; `(0, 1)` in a single process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -186,7 +179,6 @@ def init_distributed() -> tuple[int, int]:
 
 
 def barrier() -> None:
-    """Wait for every rank (no-op in a single process)."""
     if dist.is_initialized():
         dist.barrier()
 
@@ -211,7 +203,7 @@ def check_settings(parts_dir: str, settings: dict) -> None:
         try:
             with open(path, encoding="utf-8") as f:
                 saved = json.load(f)
-        except ValueError as error:  # not JSON: written by hand, or damaged outside this tool
+        except ValueError as error:
             raise ValueError(f"{path} is damaged ({error}): pass --overwrite to start the build again") from None
         # both ways: a setting recorded only when set (the processing) may be absent from either
         changed = {k: (saved.get(k), settings.get(k)) for k in saved | settings if saved.get(k) != settings.get(k)}
@@ -222,7 +214,7 @@ def check_settings(parts_dir: str, settings: dict) -> None:
 
 
 def write_settings(parts_dir: str, settings: dict, rank: int) -> None:
-    """Record the settings of a new partial build (rank 0, atomically); a resumed one keeps its own."""
+    """Record the settings of a new partial build (rank 0); a resumed one keeps its own."""
     path = os.path.join(parts_dir, "meta.json")
     if rank == 0 and not os.path.exists(path):
         os.makedirs(parts_dir, exist_ok=True)
@@ -231,7 +223,7 @@ def write_settings(parts_dir: str, settings: dict, rank: int) -> None:
 
 
 def finished_records(parts_dir: str) -> dict[int, dict]:
-    """Complete records of a partial build, by prompt index (a line cut short is not complete)."""
+    """Complete records of a partial build, by prompt index."""
     done = {}
     for shard in sorted(glob(os.path.join(parts_dir, "rank*.jsonl"))):
         for record in read_complete_lines(shard)[0]:
@@ -240,7 +232,7 @@ def finished_records(parts_dir: str) -> dict[int, dict]:
 
 
 def open_shard(parts_dir: str, rank: int):
-    """This rank's shard opened for appending, after cutting off a line an interruption left half written."""
+    """This rank's shard opened for appending, a half-written last line cut off."""
     path = os.path.join(parts_dir, f"rank{rank}.jsonl")
     if os.path.exists(path):
         with open(path, "r+b") as f:
@@ -322,8 +314,7 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
 
 
 def merge_shards(parts_dir: str, out: str, indices: list[int]) -> None:
-    """Write the shards' records to `out` in prompt order, atomically, then drop the shards; a missing prompt is an
-    error that keeps them."""
+    """Write the shards' records to `out` in prompt order, then drop the shards; RuntimeError for a missing one."""
     done = finished_records(parts_dir)
     missing = [i for i in indices if i not in done]
     if missing:
@@ -332,7 +323,7 @@ def merge_shards(parts_dir: str, out: str, indices: list[int]) -> None:
     shutil.rmtree(parts_dir)
 
 
-FLAGS = (PairArguments, BuildDataArguments)  # the command's flags, in --help's order
+FLAGS = (PairArguments, BuildDataArguments)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,4 @@
-"""Training records on disk (docs/design.md, The record format): reading ours and the reference's form, validating,
-writing; and the atomic writing of whole files."""
+"""Training records on disk (ours and the reference's form): reading, validating, writing; atomic file writes."""
 from __future__ import annotations
 
 import ast
@@ -51,8 +50,7 @@ def _rename_size_fields(record: dict, where: str) -> dict:
 
 
 def normalize_record(record: dict, where: str = "record") -> dict:
-    """Our form of one record, or a ValueError naming the wrong field of which record (no `processing`: built with
-    none)."""
+    """Our form of one record, or a ValueError naming the record and its wrong field."""
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     record = _rename_size_fields(record, where)
@@ -82,9 +80,8 @@ def normalize_record(record: dict, where: str = "record") -> dict:
 
 
 def read_json_rows(path: str | os.PathLike) -> list[tuple[str, object]]:
-    """The values of a JSON Lines file (or one JSON array), each with where it stands (`<path>: line N`): the one
-    JSON Lines reader. Lines split on "\n" alone, so U+2028 in a string stays; a line that is not JSON is a
-    ValueError naming it."""
+    """The values of a JSON Lines file (or one JSON array), each with where it stands (`<path>: line N`); lines
+    split on "\n" alone, and one that is not JSON is a ValueError naming it."""
     path = os.fspath(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -107,8 +104,7 @@ def read_json_rows(path: str | os.PathLike) -> list[tuple[str, object]]:
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
-    """All records of a JSON Lines file or a JSON array, normalized and validated; an empty file or a broken line
-    is a ValueError naming it."""
+    """All records of a JSON Lines file or a JSON array, normalized and validated; ValueError for none."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no data file at {os.fspath(path)}")
     records = [normalize_record(value, where) for where, value in read_json_rows(path)]
@@ -123,8 +119,7 @@ def to_json_line(record: dict) -> str:
 
 
 def read_complete_lines(path: str | os.PathLike) -> tuple[list[dict], int]:
-    """The records on the complete lines of a file being appended to, and those lines' byte length (a resumed
-    writer truncates to it)."""
+    """The records on the complete lines of a file being appended to, and those lines' byte length."""
     records, good = [], 0
     with open(path, "rb") as f:
         for line in f:
@@ -140,8 +135,7 @@ def read_complete_lines(path: str | os.PathLike) -> tuple[list[dict], int]:
 
 @contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[TextIO]:
-    """Open a temporary file next to `path` and rename it onto `path` when the block ends without an error, so
-    `path` holds its old or its whole new content."""
+    """A temporary file renamed onto `path` when the block ends without an error: `path` holds old or new, whole."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"  # same folder, so the rename is atomic
     try:

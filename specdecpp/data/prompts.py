@@ -1,5 +1,4 @@
-"""Prompt sources (registered sets, local JSON/JSONL files, Hub datasets) and prompt formatting (`raw`, `chat`, the
-reference's llama-2 wrapper, `auto`), shared by the data builder and evaluation."""
+"""Prompt sources (registered sets, local JSON/JSONL files, Hub datasets) and prompt formatting (`FORMATS`)."""
 from __future__ import annotations
 
 import os
@@ -27,14 +26,12 @@ def humaneval_prompts() -> list[str]:
 
 
 def stdlib_heldout_prompts() -> list[str]:
-    """The zoo pair's held-out standard-library functions, the corpus imported on use."""
     from specdecpp.data.stdlib_corpus import heldout_function_prompts
 
     return heldout_function_prompts()
 
 
 def stdlib_train_prompts() -> list[str]:
-    """Documented functions of the train-split standard-library files, for training data."""
     from specdecpp.data.stdlib_corpus import train_function_prompts
 
     return train_function_prompts()
@@ -46,8 +43,7 @@ register_prompt_set("stdlib-train", stdlib_train_prompts)
 
 
 def prompt_text(row: dict, where: str = "row") -> str:
-    """The prompt of one dataset row: `prompt`, else Alpaca's `instruction` and `input`, else GSM8K's
-    `question`."""
+    """The prompt of one dataset row: `prompt`, else Alpaca's `instruction` and `input`, else GSM8K's `question`."""
     if "prompt" in row:
         return row["prompt"]
     if "instruction" in row:
@@ -59,7 +55,6 @@ def prompt_text(row: dict, where: str = "row") -> str:
 
 
 def _read_file_rows(path: str) -> list[dict]:
-    """The rows of a JSON array or JSON Lines file (`data.io.read_json_rows`)."""
     rows = [row for _, row in read_json_rows(path)]
     if not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{path}: expected JSON objects, one per prompt")
@@ -74,8 +69,7 @@ def _read_hub_rows(name: str, split: str | None) -> list[dict]:
 
 
 def load_prompts(source: str, split: str | None = None, n_begin: int = 0, n_end: int | None = None) -> list[str]:
-    """Prompt texts `[n_begin:n_end]` of a registered set, a local file or a Hub dataset (`split`: the Hub
-    split)."""
+    """Prompt texts `[n_begin:n_end]` of a registered set, a local file or a Hub dataset (of split `split`)."""
     if n_begin < 0 or (n_end is not None and n_end < n_begin):
         raise ValueError(f"need 0 <= n_begin <= n_end, got n_begin={n_begin}, n_end={n_end}")
     if source in PROMPT_SETS:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-# One file in twenty is held out.
 HELDOUT_PERCENT = 5
 
 # Skipped: what differs per machine (third-party packages, test suites, build configuration) and data tables.
@@ -20,7 +19,6 @@ EXCLUDED_PREFIXES = ("_sysconfigdata", "config-")
 
 
 def stdlib_root() -> Path:
-    """The directory of the running interpreter's pure-Python standard library."""
     return Path(sysconfig.get_paths()["stdlib"])
 
 
@@ -83,7 +81,6 @@ def _functions_of(rel: str, text: str) -> list[HeldoutFunction]:
         if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
                 and isinstance(doc.value.value, str)) or len(node.body) < 2:
             continue
-        # from the `def` (no decorators, as in HumanEval) to the docstring's closing line
         prompt = textwrap.dedent("".join(lines[node.lineno - 1:doc.end_lineno]))
         source = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno]))
         out.append(HeldoutFunction(rel, node.lineno, prompt, source))
@@ -98,7 +95,6 @@ def split_functions(split: str, root: str | None = None) -> tuple[HeldoutFunctio
 
 
 def heldout_functions(root: str | None = None) -> tuple[HeldoutFunction, ...]:
-    """Every documented function of the held-out files, in `split_functions`' stable order."""
     return split_functions("heldout", root)
 
 
@@ -108,5 +104,5 @@ def heldout_function_prompts(limit: int | None = None, root: str | None = None) 
 
 
 def train_function_prompts(limit: int | None = None, root: str | None = None) -> list[str]:
-    """The `stdlib-train` prompt set: as `heldout_function_prompts`, from the train split's files."""
+    """The `stdlib-train` prompt set, from the train split's files."""
     return [f.prompt for f in split_functions("train", root)[:limit]]

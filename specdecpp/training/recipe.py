@@ -98,12 +98,11 @@ class Recipe:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Recipe:
-        """The recipe in the YAML file `path`; ValueError on an unknown key, a wrongly typed value or a missing
-        required setting."""
+        """The recipe in the YAML file `path`; ValueError on an unknown key, a bad value or a missing setting."""
         return cls(**recipe_settings(path))
 
     def to_yaml(self, path: str | Path) -> Path:
-        """Write the recipe to `path` as YAML (every setting, in field order). Returns the path."""
+        """Write every setting to `path` as YAML, in field order. Returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(asdict(self), sort_keys=False), encoding="utf-8")
@@ -116,8 +115,7 @@ class Recipe:
 
 
 def recipe_settings(path: str | Path) -> dict:
-    """The settings a recipe YAML file gives; ValueError naming unknown keys, FileNotFoundError for a missing
-    file."""
+    """The settings a recipe YAML file gives; ValueError naming unknown keys, FileNotFoundError for no file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no recipe file {path}")
@@ -131,8 +129,7 @@ def recipe_settings(path: str | Path) -> dict:
 
 
 def _coerce(value, kind, name: str):
-    """`value` as the field type `kind` (int, float, str, bool, `X | None`, `list[X]`); ValueError naming the
-    field."""
+    """`value` as the field type `kind` (int, float, str, bool, `X | None`, `list[X]`); ValueError naming it."""
     args = typing.get_args(kind)
     if type(None) in args:
         return None if value is None else _coerce(value, next(a for a in args if a is not type(None)), name)
@@ -146,7 +143,6 @@ def _coerce(value, kind, name: str):
         raise ValueError(f"{name} must be {kind.__name__}, got {value!r}") from None
 
 
-# -- the stages -----------------------------------------------------------------------------------
 # The settings each stage reads; changing any other (the records') is refused.
 STAGE_SETTINGS = {
     "training": ("head_features", "num_layers", "epochs", "learning_rate", "train_batch_size", "weight_mismatch",
@@ -160,7 +156,7 @@ STAGE_SETTINGS = {
 @dataclass
 class Stage:
     """One step of the pipeline: `done` when its result exists, `after` the stages it reads, `results` what to
-    remove when its result no longer holds, and its `command` (or, without one, `action` run in this process)."""
+    remove when that no longer holds, and its `command` (else `action`, run in this process)."""
 
     name: str
     done: typing.Callable[[], bool]
@@ -177,12 +173,11 @@ class Stage:
 
 
 class StageError(RuntimeError):
-    """A stage's command failed; the message names the stage, its exit status and its command."""
+    """A stage's command failed (the message names the stage, its exit status and its command)."""
 
 
 def launch(module: str, args: list[str], nproc_per_node: int | None = None) -> list[str]:
-    """The command line running `python -m module args` with this interpreter, under torchrun (`--standalone`) when
-    `nproc_per_node` is above 1."""
+    """`python -m module args` with this interpreter, under torchrun when `nproc_per_node` is above 1."""
     if nproc_per_node and nproc_per_node > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc_per_node),
                 "-m", module, *args]
@@ -190,7 +185,7 @@ def launch(module: str, args: list[str], nproc_per_node: int | None = None) -> l
 
 
 def _flag_values(**flags) -> list[str]:
-    """`--name value...` for each set flag (None and False left out, True bare, a list several values)."""
+    """`--name value...` for each set flag (None and False left out, True bare)."""
     argv = []
     for name, value in flags.items():
         if value is None or value is False:
@@ -267,7 +262,6 @@ def stages(recipe: Recipe, output_dir: str | Path) -> list[Stage]:
 
 
 def _has_checkpoint(folder: Path) -> bool:
-    """Whether `folder` holds a complete `checkpoint-*` for training to resume from."""
     if not glob(str(folder / "checkpoint-*")):
         return False
     from specdecpp.train import latest_complete_checkpoint  # loads the Trainer: only when there are checkpoints
@@ -280,13 +274,11 @@ def _has_checkpoint(folder: Path) -> bool:
 
 
 def _read_json(path: Path) -> dict:
-    """The JSON object in `path`, or an empty one when there is no such file."""
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def recipe_changes(recipe: Recipe, output_dir: str | Path) -> set[str]:
-    """The settings in which `recipe` differs from the one recorded in `output_dir`; ValueError naming changes to
-    the records' settings, which a folder keeps."""
+    """The settings in which `recipe` differs from `output_dir`'s; ValueError naming changes to the records'."""
     path = Path(output_dir) / RECIPE_FILE
     changed = recipe.changes_from(Recipe.from_yaml(path)) if path.is_file() else {}
     later = {name for names in STAGE_SETTINGS.values() for name in names}
@@ -298,9 +290,8 @@ def recipe_changes(recipe: Recipe, output_dir: str | Path) -> set[str]:
 
 
 def run_recipe(recipe: Recipe, output_dir: str | Path) -> dict[str, str]:
-    """Make the head folder `output_dir` from `recipe`: skip each stage that is done, run the others after dropping
-    the results of the stages that read them. Returns `{stage: "ran" | "skipped"}`; StageError naming the command
-    when a stage fails."""
+    """Make the head folder `output_dir` from `recipe`, skipping the stages that are done and rerunning those that
+    read a rerun one. Returns `{stage: "ran" | "skipped"}`; StageError when a stage fails."""
     changed = recipe_changes(recipe, output_dir)
     pipeline = stages(recipe, output_dir)
     for stage in pipeline:  # before the new recipe is recorded, so that no interruption hides the change
@@ -330,7 +321,6 @@ def run_recipe(recipe: Recipe, output_dir: str | Path) -> dict[str, str]:
 
 
 def _readers(pipeline: list[Stage], name: str) -> list[Stage]:
-    """The stages that read the result of stage `name`, directly or through others."""
     readers, names = [], {name}
     for stage in pipeline:
         if names & set(stage.after):
@@ -339,7 +329,6 @@ def _readers(pipeline: list[Stage], name: str) -> list[Stage]:
     return readers
 
 
-# -- the command ----------------------------------------------------------------------------------
 @dataclass
 class HeadCommandArguments:
     """Where the head goes and which recipe file, if any, gives the settings the flags do not."""
@@ -350,13 +339,11 @@ class HeadCommandArguments:
         "when it has one, so rerunning with --output alone resumes)")})
 
 
-# The command's flags, in the order --help lists them.
 FLAGS = (Recipe, HeadCommandArguments)
 
 
 def parse_args(argv: list[str]) -> tuple[Recipe, HeadCommandArguments]:
-    """The recipe from `argv`: the recipe file's settings (`--recipe`, else the folder's `recipe.yaml`) under the
-    flags given."""
+    """The recipe from `argv`: the flags over the recipe file's (`--recipe`, else the folder's `recipe.yaml`)."""
     parser = HfArgumentParser(FLAGS, description=__doc__.split("\n\n")[0])
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--recipe")

