@@ -10,8 +10,6 @@ FLAT_COST = "flat cost/tok (target verifications)"
 MEASURED_COST = "measured cost/tok (target-alone steps)"
 FLAT_UNIT = "target verifications per token: (target calls + c x draft calls) / token, c = draft step / target " \
             "verification of 4 tokens (every verification priced alike, as on a GPU)"
-MEASURED_UNIT = "target-alone steps per token: every draft step, judgement, verification (by its length) and " \
-                "the loop's overhead priced with this device's measured times (1 / cost = predicted speedup)"
 BUSY_SPREAD = 0.25  # the `pass_spread` above which step times are not trusted
 
 
