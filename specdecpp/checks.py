@@ -1,5 +1,4 @@
-"""Checks on explicit values that every command shares: vocabularies, cache rollback, heads and the
-drafts they fit, PEFT bases, EOS ids. Imports nothing of the toolkit but `compat`."""
+"""Checks every command shares on explicit values. Imports nothing of the toolkit but `compat`."""
 from __future__ import annotations
 
 import json

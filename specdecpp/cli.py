@@ -1,6 +1,5 @@
-"""The `specdecpp` console script: each command is a module's `main(argv)`, so `specdecpp train`,
-`python -m specdecpp.train` and `python specdecpp/train.py` are one program. Every command shares
-one flag vocabulary (`ALIASES`, `common_field`) and reports rejected input in one line (`input_errors`)."""
+"""The `specdecpp` console script: each command is a module's `main(argv)`, all sharing one flag vocabulary
+(`ALIASES`, `common_field`) and reporting rejected input in one line (`input_errors`)."""
 from __future__ import annotations
 
 import importlib
@@ -21,8 +20,7 @@ COMMANDS = {
     "push": ("specdecpp.head.publish", "publish a head folder on the Hub (head files and custom_generate/ only)"),
 }
 
-# The common flags and the reference's spellings of them. `--data_path` and `--output_dir` differ by
-# command: a command adds the ones it used in its `common_field` call.
+# The common flags and the reference's spellings; a command adds `--data_path` / `--output_dir` where it used them.
 ALIASES = {
     "target": ["--model_name"],
     "draft": ["--assistant_name", "--model_name_or_path"],
@@ -45,8 +43,7 @@ def common_field(name: str, *, aliases: tuple[str, ...] = (), **kwargs: Any) -> 
 
 @contextmanager
 def input_errors(command: str) -> Iterator[None]:
-    """Turn ValueError and FileNotFoundError into one line, `specdecpp COMMAND: error: MESSAGE`, and a
-    non-zero exit."""
+    """Turn ValueError and FileNotFoundError into `specdecpp COMMAND: error: MESSAGE` and a non-zero exit."""
     try:
         yield
     except (ValueError, FileNotFoundError) as error:

@@ -1,8 +1,5 @@
-"""What differs across the supported `transformers` versions, and every reach beyond its public API
-(deeper modules, private names, cache layer classes, `generate`'s frame, the version), decided here
-only; other modules use what `transformers` and `transformers.generation` export (docs/design.md,
-Which module owns what). The KV cache keyword (`cache` since 5.24, `past_key_values` before) is read
-from each model's own `forward`."""
+"""What differs across the supported `transformers` versions and every reach beyond its public API, decided here
+only (docs/design.md, Which module owns what)."""
 from __future__ import annotations
 
 import functools
@@ -15,18 +12,14 @@ import transformers
 from transformers import (DynamicCache, DynamicLayer, GenerationConfig, GenerationMixin, LogitsProcessorList,
                           PreTrainedModel, StaticLayer, StoppingCriteriaList)
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
-# Re-exported: the base class of our model outputs lives in `transformers.utils`, not at the top level.
-from transformers.utils import ModelOutput  # noqa: F401
+from transformers.utils import ModelOutput  # noqa: F401  (re-exported)
 
-# The installed version, for messages only: what differs is decided by the capabilities below.
 TRANSFORMERS_VERSION = transformers.__version__
 
-# The cache's names, newest first: transformers >= 5.24 and before.
-CACHE_NAMES = ("cache", "past_key_values")
+CACHE_NAMES = ("cache", "past_key_values")  # transformers >= 5.24, and before
 
 
 def _declared_cache_name(function) -> str | None:
-    """The cache keyword `function`'s signature declares, or None."""
     try:
         parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
@@ -34,8 +27,7 @@ def _declared_cache_name(function) -> str | None:
     return next((name for name in CACHE_NAMES if name in parameters), None)
 
 
-# What the installed transformers itself calls the cache: its generation code passes it to models
-# under this name, so a model whose forward names neither takes this one.
+# What transformers' generation code calls the cache, for a model whose forward names neither.
 LIBRARY_CACHE_NAME = _declared_cache_name(GenerationMixin.prepare_inputs_for_generation) or CACHE_NAMES[-1]
 
 
@@ -59,14 +51,11 @@ def cache_in(kwargs: dict) -> Any:
     return next((kwargs[name] for name in CACHE_NAMES if kwargs.get(name) is not None), None)
 
 
-# transformers >= 5.24: a StaticCache layer crops by moving its length counter, which is how the
-# compiled engine rolls back (earlier StaticLayers cannot crop at all).
-STATIC_CACHE_CROPS = getattr(StaticLayer, "is_croppable", False)
+STATIC_CACHE_CROPS = getattr(StaticLayer, "is_croppable", False)  # transformers >= 5.24
 
 
 def compile_guarded_state() -> Any:
-    """Process-wide state transformers' forwards read (the registry of recordable output classes, which
-    grows with each new model class), so compiled graphs hold while it is unchanged."""
+    """Process-wide state transformers' forwards read: compiled graphs hold while it is unchanged."""
     try:
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:
@@ -74,9 +63,7 @@ def compile_guarded_state() -> Any:
     return frozenset(_CAN_RECORD_REGISTRY)
 
 
-# -- cache layers ---------------------------------------------------------------------------------
-# The layers of plain full attention, `DynamicCache`'s and `StaticCache`'s own. Their subclasses (sliding
-# windows) and the linear-attention and quantized layers keep other state.
+# Plain full attention; subclasses (sliding windows), linear-attention and quantized layers keep other state.
 FULL_ATTENTION_LAYERS = (DynamicLayer, StaticLayer)
 
 
@@ -86,18 +73,15 @@ def special_layers(cache: Any) -> list:
 
 
 def is_sliding(layer: Any) -> bool:
-    """Whether a cache layer keeps a sliding window."""
     return bool(getattr(layer, "is_sliding", False))
 
 
 def has_recurrent_state(model: PreTrainedModel) -> bool:
-    """Whether `model` carries a recurrent state (a stateful model, or linear-attention cache layers),
-    which cannot forget rejected tokens."""
+    """Whether `model` carries a recurrent state, which cannot forget rejected tokens."""
     return getattr(model, "_is_stateful", False) or any(
         isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=model.config).layers)
 
 
-# -- models and generate --------------------------------------------------------------------------
 def takes_logits_to_keep(model: PreTrainedModel) -> bool:
     """Whether `model`'s forward takes `logits_to_keep`, as `generate` decides it."""
     return model._supports_logits_to_keep()
@@ -106,8 +90,7 @@ def takes_logits_to_keep(model: PreTrainedModel) -> bool:
 def generate_processing(target: PreTrainedModel, config: GenerationConfig, input_ids: torch.LongTensor,
                         logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
                         tokenizer: Any = None) -> tuple[LogitsProcessorList, StoppingCriteriaList]:
-    """The logits processors and stopping criteria `generate` builds (its private builders) for these
-    arguments; `config` is written to: pass a copy."""
+    """The logits processors and stopping criteria `generate` builds; `config` is written to: pass a copy."""
     target._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=target.device, batch_size=1)
     processors = target._get_logits_processor(
         generation_config=config, input_ids_seq_length=input_ids.shape[-1], encoder_input_ids=input_ids,
@@ -116,8 +99,7 @@ def generate_processing(target: PreTrainedModel, config: GenerationConfig, input
 
 
 def custom_generate_argument() -> str | None:
-    """The folder or Hub id the running `generate(custom_generate=...)` call named (from `generate`'s
-    frame), or None: transformers runs a copy of that `generate.py`, which cannot find its folder."""
+    """The folder or Hub id the running `generate(custom_generate=...)` call named, read from its frame, or None."""
     frame = inspect.currentframe()
     while frame is not None:
         location = frame.f_locals.get("custom_generate") if frame.f_code.co_name == "generate" else None

@@ -1,5 +1,4 @@
-"""The cost model (docs/design.md, The cost model): what decoding costs per generated token, in the flat view
-(target verifications) and the measured view (this device's step times). Arithmetic only: no models, no engine."""
+"""What decoding costs per token, flat and measured (docs/design.md, The cost model). Arithmetic only."""
 from __future__ import annotations
 
 import itertools
@@ -7,15 +6,11 @@ import statistics
 import warnings
 from dataclasses import dataclass, field
 
-# The two views' names, with their units, as every table header shows them.
 FLAT_COST = "flat cost/tok (target verifications)"
 MEASURED_COST = "measured cost/tok (target-alone steps)"
 FLAT_UNIT = "target verifications per token: (target calls + c x draft calls) / token, c = draft step / target " \
             "verification of 4 tokens (every verification priced alike, as on a GPU)"
-MEASURED_UNIT = "target-alone steps per token: every draft step, judgement, verification (by its length) and " \
-                "the loop's overhead priced with this device's measured times (1 / cost = predicted speedup)"
-# The spread between timing passes (`pass_spread`) above which step times are not trusted.
-BUSY_SPREAD = 0.25
+BUSY_SPREAD = 0.25  # the `pass_spread` above which step times are not trusted
 
 
 def cost_per_token(spent: float, tokens: float, unit: float = 1.0) -> float:
@@ -44,16 +39,14 @@ def cost_ratio(draft_ms: list[float], target_ms: list[float], k: int = 4) -> dic
 
 
 def verify_slope(verify_ms: list[float]) -> float:
-    """The Theil-Sen slope of `verify_ms[k]` over `k >= 1`, at least 0, so one busy length moves it no more than
-    any other."""
+    """The Theil-Sen slope of `verify_ms[k]` over `k >= 1`, at least 0."""
     points = list(enumerate(verify_ms))[1:]
     slopes = [(b - a) / (j - i) for (i, a), (j, b) in itertools.combinations(points, 2)]
     return max(statistics.median(slopes), 0.0) if slopes else 0.0
 
 
 def fit_verify_ms(verify_ms: list[float]) -> list[float]:
-    """The verification times rounds are priced with: for `k >= 1` a non-decreasing robust line (`verify_slope`),
-    for `k = 0` its own measurement, at most the fitted `k = 1`."""
+    """Verification times fitted for pricing: a non-decreasing line for `k >= 1`, `k = 0` capped by `k = 1`."""
     if len(verify_ms) < 2:
         return list(verify_ms)
     slope = verify_slope(verify_ms)
@@ -63,8 +56,7 @@ def fit_verify_ms(verify_ms: list[float]) -> list[float]:
 
 
 def pass_spread(per_pass_ms: list[list[float]]) -> float:
-    """The median over steps of the interquartile range over the median of each step's per-pass times; 0 with fewer
-    than two passes."""
+    """The median over steps of each step's interquartile range over median; 0 with fewer than two passes."""
     spreads = []
     for times in per_pass_ms:
         if len(times) > 1:
@@ -74,7 +66,7 @@ def pass_spread(per_pass_ms: list[list[float]]) -> float:
 
 
 def busy_machine(spread: float, what: str = "the step times") -> bool:
-    """Whether `spread` is above `BUSY_SPREAD` (the machine was busy while `what` were timed); warns when it is."""
+    """Whether `spread` is above `BUSY_SPREAD`; warns when it is."""
     if spread <= BUSY_SPREAD:
         return False
     warnings.warn(f"the machine was busy while {what} were timed: the timing passes spread by {spread:.0%} "
@@ -86,8 +78,7 @@ def busy_machine(spread: float, what: str = "the step times") -> bool:
 
 @dataclass
 class StepTimes:
-    """Median times (ms) of each kind of step the loop takes, and where they were measured. `verify_ms[k]` prices a
-    verification of `k` drafted tokens (`k = 0`: a target-alone step), fitted from `verify_ms_measured`."""
+    """Median step times (ms) and where they were measured; `verify_ms[k]` prices verifying `k` drafted tokens."""
 
     draft_ms: list[float]
     verify_ms: list[float]
@@ -97,7 +88,7 @@ class StepTimes:
     device: str = "cpu"
     threads: int = 1
     repeats: int = 0
-    engine: str = "eager"  # the engine whose steps were timed: "eager" or "compiled"
+    engine: str = "eager"  # or "compiled"
     verify_ms_measured: list[float] = field(default_factory=list)
     spread: float = 0.0
     busy: bool = False
@@ -106,8 +97,7 @@ class StepTimes:
         self._drafting_ms = [0.0] + list(itertools.accumulate(self.draft_ms))
 
     def round_ms(self, drafted: int, judged: int = 0, verified: int | None = None) -> float:
-        """One round that drafts `drafted` tokens, judges `judged` and verifies the first `verified` (default:
-        all); steps past the longest measured round cost as its last."""
+        """A round drafting `drafted` tokens, judging `judged`, verifying `verified` (default: all)."""
         longest = len(self.draft_ms)
         drafting = self._drafting_ms[min(drafted, longest)] + max(drafted - longest, 0) * (self.draft_ms or [0.0])[-1]
         verified = drafted if verified is None else verified
@@ -119,8 +109,7 @@ class StepTimes:
         return sum(weight * self.round_ms(k, k if judged else 0) for k, weight in enumerate(round_weights) if weight)
 
     def predicted_ms(self, draft_lengths: list[int], judged: int = 0, with_draft: bool = True) -> float:
-        """The time of rounds of `draft_lengths` and `judged` judgements, prefill left out; without a draft every
-        round is a target-alone step."""
+        """The time of rounds of `draft_lengths` and `judged` judgements, prefill left out."""
         if not with_draft:
             return len(draft_lengths) * self.target_alone_ms
         return sum(self.round_ms(k) for k in draft_lengths) + judged * self.judge_ms
@@ -131,13 +120,12 @@ class StepTimes:
         return cost_ratio(self.draft_ms[:k] or [0.0], [verify_ms], k)["cost_ratio"]
 
     def as_dict(self) -> dict:
-        """The figures as a JSON-ready dict (what a head's threshold selection stores)."""
+        """The figures as a JSON-ready dict."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 def judged_tokens(draft_lengths: list[int], alignment: str | None) -> int:
-    """How many drafted tokens the head judges over rounds of `draft_lengths`: all for a proposer, all but each
-    round's first for a reader, none without a head."""
+    """How many drafted tokens the head (`alignment`; None: no head) judges over rounds of `draft_lengths`."""
     if alignment == "proposer":
         return sum(draft_lengths)
     if alignment == "reader":
@@ -146,8 +134,7 @@ def judged_tokens(draft_lengths: list[int], alignment: str | None) -> int:
 
 
 def loop_overhead_ms(stats) -> float:
-    """The loop's own time per round (ms) in a `GenerationStats`: wall time less draft, verify and schedule
-    time."""
+    """The loop's own time per round (ms) in a `GenerationStats`."""
     own = stats.wall_time - stats.draft_time - stats.verify_time - stats.schedule_time
     return 1000 * own / max(stats.target_calls, 1)
 

@@ -1,11 +1,5 @@
-"""SpecDec++ from `transformers`' own `generate` (its `custom_generate` convention).
-
-- A head folder or Hub repo carries `custom_generate/generate.py` (`head.folder.SHIM`), so
-  `target.generate(**inputs, assistant_model=draft, custom_generate=HEAD, trust_remote_code=True)`
-  runs `generate_from_head`, which hands the loop to `hf_generate` after `generate` prepared the
-  generation config.
-- `custom_generate=specdecpp.hf_generate` with `draft=` and `head=` (a callable gets neither
-  `assistant_model` nor `streamer`)."""
+"""SpecDec++ from `transformers`' own `generate`: `custom_generate=HEAD_FOLDER_OR_REPO` (runs
+`generate_from_head`), or `custom_generate=specdecpp.hf_generate` with `draft=` and `head=`."""
 from __future__ import annotations
 
 import functools
@@ -27,8 +21,7 @@ from specdecpp.costs import StepTimes
 from specdecpp.measuring.step_timing import auto_step_times
 
 
-# What `generate` prepares that the SpecDec++ loop may safely ignore: it keeps its own caches, and the
-# stopping criteria `generate` built from the tokenizer reach it ready.
+# What `generate` prepares that the loop may ignore: it keeps its own caches and gets the built criteria.
 IGNORED_MODEL_KWARGS = {"position_ids", "cache_position", "logits_to_keep", "use_cache", "tokenizer", *CACHE_NAMES}
 HUB_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
 
@@ -60,11 +53,8 @@ def hf_generate(
     step_times: StepTimes | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
-    """The SpecDec++ loop in the shape `generate` calls a `custom_generate` callable. `head` is a head or
-    a folder / Hub id; `stop_threshold` and `bound` default to the head's stored threshold (`"auto"`)
-    and its bound, else the engine's defaults; `online`/`estimator` as in `speculative_generate` (a
-    head folder's saved recalibration, without one). Everything else comes from the generation config,
-    processors and criteria `generate` prepared; what the loop cannot honour is a ValueError."""
+    """The SpecDec++ loop as a `custom_generate` callable. `head` is a head or a folder / Hub id;
+    `stop_threshold` and `bound` default to the head's stored ones. ValueError for what it cannot honour."""
     config = generation_config if generation_config is not None else model.generation_config
     _check_generate_settings(config, model_kwargs)
     processing = Processing(logits_processor or LogitsProcessorList(), stopping_criteria or StoppingCriteriaList(),
@@ -80,7 +70,6 @@ def hf_generate(
                          "(transformers does not hand assistant_model to a custom_generate callable), or "
                          "assistant_model=... with custom_generate=<head folder or Hub id>")
     if stop_threshold is None and head is not None and head.stop_threshold is not None and schedule in (None, "ada"):
-        # the head's publisher chose a threshold, for a bound: both are the defaults here
         stop_threshold = "auto"
         bound = bound if bound is not None else (head.threshold_selection or {}).get("bound")
     knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None}
@@ -95,7 +84,6 @@ def hf_generate(
         assistant_confidence_threshold=config.assistant_confidence_threshold, compile=compile, online=online,
         estimator=estimator, step_times=step_times,
         **{name: value for name, value in knobs.items() if value is not None},
-        # what a head's stored threshold is compared with; the processors themselves come built
         **{name: getattr(config, name) for name in PROCESSOR_FIELDS})
     out = decode(model, draft, input_ids, settings, attention_mask=model_kwargs.get("attention_mask"),
                  streamer=streamer, processing=processing)
@@ -125,12 +113,10 @@ def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedMod
                        streamer: BaseStreamer | None = None,
                        head: AcceptancePredictionHead | str | os.PathLike | None = None, **kwargs
                        ) -> torch.LongTensor | SpeculativeGenerateOutput:
-    """What a head folder's `custom_generate/generate.py` runs: `generate` with `hf_generate` as its loop,
-    the head loaded from the folder or repo `custom_generate` named (with the same Hub options)."""
+    """What a head folder's `custom_generate/generate.py` runs: `generate` with `hf_generate` and that folder's head."""
     hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}  # for loading, not for the models
     if kwargs.get("stop_strings") is not None:
-        # generate drops `tokenizer` before it builds the criteria for a callable custom_generate (5.24):
-        # the stop strings' criterion is built here, with transformers' own class, as generate builds it
+        # generate drops `tokenizer` before building the criteria for a callable custom_generate
         if kwargs.get("tokenizer") is None:
             raise ValueError("stop_strings needs the model's tokenizer: pass tokenizer=... to generate")
         stop = StopStringCriteria(tokenizer=kwargs.pop("tokenizer"), stop_strings=kwargs.pop("stop_strings"))
@@ -141,8 +127,7 @@ def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedMod
             kwargs["estimator"] = saved_recalibration(location)
         head = AcceptancePredictionHead.from_pretrained(location, **hub_options)
     decode = functools.partial(hf_generate, draft=assistant_model, head=head, streamer=streamer)
-    # GenerationMixin's own generate: `model.generate` may be this very function when the target was
-    # loaded from a repo that carries custom_generate/ itself.
+    # `model.generate` may be this very function when the target's repo carries custom_generate/
     return GenerationMixin.generate(model, custom_generate=decode, **kwargs)
 
 
@@ -153,7 +138,6 @@ def saved_recalibration(location: str | os.PathLike) -> OnlineAcceptanceEstimato
 
 
 def _custom_generate_location() -> str:
-    """The folder or Hub id the running `generate(custom_generate=...)` named, or RuntimeError."""
     location = custom_generate_argument()
     if location is None:
         raise RuntimeError("no generate(custom_generate=...) call to take the head from: pass head=FOLDER_OR_HUB_ID")

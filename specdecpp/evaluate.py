@@ -1,7 +1,4 @@
-"""Evaluate candidate-length schedules against baselines on one target/draft pair: `python specdecpp/evaluate.py
---target T --draft D --head H --schedule ada --prompts humaneval --output OUT` (or `specdecpp evaluate`; the
-reference's flags work too). Measured as docs/design.md, Measuring, says; records are saved after every prompt, and
-`--resume` continues an interrupted run."""
+"""`specdecpp evaluate`: candidate-length schedules against baselines on one pair (docs/design.md, Measuring)."""
 from __future__ import annotations
 
 import sys
@@ -13,8 +10,6 @@ from transformers import HfArgumentParser
 
 from specdecpp.cli import input_errors
 from specdecpp.engine.settings import DecodingSettings
-
-# The evaluation's public names, from `specdecpp.evaluation`.
 from specdecpp.evaluation.hf_baselines import count_forwards, hf_assistant_settings, rounds_from_target_calls
 from specdecpp.evaluation.methods import Counts, Method, MethodSpec, method_specs
 from specdecpp.evaluation.report import report, run_title
@@ -39,7 +34,6 @@ class EvaluateArguments:
                 "other processes on a shared machine from slowing the run down"})
 
 
-# The command's flags, in the order --help lists them: the pair first, then the evaluation's values.
 FLAGS = (HeadPairArguments, MethodGrid, DecodingArguments, PromptSource, RunOptions, EvaluateArguments)
 
 
@@ -52,8 +46,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[HeadPairArguments, Method
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`specdecpp evaluate [flags]`: set threads and seed, run `evaluate`, and exit non-zero with one line on bad
-    input."""
+    """`specdecpp evaluate [flags]`; bad input exits non-zero with one line."""
     pair, grid, decoding, source, run, command = parse_args(argv)
     if command.threads:
         torch.set_num_threads(command.threads)
@@ -65,6 +58,6 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if not __package__:
-        # run as a script: this folder, first on sys.path, would shadow top-level packages of our modules' names
+        # run as a script: this folder would shadow top-level packages named like our modules
         del sys.path[0]
     main()

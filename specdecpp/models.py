@@ -1,5 +1,4 @@
-"""Loading models, tokenizers and heads as users have them (Hub ids, folders, PEFT adapter folders
-merged into their base), and checking that they fit together."""
+"""Loading models, tokenizers and heads from Hub ids, folders and PEFT adapter folders (merged into their base)."""
 from __future__ import annotations
 
 import os
@@ -23,8 +22,7 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "b
 
 @dataclass
 class PairArguments:
-    """The pair a command works on and how it loads it, under the same flags in every command
-    (`cli.ALIASES` adds the reference's spellings); `require` names what a command needs."""
+    """The pair a command works on and how it loads it, under the same flags in every command."""
 
     target: str | None = common_field("target", default=None, help=(
         "the target model: Hub id, folder, or PEFT adapter folder"))
@@ -89,8 +87,7 @@ def load_model(name_or_path: str, torch_dtype: str | torch.dtype | None = None, 
         with naming_damaged_weights(name_or_path):
             model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     if torch_dtype is None and model_device(model).type == "cpu" and model.dtype in (torch.float16, torch.bfloat16):
-        # Nothing asked for: a half-precision checkpoint on a CPU runs slowly there and rounds
-        # near-tied logits differently from float32, so it runs in float32.
+        # a half-precision checkpoint runs slowly on a CPU and rounds near-ties unlike float32
         model = model.float()
     return model.eval()
 
@@ -116,7 +113,6 @@ def naming_damaged_weights(*folders: str) -> Iterator[None]:
 
 
 def _readable(path: str) -> bool:
-    """Whether safetensors can read the header of the file at `path` (a file cut short fails here)."""
     try:
         with safe_open(path, "pt"):
             return True

@@ -1,5 +1,4 @@
-"""Evaluation of candidate-length schedules against baselines: `settings` at the bottom, `methods` and
-`hf_baselines` on it, `report` and `runner` on top, `plots` for the figures, and the demo."""
+"""Evaluation of candidate-length schedules against baselines, and the demo."""
 from specdecpp.evaluation.methods import Counts, Method, MethodSpec, method_specs
 from specdecpp.evaluation.report import report, run_title
 from specdecpp.evaluation.runner import Evaluation, evaluate, measure, records_to_resume, run_cost

@@ -1,7 +1,4 @@
-"""`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command.
-
-K, the confidence and the thresholds are chosen by flat cost per token on tuning prompts that are not scored.
-"""
+"""`specdecpp demo`: SpecDec++ against its baselines on HumanEval with the embedded pair, in one command."""
 from __future__ import annotations
 
 import sys
@@ -23,8 +20,7 @@ from specdecpp.models import HeadPairArguments
 
 @dataclass
 class DemoArguments:
-    """What the demo runs, beside the pair (by default the embedded one, in float32); the defaults finish in
-    minutes on two CPU cores."""
+    """What the demo runs, beside the pair (by default the embedded one, in float32)."""
 
     prompts: str = common_field("prompts", aliases=("--data_path",), default="humaneval", help=(
         "prompt set or file (see specdecpp evaluate)"))
@@ -53,8 +49,7 @@ class DemoArguments:
 
 
 def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
-    """The demo's greedy evaluation on `pair`: the target and Hugging Face's dynamic schedule, and our constant,
-    dynamic, online and ada schedules over the demo's grid."""
+    """The demo's greedy evaluation on `pair` over the demo's grid."""
     if demo.num_prompts < 1 or demo.tune_prompts < 0:
         raise ValueError(f"need --num_prompts >= 1 and --tune_prompts >= 0, got {demo.num_prompts} and "
                          f"{demo.tune_prompts}")
@@ -67,14 +62,14 @@ def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
                       online_threshold=demo.online_thresholds, baselines=["target", "hf:dynamic"])
     source = PromptSource(prompts=demo.prompts, n_end=demo.tune_prompts + demo.num_prompts)
     run = RunOptions(output=demo.output, seed=demo.seed, progress=demo.progress)
-    pair.single_head()  # the demo compares one head with the baselines
+    pair.single_head()
     return Evaluation(pair, grid, DecodingSettings(max_new_tokens=demo.max_new_tokens, compile=demo.compile), source,
                       run)
 
 
 def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec], list[dict], dict | None]:
-    """For each of our schedules, the spec of lowest cost per token on `prompts` (nothing runs with one candidate
-    each). Returns the choices, the tuning summary and its cost measurement (or None)."""
+    """Each of our schedules' spec of lowest cost per token on `prompts`: `(choices, tuning summary, its cost or
+    None)`."""
     specs = run.specs
     candidates = [s for s in specs if s.engine == "specdecpp"]
     schedules = {s.schedule for s in candidates}
@@ -90,8 +85,7 @@ def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec
 
 
 def run_demo(demo: DemoArguments, pair: HeadPairArguments | None = None) -> dict:
-    """Choose the knobs on the tuning prompts, then evaluate the six methods on the others; print and save the
-    table. Returns the summary document."""
+    """Choose the knobs on the tuning prompts, evaluate on the others; returns the summary document."""
     run = evaluation(demo, pair or HeadPairArguments())
     prompts = run.prompts
     if len(prompts) <= demo.tune_prompts:
@@ -111,7 +105,6 @@ def run_demo(demo: DemoArguments, pair: HeadPairArguments | None = None) -> dict
 
 def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: list[Prompt], demo: DemoArguments,
                tuning_cost: dict | None) -> str:
-    """One paragraph saying which K, confidence and thresholds were picked, and how."""
     picked = (f"constant K = {best['constant'].num_assistant_tokens}, dynamic confidence = "
               f"{best['dynamic'].assistant_confidence_threshold:g}, online threshold = "
               f"{best['online'].stop_threshold:g}, ada threshold = {best['ada'].name.split('@')[-1]}")
@@ -125,8 +118,7 @@ def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: lis
 
 
 def headline(summary: list[dict]) -> str:
-    """SpecDec++ against the best constant K, dynamic, online and Hugging Face's dynamic: flat cost per token
-    first, then the measured speedup."""
+    """SpecDec++ against the other methods: flat cost per token, then the measured speedup."""
     rows = {row["schedule"] if row["engine"] == "specdecpp" else row["method"]: row for row in summary}
     ada, constant, dynamic, online, hf = (rows[name] for name in ("ada", "constant", "dynamic", "online",
                                                                    "hf:dynamic"))
@@ -147,15 +139,13 @@ FLAGS = (HeadPairArguments, DemoArguments)  # the command's flags, in --help's o
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`specdecpp demo [flags]`: set threads and seed and run the demo; bad input exits with one line."""
+    """`specdecpp demo [flags]`; bad input exits with one line."""
     parser = HfArgumentParser(FLAGS, description=__doc__.splitlines()[0])
     pair, demo = parser.parse_args_into_dataclasses(args=argv)
-    # The embedded pair is stored in float16, which CPUs run slowly: the demo runs in float32 unless told.
     pair = replace(pair, torch_dtype=pair.torch_dtype or "float32")
     if demo.threads:
         torch.set_num_threads(demo.threads)
     torch.manual_seed(demo.seed)
-    # Quiet Hugging Face's own warnings and progress bars.
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:

@@ -18,8 +18,7 @@ HF_SCHEDULES = ("constant", "heuristic", "dynamic")
 
 
 def hf_assistant_settings(spec: MethodSpec) -> dict:
-    """Hugging Face's assistant settings for one of its schedules (its `dynamic` is `constant` with the confidence
-    stop; a zero threshold turns that stop off)."""
+    """Hugging Face's assistant settings for one of its schedules."""
     if spec.schedule not in HF_SCHEDULES:
         raise ValueError(f"Hugging Face has no {spec.schedule!r} schedule; choose from {', '.join(HF_SCHEDULES)}")
     dynamic = spec.schedule == "dynamic"
@@ -29,8 +28,7 @@ def hf_assistant_settings(spec: MethodSpec) -> dict:
 
 
 def hf_assisted_generate(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Callable[[Prompt, int], Counts]:
-    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules under `decoding`; each method
-    owns a copy of the draft's generation config, where that schedule keeps its state."""
+    """`target.generate(assistant_model=draft)` with one of Hugging Face's schedules under `decoding`."""
     target, draft = pair.target, pair.draft
     config = copy.deepcopy(draft.generation_config)
     for name, value in hf_assistant_settings(spec).items():
@@ -88,9 +86,8 @@ def count_forwards(model: PreTrainedModel) -> Iterator[list[tuple[int, int]]]:
 
 def rounds_from_target_calls(calls: list[tuple[int, int]], prompt_length: int,
                              generated: int) -> tuple[list[int], list[int]]:
-    """Per round (one target forward each): accepted and drafted tokens, recovered from where each round starts.
-    Rounds that cannot be (a later empty cache, a round emitting outside 1..k+1, a total other than `generated`)
-    are a ValueError naming the round."""
+    """Per round (one target forward each): `(accepted, drafted)` tokens; ValueError naming a round that cannot be
+    recovered."""
     if not calls:
         raise ValueError("no target forward pass was recorded")
     starts, drafted = [], []
@@ -107,6 +104,5 @@ def rounds_from_target_calls(calls: list[tuple[int, int]], prompt_length: int,
             raise ValueError(f"round {round_index}: {end - start} tokens emitted (generated {start} -> {end}) after "
                              f"{k} drafted; a round emits 1 to k + 1 tokens and the rounds add up to the "
                              f"{generated} generated")
-    # The last round may stop at EOS inside its accepted tokens: what it emitted counts, nothing more.
     accepted = [end - start - 1 for start, end in zip(starts, ends)]
     return accepted, drafted

@@ -1,5 +1,4 @@
-"""The methods an evaluation compares (`target`, `draft`, `specdecpp:<schedule>[@...]`,
-`hf:<schedule>[@...]`) and the adapter to our engine."""
+"""The methods an evaluation compares and the adapter to our engine."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,7 +24,7 @@ class MethodSpec:
     engine: str | None  # "specdecpp" or "hf"; None for a model alone
     schedule: str
     num_assistant_tokens: int | None = None
-    stop_threshold: float | str | None = None  # "auto" until the head is loaded (see `build_method`)
+    stop_threshold: float | str | None = None  # "auto" until the head is loaded
     head: str | None = None  # the ada head's folder or Hub id
     assistant_confidence_threshold: float | None = None
     online: bool = False  # ada with online recalibration
@@ -41,15 +40,15 @@ class Counts:
     draft_calls: int | None
     discarded_tokens: int | None
     accepted_lengths: list[int] | None
-    compile_time: float = 0.0  # seconds the call spent compiling (our compiled engine), inside its time
+    compile_time: float = 0.0  # seconds spent compiling, inside its time
 
 
 @dataclass
 class Method:
-    """A runnable method: its spec and the function that generates for one prompt with one seed."""
+    """A runnable method: its spec and its `generate(prompt, seed)`."""
 
     spec: MethodSpec
-    generate: Callable[[Prompt, int], Counts]  # (prompt, seed) -> counts
+    generate: Callable[[Prompt, int], Counts]
     restart: Callable[[], None] = lambda: None  # forget what it learned (after the warm-up)
 
 
@@ -68,7 +67,6 @@ def method_specs(grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
 
 
 def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) -> list[MethodSpec]:
-    """The specs of one schedule: one per K, head, threshold or confidence it reads."""
     if schedule == "constant":
         return [MethodSpec(f"{engine}:constant@K={k}", engine, schedule, num_assistant_tokens=k)
                 for k in dict.fromkeys(grid.num_assistant_tokens)]
@@ -77,7 +75,6 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
         return [MethodSpec(f"{engine}:heuristic@K={k}", engine, schedule, num_assistant_tokens=k)]
     if schedule == "ada":
         heads = list(dict.fromkeys(heads))
-        # "auto" runs with every head that stores a threshold (see `may_store_threshold`)
         return [MethodSpec(f"{engine}:ada" + ("-online" if online else "")
                            + (f"[{head_label(head)}]" if len(heads) > 1 else "")
                            + f"@{t if t == 'auto' else format(float(t), 'g')}", engine, schedule,
@@ -130,9 +127,8 @@ def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
 def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,
                     head: AcceptancePredictionHead | None,
                     decoding: DecodingSettings) -> tuple[Callable[[Prompt, int], Counts], Callable[[], None]]:
-    """Our engine with `spec`'s schedule (a model alone counts its forwards as its own calls). Returns
-    the generating function and `restart`, which puts a learning method's estimator back to its cold
-    start; the estimator learns over the prompts in the order given."""
+    """Our engine with `spec`'s schedule: `(generate, restart)`, `restart` putting a learning method's estimator
+    back to its cold start."""
     settings = method_settings(spec, head, decoding)
     alone_is_draft = spec.engine is None and spec.name == "draft"
 

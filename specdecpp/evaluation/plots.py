@@ -1,6 +1,4 @@
-"""The evaluation's figures from its summary rows: `plot_pareto` (discarded draft tokens against target calls per
-token, per schedule, with the Pareto front) and `plot_speedup` (speedup against the ada threshold). `python -m
-specdecpp.evaluation.plots results/*/summary.json` redraws them."""
+"""The evaluation's figures; `python -m specdecpp.evaluation.plots results/*/summary.json` redraws them."""
 from __future__ import annotations
 
 import json
@@ -12,7 +10,6 @@ from matplotlib.figure import Figure  # not pyplot: files only, and no backend c
 
 
 def _series(summary: list[dict]) -> dict[str, list[dict]]:
-    """Rows grouped into curves, one per (engine, schedule), sorted along the schedule's knob."""
     curves: dict[str, list[dict]] = {}
     for row in summary:
         if row["engine"] is None or row["target_calls_per_token"] is None or row["discarded_per_token"] is None:
@@ -25,7 +22,6 @@ def _series(summary: list[dict]) -> dict[str, list[dict]]:
 
 
 def _family(row: dict) -> str:
-    """A curve's name: engine and schedule, and for ada the head when a run compares several."""
     ada_head = f"[{row['method'].split('[')[1].split(']')[0]}]" if "[" in row["method"] else ""
     return f"{row['engine']}:{row['schedule']}{ada_head}"
 
@@ -59,7 +55,6 @@ def plot_pareto(summary: list[dict], path: str | Path, title: str = "") -> Path:
         xs = [r["discarded_per_token"] for r in rows]
         ys = [r["target_calls_per_token"] for r in rows]
         points += list(zip(xs, ys))
-        # open markers and dashes keep Hugging Face's rows visible where they coincide with ours
         hf = rows[0]["engine"] == "hf"
         ax.plot(xs, ys, marker="s" if hf else "o", markerfacecolor="none" if hf else None, markersize=8 if hf else 6,
                 linestyle=("--" if hf else "-") if len(rows) > 1 else "none", label=name)
@@ -104,7 +99,6 @@ def _fastest_per_family(summary: list[dict]) -> list[dict]:
 
 
 def _finish(fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> Path:
-    """Label the figure and save it as PNG."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

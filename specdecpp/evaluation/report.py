@@ -16,8 +16,7 @@ from specdecpp.measuring import metrics
 
 def report(records: list[dict], cost: dict, output: str | Path, title: str = "", figures: bool = True,
            settings: dict | None = None, **extra) -> dict:
-    """Summarize `records`, print the table and greedy verdict, save `summary.json` atomically and, when `figures`,
-    the figures in `output`. Returns the summary document."""
+    """Print the table and greedy verdict, save `summary.json` (and the figures) in `output`; returns the document."""
     summary = metrics.summarize(records, cost["cost_ratio"])
     table = metrics.format_table(summary, cost["cost_ratio"])
     verdict = metrics.greedy_verdict(summary, records)

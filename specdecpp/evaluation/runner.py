@@ -1,5 +1,4 @@
-"""The measurement loop: every method on every prompt, interleaved, timed, and saved atomically after each prompt,
-so an interrupted run resumes from its last complete prompt."""
+"""The measurement loop: every method on every prompt, interleaved, timed, saved after each prompt (resumable)."""
 from __future__ import annotations
 
 import json
@@ -27,8 +26,7 @@ from specdecpp.models import HeadPairArguments
 
 
 def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Method:
-    """A runnable method for `spec` on `pair` under `decoding`; an ada threshold of `auto` becomes the head's
-    stored one."""
+    """A runnable method for `spec` on `pair` under `decoding`, an `auto` threshold resolved."""
     if spec.engine == "hf":
         return Method(spec, hf_assisted_generate(spec, pair, decoding))
     if spec.engine is None:
@@ -42,10 +40,9 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
     return Method(spec, *engine_generate(spec, pair.target, pair.draft, head, decoding))
 
 
-# -- the measurement loop -----------------------------------------------------------------------
 def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int, compile: bool = False) -> float:
-    """Run each method once, untimed (when `compile`, over the longest prompt, so graphs compile here), then
-    restart the methods that learn online. Returns the seconds spent compiling."""
+    """Run each method once untimed (over the longest prompt when `compile`) and restart it; returns the seconds
+    spent compiling."""
     seconds = 0.0
     if compile:
         longest = max(prompts, key=lambda prompt: len(prompt.ids) + prompt.max_new_tokens)
@@ -62,9 +59,8 @@ def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int
 def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions, probe: step_timing.CostProbe,
                    tokenizer=None, on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
                    target: PreTrainedModel | None = None, greedy: bool = True) -> list[dict]:
-    """Every method on every prompt, interleaved with the starting method rotating, timed one generation at a time
-    (prompt i seeded with `run.seed + i`), then the `probe`'s cost steps. Returns one record per (prompt, method);
-    greedy outputs are checked against the target's, and `on_prompt(records)` runs after each prompt."""
+    """One record per (prompt, method): methods interleaved in rotating order, prompt i seeded with `run.seed + i`,
+    then the `probe`'s cost steps; `on_prompt(records)` runs after each prompt."""
     records: list[dict] = []
     for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not run.progress)):
         seed = run.seed + prompt.id
@@ -89,8 +85,7 @@ def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions
 
 def first_difference_margin(target: PreTrainedModel, prompt: list[int], tokens: list[int],
                             reference: list[int]) -> float:
-    """The target's top-two logit gap where greedy `tokens` first differ from its own `reference` (below
-    `metrics.NEAR_TIE_MARGIN`: a numerical near-tie)."""
+    """The target's top-two logit gap where greedy `tokens` first differ from its own `reference`."""
     common = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
     device = target.get_input_embeddings().weight.device
     with torch.inference_mode():
@@ -100,7 +95,6 @@ def first_difference_margin(target: PreTrainedModel, prompt: list[int], tokens: 
 
 
 def _time_cost_steps(probe: step_timing.CostProbe, steps: int) -> dict:
-    """The medians of `steps` timed draft steps and target verifications, in ms."""
     draft_ms, target_ms = probe.sample(steps)
     return {"draft_step_ms": statistics.median(draft_ms), "target_verify_ms": statistics.median(target_ms)}
 
@@ -131,8 +125,8 @@ def _record(prompt: Prompt, spec: MethodSpec, runs: dict, greedy: bool, tokenize
 def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding: DecodingSettings, run: RunOptions,
             results_path: Path | None = None, label: str = "evaluate",
             done: list[dict] | None = None) -> tuple[list[dict], dict]:
-    """Warm the methods up, then run them on every prompt not in `done`, saving all records to `results_path` after
-    each. Returns the records and the run's cost measurement (`run_cost` plus `compile_seconds`)."""
+    """Warm up, then run on every prompt not in `done`, saving to `results_path` after each; returns the records and
+    the run's cost (`run_cost` plus `compile_seconds`)."""
     done = done or []
     methods = [build_method(spec, pair, decoding) for spec in specs]
     compile_seconds = warm_up(methods, prompts, run.warmup_tokens, run.seed, decoding.compile)
@@ -140,7 +134,7 @@ def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding
     finished = {record["id"] for record in done}
     todo = [prompt for prompt in prompts if prompt.id not in finished]
     if results_path is not None:
-        results_path.parent.mkdir(parents=True, exist_ok=True)  # made only now: a run that failed earlier leaves none
+        results_path.parent.mkdir(parents=True, exist_ok=True)
     save = (lambda so_far: write_json(results_path, done + so_far)) if results_path is not None else None
     records = done + run_evaluation(methods, todo, run, probe, pair.tokenizer, on_prompt=save, label=label,
                                     target=pair.target, greedy=not decoding.do_sample)
@@ -156,8 +150,7 @@ def run_cost(records: list[dict], probe: step_timing.CostProbe, steps_per_prompt
 
 
 def records_to_resume(path: Path, specs: list[MethodSpec], prompts: list[Prompt]) -> list[dict]:
-    """The records an interrupted run saved at `path` (none without a file), checked to be of the same methods and
-    prompts; a damaged file is reported with the way out."""
+    """The records an interrupted run saved at `path`, checked to be of the same methods and prompts."""
     if not path.is_file():
         return []
     try:
@@ -183,14 +176,11 @@ def records_to_resume(path: Path, specs: list[MethodSpec], prompts: list[Prompt]
 
 
 def damaged(path: Path, why: str) -> str:
-    """The message for a results file that cannot be resumed from: its path, why, the way out."""
     return f"results file {path} is damaged ({why}): rerun with --overwrite to start again, or restore it"
 
 
 class Evaluation:
-    """One evaluation's inputs, checked, its tokenizer and prompts read and methods listed before any model loads;
-    the pair loads on first use. `measure` runs any of its methods on any of its prompts and `report` writes the
-    summary."""
+    """One evaluation, its inputs checked and prompts read before any model loads; the pair loads on first use."""
 
     def __init__(self, pair: HeadPairArguments, grid: MethodGrid | None = None,
                  decoding: DecodingSettings | None = None, source: PromptSource | None = None,
@@ -215,8 +205,7 @@ class Evaluation:
     def measure(self, specs: list[MethodSpec] | None = None, prompts: list[Prompt] | None = None,
                 save: bool = False, label: str = "evaluate",
                 done: list[dict] | None = None) -> tuple[list[dict], dict]:
-        """`measure` the `specs` (default: the grid) on the `prompts` (default: all), saving after each prompt when
-        `save`."""
+        """`measure` the `specs` (default: the grid) on the `prompts` (default: all)."""
         specs = self.specs if specs is None else specs
         prompts = self.prompts if prompts is None else prompts
         path = results_file(self.run.output, prompts) if save else None
@@ -224,7 +213,7 @@ class Evaluation:
 
     def report(self, records: list[dict], cost: dict, prompts: list[Prompt] | None = None, title: str = "",
                **extra) -> dict:
-        """`report` the records measured on `prompts` under `title`, with `extra` entries in the summary."""
+        """`report` the records measured on `prompts`, with `extra` entries in the summary."""
         prompts = self.prompts if prompts is None else prompts
         path = results_file(self.run.output, prompts)
         return report(records, cost, self.run.output, title or run_title(self.source.prompts, prompts, self.decoding),
@@ -241,8 +230,7 @@ class Evaluation:
 
 def evaluate(pair: HeadPairArguments, grid: MethodGrid | None = None, decoding: DecodingSettings | None = None,
              source: PromptSource | None = None, run: RunOptions | None = None, title: str = "") -> dict:
-    """The whole evaluation: check the inputs, resume (`run.resume`) or refuse to replace saved records (without
-    `run.overwrite`), load the pair, measure and report. Returns the summary document."""
+    """Check, resume or refuse to replace saved records, measure and report; returns the summary document."""
     evaluation = Evaluation(pair, grid, decoding, source, run)
     path = results_file(evaluation.run.output, evaluation.prompts)
     if evaluation.run.resume:

@@ -1,7 +1,4 @@
-"""Evaluation settings, the bottom of the evaluation package: the pair, the methods compared
-(`MethodGrid`), how they decode (`DecodingArguments`), the prompts (`PromptSource`) and the run
-(`RunOptions`); the dataclasses are also `specdecpp evaluate`'s flags. Inputs are checked and
-prompts read before any model is loaded."""
+"""Evaluation settings (also `specdecpp evaluate`'s flags), checked, with the prompts read, before any model loads."""
 from __future__ import annotations
 
 import itertools
@@ -35,8 +32,7 @@ def zoo_pair(pair: HeadPairArguments) -> HeadPairArguments:
 
 @dataclass
 class MethodGrid:
-    """The methods an evaluation compares: our schedules, one method per K, threshold (per head) and
-    confidence, beside the baselines."""
+    """The methods compared: our schedules, one per K, threshold (per head) and confidence, and the baselines."""
 
     schedule: list[str] = field(default_factory=lambda: ["constant", "ada"], metadata={
         "aliases": ["--num_assistant_tokens_schedule"], "choices": SCHEDULES,
@@ -87,7 +83,6 @@ class DecodingArguments:
                 "each step one torch.compile'd graph, compiled in the warm-up (its time is reported, not timed)"})
 
     def settings(self) -> DecodingSettings:
-        """These settings as the engine takes them."""
         return DecodingSettings(bound=tuple(self.bound), max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
                                 temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                                 repetition_penalty=self.repetition_penalty, compile=self.compile)
@@ -129,7 +124,6 @@ class RunOptions:
                 "refuses to start over finished prompts)"})
 
 
-# -- checks that need no model ------------------------------------------------------------------
 def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSettings, source: PromptSource,
                  run: RunOptions) -> None:
     """ValueError, naming the flags, on settings that cannot work, before anything is loaded."""
@@ -165,8 +159,8 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
 
 
 def budget_step_times_from(grid: MethodGrid, schedule: str, heads: list[str]) -> str | None:
-    """Where a budget schedule's method reads its step times: `--step_times_from`, else (without a head
-    of its own) the first of `heads` that stores them; None: its own head's."""
+    """Where a budget schedule reads its step times: `--step_times_from`, else (without a head of its own) the
+    first of `heads` storing them; None: its own head's."""
     if grid.step_times_from is not None or SCHEDULES[schedule].needs_head:
         return grid.step_times_from
     return next((head_dir for head_dir in heads if stores_step_times(head_dir)), None)
@@ -207,7 +201,6 @@ def _flag(name: str) -> str:
 
 
 def _as_threshold(text: str) -> float | str:
-    """A `--stop_threshold` value as a number, or the text itself."""
     try:
         return float(text)
     except ValueError:
@@ -239,7 +232,6 @@ def _is_local_path(name: str) -> bool:
 
 
 def _zoo_hint(path: str) -> str:
-    """What to do about a missing folder of the embedded pair."""
     if not Path(path).resolve().is_relative_to(ZOO_DIR.resolve()):
         return ""
     return (f" (the embedded pair is expected in {ZOO_DIR}, inside a checkout of the repository, where "
@@ -258,7 +250,7 @@ def _check_head(head_dir: str, draft_config) -> None:
 
 def check_writable(path: str) -> None:
     """Create `path` and write a file into it, or ValueError; folders made only for the check are removed."""
-    created = None  # the outermost folder of `path` that does not exist yet
+    created = None  # the outermost missing folder
     folder = os.path.abspath(path)
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:
         created, folder = folder, os.path.dirname(folder)
@@ -273,7 +265,6 @@ def check_writable(path: str) -> None:
             shutil.rmtree(created, ignore_errors=True)
 
 
-# -- prompts ------------------------------------------------------------------------------------
 @dataclass
 class Prompt:
     """One prompt: its index in the source, its text, its token ids and its generation budget."""
@@ -285,8 +276,7 @@ class Prompt:
 
 
 def load_eval_prompts(source: PromptSource, tokenizer, max_new_tokens: int) -> list[Prompt]:
-    """The prompts `[n_begin:n_end]`, formatted and tokenized; with `max_length`, those already as long
-    are left out."""
+    """The prompts `[n_begin:n_end]`, formatted and tokenized, less those already `max_length` long."""
     try:
         texts = load_prompts(source.prompts, source.prompts_split, source.n_begin, source.n_end)
     except (FileNotFoundError, ValueError):
@@ -305,7 +295,6 @@ def load_eval_prompts(source: PromptSource, tokenizer, max_new_tokens: int) -> l
     return prompts
 
 
-# -- the pair -------------------------------------------------------------------------------------
 @dataclass
 class Pair:
     """The loaded models: target, draft, the heads by folder or Hub id (none without ada) and the tokenizer."""
@@ -323,12 +312,10 @@ def load_pair(pair: HeadPairArguments, tokenizer, need_head: bool) -> Pair:
     check_same_vocab(vocab_size(target), vocab_size(draft))
     for model, role in ((target, "the target"), (draft, "the draft")):
         check_can_roll_back(model, role)
-    # A head from the Hub (not checked beforehand) meets the engine's hidden-size check at warm-up.
     heads = {head_dir: load_head(head_dir).to(draft.device) for head_dir in (pair.head if need_head else [])}
     return Pair(target, draft, heads, tokenizer)
 
 
-# -- files ------------------------------------------------------------------------------------------
 def results_file(output: str | Path, prompts: list[Prompt]) -> Path:
     """The reference's file name, `results_{n_begin}to{n_end}.json`, for these prompts."""
     return Path(output) / f"results_{prompts[0].id}to{prompts[-1].id + 1}.json"
@@ -343,7 +330,7 @@ def check_results_replaceable(path: Path, overwrite: bool) -> None:
 
 def load_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSettings, source: PromptSource,
                 run: RunOptions) -> tuple[object, list[Prompt]]:
-    """Check the settings, load the tokenizer and read the prompts. Returns the tokenizer and prompts."""
+    """Check the settings; returns the tokenizer and the prompts."""
     check_inputs(pair, grid, decoding, source, run)
     tokenizer = load_tokenizer(pair.target, trust_remote_code=pair.trust_remote_code)
     return tokenizer, load_eval_prompts(source, tokenizer, decoding.max_new_tokens)

@@ -1,22 +1,8 @@
 """A head folder's files besides its weights: the model card (`README.md`) and `custom_generate/`.
 
-The card is rendered in one place, `render_card`, from the head's config (`config.json`: shape,
-alignment, features and, once chosen, `stop_threshold` with its `threshold_selection`) and what
-the folder holds (`card_facts`):
-- `card.json`: the pair (`draft`, `target`), `training_data`, training's `eval_metrics`, when
-  recorded a `calibration` report (or named reports), and `notes` (Markdown shown as written, for
-  what a person adds: how the head was made), and for a head made by `specdecpp head` its `recipe`
-  and short `evaluation` (`specdecpp.training.recipe`); training records its part with `record_card_facts`,
-  and a hand-made record (the embedded zoo heads') may hold more;
-- `calibration*.json`: calibration reports (`specdecpp.calibration.report --output`);
-- `*.png`: reliability diagrams and cost curves.
-Whoever changes any of them (saving, training, calibration) re-renders with `write_card`, and
-publishing renders the staged copy, so the card is never edited as text and can be rendered again
-at any time. `stored_step_times` reads back the step times a threshold choice stored (in the
-config, or in a calibration report). `custom_generate/generate.py` (`SHIM`) and `custom_generate/requirements.txt` make the
-folder a `custom_generate` target for `transformers`' `generate`. This module imports none of the
-decoding code (only `specdecpp.custom_generate`, which the shim names, does), so the head and
-training write their folders without loading the engine.
+The card is always rendered by `render_card` from `config.json` and what the folder holds
+(`card_facts`: `card.json`, `calibration*.json`, `*.png`), never edited as text. This module
+imports no decoding code, so the head and training write folders without loading the engine.
 """
 from __future__ import annotations
 
@@ -31,8 +17,6 @@ from specdecpp.checks import read_head_config
 from specdecpp.costs import BUSY_SPREAD, FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 from specdecpp.head.card_data import LIBRARY_NAME, PAPER_URL, TAGS
 
-# `custom_generate/generate.py` of every head folder: the decoding lives in the package, so a
-# published head keeps working as specdecpp improves and the file stays a few lines.
 SHIM = '''"""SpecDec++ speculative decoding (https://arxiv.org/abs/2405.19715) with the acceptance prediction
 head stored in this folder / Hub repo. Needs the `specdecpp` package (see requirements.txt):
 
@@ -50,16 +34,13 @@ REQUIREMENTS = "specdecpp\n"
 CUSTOM_GENERATE_FILES = {"custom_generate/generate.py": SHIM, "custom_generate/requirements.txt": REQUIREMENTS}
 
 CARD_FACTS = "card.json"
-# The tags `PyTorchModelHubMixin` adds to the cards it writes; ours carry them too.
 MIXIN_TAGS = ["model_hub_mixin", "pytorch_model_hub_mixin"]
 PLACEHOLDER_REPO = "this-repo-or-folder"
 REPLAYED_ROUNDS = {"greedy": "greedy rounds", "sampling": "sampled rounds (in expectation over p_acc)"}
 
 
 def write_custom_generate(folder: str | os.PathLike) -> list[Path]:
-    """Write `custom_generate/generate.py` and `custom_generate/requirements.txt` into `folder` (a
-    head folder), making it a `custom_generate` target for `transformers`' `generate`. Returns the
-    paths written."""
+    """Make head folder `folder` a `custom_generate` target for `generate`; returns the paths written."""
     written = []
     for name, text in CUSTOM_GENERATE_FILES.items():
         path = Path(folder) / name
@@ -70,15 +51,13 @@ def write_custom_generate(folder: str | os.PathLike) -> list[Path]:
 
 
 def write_head_files(folder: str | os.PathLike, repo_id: str | None = None) -> Path:
-    """Write `custom_generate/` and the model card rendered from the folder's files (`write_card`)
-    into `folder`, a head folder whose `config.json` is written. Returns the card's path."""
+    """Write `custom_generate/` and the model card into `folder`; returns the card's path."""
     write_custom_generate(folder)
     return write_card(folder, repo_id)
 
 
 def write_card(folder: str | os.PathLike, repo_id: str | None = None) -> Path:
-    """Render `folder`'s model card from its `config.json` and `card_facts` and write it to
-    `README.md` (the usage examples naming `repo_id`, or a placeholder). Returns its path."""
+    """Render `folder`'s card (its examples naming `repo_id`) to `README.md`; returns its path."""
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     readme = folder / "README.md"
@@ -87,8 +66,7 @@ def write_card(folder: str | os.PathLike, repo_id: str | None = None) -> Path:
 
 
 def record_card_facts(folder: str | os.PathLike, facts: dict) -> Path:
-    """Merge `facts` (see the module docstring: `draft`, `target`, `training_data`,
-    `eval_metrics`, ...) into `folder`'s `card.json`, keeping what it holds besides. Returns its path."""
+    """Merge `facts` into `folder`'s `card.json`, keeping its other keys; returns its path."""
     path = Path(folder) / CARD_FACTS
     path.parent.mkdir(parents=True, exist_ok=True)
     recorded = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -97,9 +75,8 @@ def record_card_facts(folder: str | os.PathLike, facts: dict) -> Path:
 
 
 def card_facts(folder: str | os.PathLike) -> dict:
-    """What the card shows from `folder` besides the head's config: `card.json`'s facts, its
-    calibration reports with those of `calibration*.json` (under `calibration`, by name, as tables
-    of their scalar figures) and the diagrams (`plots`: the `*.png` files)."""
+    """`card.json`'s facts, with `calibration` (reports by name, from it and `calibration*.json`)
+    and `plots` (the `*.png` files)."""
     folder = Path(folder)
     path = folder / CARD_FACTS
     facts = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -110,8 +87,7 @@ def card_facts(folder: str | os.PathLike) -> dict:
 
 
 def _named_reports(calibration: dict) -> dict[str, dict]:
-    """Calibration reports by name: `calibration` itself when it is one report (it holds figures),
-    else its reports (the entries that are dicts)."""
+    """`calibration` as one report when it holds figures, else its dict entries by name."""
     if any(_is_figure(value) for value in calibration.values()):
         return {"calibration": calibration}
     return {name: report for name, report in calibration.items() if isinstance(report, dict)}
@@ -122,10 +98,7 @@ def _is_figure(value) -> bool:
 
 
 def render_card(config: dict, facts: dict, repo_id: str | None = None) -> str:
-    """The model card of a head with `config` (its `config.json`) and `facts` (`card_facts`; the
-    card shows `draft`, `target`, `training_data`, `eval_metrics`, `calibration`, `plots`,
-    `notes` and, for a head made by `specdecpp head`, its `recipe` and short `evaluation`), its
-    usage examples naming `repo_id` (a placeholder when None)."""
+    """The model card for `config` and `facts` (`card_facts`), its examples naming `repo_id`."""
     front = ModelCardData(library_name=LIBRARY_NAME, tags=sorted(TAGS + MIXIN_TAGS)).to_yaml()
     sections = [f"---\n{front}\n---", _summary(config, facts), _threshold_section(config),
                 _eval_section(facts), _calibration_section(facts), facts.get("notes"), _recipe_section(facts),
@@ -134,8 +107,6 @@ def render_card(config: dict, facts: dict, repo_id: str | None = None) -> str:
 
 
 def _recipe_section(facts: dict) -> str:
-    """How `specdecpp head` made the head: its recipe (what `--recipe` takes to make it again) and
-    the short evaluation's table."""
     if not facts.get("recipe"):
         return ""
     evaluation, table = facts.get("evaluation") or {}, ""
@@ -171,7 +142,6 @@ logit features: {features}"""
 
 
 def _threshold_section(config: dict) -> str:
-    """The stored threshold and, when its selection holds the replayed curve, how it was chosen."""
     threshold = config.get("stop_threshold")
     if threshold is None:
         return ""
@@ -215,8 +185,6 @@ Timings depend on the machine and its load: re-run `--choose_threshold` on the m
 
 
 def _priced(times: dict) -> str:
-    """Where a selection's step times came from: timed passes through an engine, or given prices
-    (no timed pass: flat GPU-like prices from a `--step_times_from` file)."""
     if not times.get("repeats"):
         return f"with given prices ({times['device']}), not timed on this machine"
     return (f"measured through the {times.get('engine', 'eager')} engine's own steps on {times['device']} with "
@@ -224,7 +192,6 @@ def _priced(times: dict) -> str:
 
 
 def _calibration_section(facts: dict) -> str:
-    """A table of the scalar figures (rounded) of each calibration report, then the diagrams."""
     tables = {name: {k: round(v, 4) if isinstance(v, float) else v for k, v in report.items() if _is_figure(v)}
               for name, report in _named_reports(facts.get("calibration") or {}).items()}
     calibration = {name: figures for name, figures in tables.items() if figures}
@@ -242,7 +209,6 @@ def _eval_section(facts: dict) -> str:
 
 
 def _table(key: str, columns: dict[str, dict], number: str = "{}") -> str:
-    """A Markdown table: a row per key of the columns' dicts (in first-seen order), a column each."""
     rows = list(dict.fromkeys(row for column in columns.values() for row in column))
     lines = [f"| {key} | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
     for row in rows:
@@ -254,8 +220,6 @@ def _table(key: str, columns: dict[str, dict], number: str = "{}") -> str:
 
 
 def _usage(config: dict, facts: dict, repo_id: str) -> str:
-    """The usage examples: the engine's defaults, or the stored threshold (`"auto"`), the bound it
-    was chosen for and, for a threshold chosen on sampled records, `do_sample=True`."""
     usage = {}
     if config.get("stop_threshold") is not None:
         selection = config.get("threshold_selection") or {}
@@ -294,8 +258,7 @@ out = speculative_generate(target, draft, **inputs, head=head{settings})
 
 
 def stored_step_times(path: str) -> tuple[StepTimes, StepTimes]:
-    """The step times `(plain, judged)` stored by a threshold choice: in a head folder's config, or
-    in a JSON file holding a selection or a calibration report (`--output`) with one."""
+    """The `(plain, judged)` step times a threshold choice stored in a head folder or JSON file."""
     if os.path.isdir(path):
         selection = read_head_config(path).get("threshold_selection") or {}
     else:

@@ -1,6 +1,4 @@
-"""Records to what the head reads (examples, batches, hidden states and features, laid out by alignment), and
-`predict`, the head run over records. Training, calibration and the threshold choice all read the head's inputs
-here."""
+"""Records to what the head reads (examples, batches, hidden states and features), and `predict` over records."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +31,7 @@ def make_example(record: dict, index: int, mixing_ratio: float, seed: int, align
 
 
 def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
-    """Right-pad examples into tensors (`input_ids` and `attention_mask`, or cached `hidden_states`), `labels`
-    padded with IGNORE."""
+    """Right-pad examples into tensors, `labels` padded with IGNORE."""
     width = max(len(f["labels"]) for f in features)
 
     def padded(name: str, fill: float, dtype: torch.dtype) -> torch.Tensor:
@@ -74,8 +71,7 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
 
 @torch.no_grad()
 def record_features(draft: PreTrainedModel, records: list[dict], names: list[str]) -> list[np.ndarray]:
-    """The named `logit_features` of each record's proposals, teacher-forced on the target's prefix: one
-    `[len(p_acc), len(names)]` array per record."""
+    """The named `logit_features` of each record's proposals: one `[len(p_acc), len(names)]` array per record."""
     device = model_device(draft)
     features = []
     for record in tqdm(records, desc="features", unit="record"):
@@ -88,8 +84,7 @@ def record_features(draft: PreTrainedModel, records: list[dict], names: list[str
 @torch.no_grad()
 def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: list[dict], mixing_ratio: float = 0.15,
             seed: int = 42, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """`(labels, predictions)` over every labelled position of the records, in order: `p_acc` and the head's
-    P(accept) on the examples training builds."""
+    """`(labels, predictions)`: `p_acc` and the head's P(accept) at every labelled position of the records."""
     check_head_fits_draft(head.hidden_size, hidden_size(draft.config))
     device = model_device(draft)
     head = head.to(device)

@@ -14,8 +14,7 @@ IGNORE = -100.0  # label of positions the loss skips (Trainer also pads predicti
 
 
 def acceptance_loss(logits: torch.Tensor, labels: torch.Tensor, weight_mismatch: float) -> torch.Tensor:
-    """The weighted BCE `sum[w (1-y) (-log(1-s)) + y (-log s)] / sum[w (1-y) + y]` over labelled positions, from
-    log-softmax."""
+    """The weighted BCE `sum[w (1-y) (-log(1-s)) + y (-log s)] / sum[w (1-y) + y]` over labelled positions."""
     keep = labels != IGNORE
     y = labels[keep].float()
     log_probs = logits[keep].float().log_softmax(-1)  # [:, 0] = log(1 - s), [:, 1] = log s

@@ -1,8 +1,6 @@
 """Publish a trained head on the Hugging Face Hub, and only the head.
 
-`specdecpp push HEAD REPO_ID` (or `train.py --push_to_hub`) uploads the weights, config, card, `custom_generate/`
-and the head's calibration evidence, staged with files rendered afresh; never draft weights, optimizer state or
-checkpoints.
+Never draft weights, optimizer state or checkpoints: only `PUBLISHED` files, with the card rendered afresh.
 """
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ from specdecpp.cli import input_errors
 from specdecpp.head.folder import write_head_files
 from specdecpp.models import load_head
 
-# Top-level files of a head folder that are published; everything else stays home.
 PUBLISHED = ("config.json", "model.safetensors", "pytorch_model.bin", "card.json", "recipe.yaml", "calibration*.json",
              "*.png")
 
@@ -33,8 +30,8 @@ def published_files(head_dir: str | os.PathLike) -> list[str]:
 
 
 def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id: str | None = None) -> list[str]:
-    """Copy what is published from `head_dir` into `staging` with `custom_generate/` and the card rendered there;
-    returns the staged paths, sorted. ValueError or FileNotFoundError if `head_dir` is not a head."""
+    """Stage what is published from `head_dir` in `staging`; returns the staged paths, sorted. ValueError or
+    FileNotFoundError if `head_dir` is not a head."""
     head_dir, staging = Path(head_dir), Path(staging)
     if not head_dir.is_dir():
         raise FileNotFoundError(f"no head folder at {head_dir}")
@@ -47,9 +44,8 @@ def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id:
 
 def push_head(head_dir: str | os.PathLike, repo_id: str, *, private: bool = False, token: str | None = None,
               revision: str | None = None, commit_message: str = "Upload SpecDec++ acceptance prediction head"):
-    """Publish the head in `head_dir` as the Hub model repo `repo_id` (created if needed) and return the upload's
-    `CommitInfo`."""
-    read_head_config(os.fspath(head_dir))  # refuse what is not a head before creating a repo for it
+    """Publish the head in `head_dir` as the Hub model repo `repo_id`; returns the upload's `CommitInfo`."""
+    read_head_config(os.fspath(head_dir))  # before creating a repo
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
     with tempfile.TemporaryDirectory() as staging:

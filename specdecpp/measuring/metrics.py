@@ -1,5 +1,4 @@
-"""The figures an evaluation reports (docs/design.md, Measuring): per-token counts pooled over prompts, medians of
-wall-clock figures, the paired speedup, the flat cost per token, the table and the greedy verdict."""
+"""The figures an evaluation reports (docs/design.md, Measuring), its table and its greedy verdict."""
 from __future__ import annotations
 
 import statistics
@@ -7,14 +6,12 @@ import statistics
 from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, flat_spent
 
 
-# -- the summary: one row per method -------------------------------------------------------------
 IDENTITY_FIELDS = ("method", "engine", "schedule", "num_assistant_tokens", "stop_threshold", "head",
                    "assistant_confidence_threshold")
 
 
 def summarize(records: list[dict], cost_ratio: float) -> list[dict]:
-    """One summary row per method, in the order methods first appear in `records`; a count a method lacks is None,
-    never a made-up number."""
+    """One summary row per method, in order of first appearance; a count a method lacks is None."""
     methods: dict[str, list[dict]] = {}
     for record in records:
         methods.setdefault(record["method"], []).append(record)
@@ -60,9 +57,7 @@ NEAR_TIE_MARGIN = 1e-2  # top-two logit gap below which a greedy difference is a
 
 
 def greedy_verdict(summary: list[dict], records: list[dict] | None = None) -> str | None:
-    """One sentence on the greedy check: whether every checked method reproduced the target on every prompt, or
-    which did not (None when nothing was checked). A difference at a near-tie (margin below `NEAR_TIE_MARGIN`) is
-    reported apart, not as a failure."""
+    """One sentence on the greedy check (None when nothing was checked); near-tie differences are no failure."""
     checked = [row for row in summary if row["greedy_checked"]]
     if not checked:
         return None

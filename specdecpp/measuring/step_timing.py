@@ -1,5 +1,4 @@
-"""Timing the loop's steps on this machine, through the engine's own step functions (eager or compiled, as decoding
-will run): the measured `StepTimes` and the flat view's cost ratio `c`."""
+"""Timing the loop's steps through the engine's own step functions: `StepTimes` and the cost ratio `c`."""
 from __future__ import annotations
 
 import hashlib
@@ -29,9 +28,8 @@ from specdecpp.head.model import AcceptancePredictionHead
 def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                   head: AcceptancePredictionHead | None = None, do_sample: bool = False,
                   repeats: int = 8, compile: bool = False) -> tuple[StepTimes, StepTimes | None]:
-    """The pair's `StepTimes` on the context `input_ids`: for schedules without a head and, given `head`, for `ada`
-    with it, the two probes alternating pass by pass, round overhead included. Greedy unless `do_sample`; compiled
-    when `compile`."""
+    """`(plain, judged)` `StepTimes` on the context `input_ids`, round overhead included; `judged` (`ada` with
+    `head`) is None without a head."""
     probes = [StepProbe(target, draft, input_ids, max_draft, do_sample=do_sample, compile=compile)]
     if head is not None:
         probes.append(StepProbe(target, draft, input_ids, max_draft, head=head, do_sample=do_sample, compile=compile))
@@ -45,9 +43,7 @@ def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: to
 
 
 class StepProbe:
-    """Times the loop's steps on a fixed context, one pass at a time (`sample`): target-alone steps, then rounds of
-    every length `0..max_draft` through the loop's own `draft_round` and `verify`, each draft step, judgement and
-    verification apart. Both caches are cropped back after each round."""
+    """Times target-alone steps and rounds of every length `0..max_draft` on a fixed context, a pass per `sample`."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                  head: AcceptancePredictionHead | None = None, do_sample: bool = False, warmup: int = 2,
@@ -70,11 +66,9 @@ class StepProbe:
                 self._pass()
 
     def _load(self) -> None:
-        """The models with the context in their caches (`loaded_models`)."""
         self.target_model, self.draft_model = loaded_models(self.models, self.seq, self.generator)
 
     def sample(self, passes: int = 1) -> None:
-        """Time `passes` more passes."""
         if self.compiled:
             self._load()
         with torch.inference_mode():
@@ -87,8 +81,7 @@ class StepProbe:
                 self.passes += 1
 
     def times(self) -> StepTimes:
-        """The medians of every pass so far as a `StepTimes` (no round overhead), verifications fitted over
-        lengths, with the passes' spread (warns and sets `busy` when the machine was busy)."""
+        """The passes' medians (no round overhead); warns and sets `busy` when the machine was busy."""
         median = statistics.median
         verify_ms, spread = [median(v) for v in self.verified], pass_spread(self.verified)
         return StepTimes(draft_ms=[median(t) for t in self.drafts], verify_ms=fit_verify_ms(verify_ms),
@@ -122,40 +115,35 @@ class StepProbe:
 
 
 class TimedRound(Schedule):
-    """A probe's round as the loop drafts it: exactly `k` tokens, each judged by `judge` (a `HeadJudge`) when given,
-    the judgement timed; `step_ms` reads each step's times from the loop's own running totals."""
+    """A round of exactly `k` tokens, each judged by `judge` when given, timed from the loop's own totals."""
 
     def __init__(self, k: int, judge: HeadJudge | None, stats: GenerationStats):
         self.k, self.judge, self.stats = k, judge, stats
         self.totals = []
 
     def start_round(self) -> None:
-        """No step timed yet; the judge's product starts afresh."""
         self.totals = []
         if self.judge is not None:
             self.judge.start_round()
 
     def max_draft(self) -> int:
-        """The round's length, `k`."""
         return self.k
 
     def stop_after(self, step: DraftStep) -> bool:
-        """Read the totals before this step's (the loop adds them after), judge `step`, go on."""
         self.totals.append((self.stats.draft_time, self.stats.schedule_time))
         if self.judge is not None:
             self.judge(step)
         return False
 
     def step_ms(self) -> list[tuple[float, float]]:
-        """`(draft step, judgement)` in ms for each drafted token, once the round is drafted."""
+        """`(draft step, judgement)` in ms for each drafted token."""
         totals = self.totals + [(self.stats.draft_time, self.stats.schedule_time)]
         return [(1000 * (after[0] - before[0]), 1000 * (after[1] - before[1]))
                 for before, after in zip(totals, totals[1:])]
 
 
 def loaded_models(models, seq: list[int], generator: torch.Generator | None = None) -> tuple:
-    """The target and draft the engine uses (`decoding.step_models`), with the context `seq` in their caches as
-    between rounds."""
+    """The engine's target and draft (`decoding.step_models`) with the context `seq` in their caches."""
     target_model, draft_model = models()
     with torch.inference_mode():
         target_model.logits(seq, num_logits=1)
@@ -166,8 +154,7 @@ def loaded_models(models, seq: list[int], generator: torch.Generator | None = No
 
 
 class EngineSteps:
-    """The two steps `c` divides, through the engine decoding runs: one draft step and one verification of `k`
-    drafted tokens, each leaving the caches as it found them. `load` refills the compiled engine's caches."""
+    """One draft step and one verification of `k` drafted tokens, each leaving the caches as it found them."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, k: int,
                  compile: bool = False):
@@ -178,18 +165,15 @@ class EngineSteps:
         self.target_model, self.draft_model = loaded_models(self.models, self.seq)
 
     def load(self) -> None:
-        """The context back in the compiled engine's caches (nothing to do for eager models)."""
         if self.compiled:
             self.target_model, self.draft_model = loaded_models(self.models, self.seq)
 
     def draft_step(self) -> None:
-        """One draft step feeding the context's last token."""
         with torch.inference_mode():
             self.draft_model.draft_step(self.seq, 1, None)
         self.draft_model.crop(len(self.seq) - 1)
 
     def verify(self) -> None:
-        """One verification of the context's last token and `k` drafted ones (`decoding.verify`)."""
         with torch.inference_mode():
             verify(self.target_model, self.seq, self.seq[-1:] * self.k, [], self.processing, None)
         self.target_model.crop(len(self.seq) - 1)
@@ -209,8 +193,7 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
                      times: StepTimes, compile: bool = False) -> float:
-    """What a generation's first round costs beyond its priced steps because it reads the prompt (`draft=None`: the
-    target alone)."""
+    """What reading the prompt adds (ms) to a generation's first round (`draft=None`: the target alone)."""
     if draft is None:
         return _prefill_ms(target, input_ids, compile) - times.target_alone_ms
     extra = _prefill_ms(target, input_ids, compile) - times.verify_ms[0]
@@ -237,8 +220,7 @@ def measure_round_overhead(target: PreTrainedModel, draft: PreTrainedModel, inpu
 
 
 class CostProbe:
-    """Times draft steps and target verifications (`EngineSteps`) on demand after the prompt `input_ids`, so an
-    evaluation can sample `c` all through a run; `warmup_steps` of each run untimed."""
+    """Times draft steps and verifications after the prompt `input_ids` on demand, so `c` is sampled all run."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                  k: int = 4, warmup_steps: int = 10, compile: bool = False) -> None:
@@ -247,8 +229,7 @@ class CostProbe:
         self.sample(warmup_steps)
 
     def sample(self, steps: int) -> tuple[list[float], list[float]]:
-        """`steps` alternating timings (ms) of each kind of step: the draft step times and the verification
-        times."""
+        """`steps` alternating timings (ms): `(draft step times, verification times)`."""
         self.steps.load()
         draft_ms, (target_ms,) = time_alternately(self.steps.draft_step, [self.steps.verify], steps)
         return draft_ms, target_ms
@@ -263,8 +244,7 @@ def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_id
 
 def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[], None]],
                      steps: int) -> tuple[list[float], list[list[float]]]:
-    """`steps` rounds of one draft step then each of `verifies` (ms), alternating so load hits them alike: the
-    draft times and each verification's times."""
+    """Times (ms) of `steps` rounds of one draft step then each of `verifies`, alternating so load hits them alike."""
     draft_ms, verify_ms = [], [[] for _ in verifies]
     for _ in range(steps):
         for times, verification in zip(verify_ms, verifies):
@@ -274,7 +254,6 @@ def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[],
 
 
 def timed(step: Callable[[], None]) -> float:
-    """Seconds one call of `step` takes."""
     start = time.perf_counter()
     step()
     return time.perf_counter() - start
@@ -285,10 +264,8 @@ STEP_TIMES_CACHE = Path(os.environ.get("SPECDECPP_CACHE", Path.home() / ".cache"
 
 def auto_step_times(head: AcceptancePredictionHead, target: PreTrainedModel, draft: PreTrainedModel,
                     compile: bool = False) -> StepTimes | None:
-    """The step times that `stop_threshold="auto"` chooses `head`'s threshold with where the pair
-    runs (device, engine and, on a CPU, threads): None where its stored threshold was priced there,
-    or where the head stores no replayed rounds to choose again from (a warning); else this
-    device's (`device_step_times`)."""
+    """The step times `stop_threshold="auto"` chooses with here: None where the stored threshold was priced
+    here, or (warning) where the head stores no replayed rounds; else `device_step_times`."""
     selection = head.threshold_selection or {}
     stored = selection.get("judged_step_times") or {}
     here = {"device": str(target.device), "engine": "compiled" if compile else "eager"}
@@ -308,10 +285,8 @@ def auto_step_times(head: AcceptancePredictionHead, target: PreTrainedModel, dra
 def device_step_times(target: PreTrainedModel, draft: PreTrainedModel, head: AcceptancePredictionHead,
                       compile: bool = False, context: int = 128, repeats: int = 4,
                       cache_dir: Path | None = None) -> StepTimes:
-    """`ada`'s step times with `head` for this pair on the device, dtype, engine and threads they
-    run on: read from `cache_dir` (default `STEP_TIMES_CACHE`) when measured there before, else
-    measured now (`measure_costs` on a random context of `context` tokens; seconds, with a
-    progress line) and kept there."""
+    """`ada`'s step times with `head` for this pair where it runs, cached in `cache_dir` (default
+    `STEP_TIMES_CACHE`); measured on a random context of `context` tokens when not cached."""
     key = {"target": target.name_or_path, "draft": draft.name_or_path, "head": head.config,
            "device": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu",
            "dtype": str(target.dtype), "engine": "compiled" if compile else "eager",

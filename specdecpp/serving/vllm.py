@@ -5,11 +5,7 @@
         speculative_config={"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 20},
         additional_config={"specdecpp": {"head": HEAD, "stop_threshold": "auto", "bound": [1, 20]}})
 
-`specdecpp.serving.vllm_draft.register`, a `vllm.general_plugins` entry point, plugs it in; this
-module is the part that needs no vLLM: the `additional_config["specdecpp"]` section
-(`section_settings`), the checks that an engine can serve it (`check_config`), and the judgement of
-one batch's draft steps (`BatchRound`): after each step one head forward judges every row, each
-request stops on the product rule of `ada`, and the loop ends once every row has stopped.
+`specdecpp.serving.vllm_draft.register` plugs it in; this module is the part that needs no vLLM.
 """
 from __future__ import annotations
 
@@ -30,10 +26,8 @@ FIELDS = ("head", "stop_threshold", "bound")  # the DecodingSettings fields the 
 
 
 def section_settings(additional_config: dict | None) -> DecodingSettings | None:
-    """The `ada` settings that `additional_config["specdecpp"]` names (its head loaded), or None
-    without that section. TypeError for a section that is not a dict, ValueError naming the field for an unknown field, a missing head or a
-    bad value (`DecodingSettings.validate`), including `stop_threshold="auto"` for a head without a
-    stored threshold."""
+    """The `ada` settings `additional_config["specdecpp"]` names (head loaded), None without it.
+    TypeError for a non-dict section; ValueError naming the field for an unknown field, no head or a bad value."""
     section = (additional_config or {}).get(SECTION)
     if section is None:
         return None
@@ -54,11 +48,8 @@ def section_settings(additional_config: dict | None) -> DecodingSettings | None:
 
 
 def check_config(vllm_config) -> DecodingSettings | None:
-    """The plugin's settings for this engine (None: the plugin stays out), after checking that it
-    can serve them: vLLM `TESTED_VLLM`, the `draft_model` method, synchronous scheduling, Model
-    Runner V1 (`VLLM_USE_V2_MODEL_RUNNER=0`), no data parallelism, one vocabulary, a head for the
-    draft's hidden size and a bound whose minimum `num_speculative_tokens` allows. ValueError or
-    RuntimeError naming what to change."""
+    """The plugin's settings for this engine (None: the plugin stays out), once checked that the engine
+    can serve them; ValueError or RuntimeError naming what to change."""
     settings = section_settings(vllm_config.additional_config)
     if settings is None:
         return None
@@ -96,11 +87,8 @@ class StopDrafting(Exception):
 
 
 class BatchRound:
-    """One `propose` of a batch: each draft step's tokens (and draft probabilities, for sampled
-    requests) for every row, one head forward judging every row (`step`), and each row's own stop,
-    on its `ada` schedule from `schedules`, the product rule of `speculative_generate`. Rows that
-    stopped keep drafting with the others (their tokens are not proposed) until every row has
-    stopped or `max_draft` steps ran."""
+    """One `propose` of a batch: a head forward judges every row after each draft step, each row stops on
+    its `ada` schedule, and stopped rows draft on unproposed until all stopped or `max_draft` steps ran."""
 
     def __init__(self, head, schedules: list[Schedule], max_draft: int):
         self.blocks = [(w.detach(), b.detach()) for w, b in head.blocks()]
@@ -114,9 +102,8 @@ class BatchRound:
 
     def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
              probs: torch.Tensor | None) -> None:
-        """Record a draft step (the draft's post-norm `hidden` states `[rows, hidden]` that
-        proposed `tokens` `[rows]` from its raw `logits` `[rows, vocab]`) and judge it; StopDrafting
-        when every row has stopped."""
+        """Record and judge a draft step (post-norm `hidden` `[rows, hidden]`, raw `logits` `[rows, vocab]`,
+        `tokens` `[rows]`); StopDrafting when every row has stopped."""
         if not self.tokens:
             self.lengths = [None] * len(tokens)
             for schedule in self.schedules[:len(tokens)]:
@@ -130,7 +117,6 @@ class BatchRound:
         self.p_accept.append(p_accept)
         j = len(self.tokens)
         for row, length in enumerate(self.lengths):
-            # token_prob is read by no head schedule: the judgement is accept_prob
             if length is None and (j >= self.max_draft or self.schedules[row].stop_after(
                     DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))):
                 self.lengths[row] = j
@@ -138,11 +124,10 @@ class BatchRound:
             raise StopDrafting
 
     def proposals(self) -> list[list[int]]:
-        """Each row's drafted tokens: those up to where it stopped."""
+        """Each row's drafted tokens up to where it stopped."""
         tokens = torch.stack(self.tokens, dim=1).tolist()
         return [row[:length or len(row)] for row, length in zip(tokens, self.lengths)]
 
     def draft_probs(self) -> torch.Tensor | None:
-        """The draft probabilities of every step `[rows, steps, vocab]` (vLLM reads each request's
-        first ones), None when the batch drafted greedily."""
+        """The draft probabilities `[rows, steps, vocab]`, None when the batch drafted greedily."""
         return torch.stack(self.probs, dim=1).contiguous() if self.probs else None

@@ -1,6 +1,5 @@
-"""vLLM's `draft_model` proposer with SpecDec++'s head deciding each request's length, and the
-`vllm.general_plugins` entry point that plugs it in (`register`; docs/design.md, Serving).
-Imports vLLM: loaded by vLLM itself."""
+"""vLLM's `draft_model` proposer with the head deciding each request's length, and the plugin entry
+point `register` (docs/design.md, Serving). Imports vLLM."""
 from __future__ import annotations
 
 import time
@@ -14,11 +13,8 @@ from specdecpp.serving.vllm import BatchRound, StopDrafting, check_config
 
 
 class SpecDecPPDraftProposer(DraftModelProposer):
-    """vLLM's `DraftModelProposer`, its loop unchanged (catch-up forward, then one batched forward
-    per step on vLLM's paged KV cache), with each step's sampling also judged by the head
-    (`BatchRound`): the loop ends once every request has stopped, and `propose` returns each
-    request's tokens up to its stop. Sampled requests keep their draft probabilities for vLLM's
-    rejection sampler. `propose_time`, `proposed_tokens` and `draft_steps` add up its work."""
+    """vLLM's `DraftModelProposer`, its loop unchanged, with each step also judged by the head (`BatchRound`);
+    `propose_time`, `proposed_tokens` and `draft_steps` add up its work."""
 
     settings: DecodingSettings
 
@@ -33,8 +29,7 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         proposer.propose_time, proposer.proposed_tokens, proposer.draft_steps = 0.0, 0, 0
 
     def propose(self, num_speculative_tokens: int, *args, **kwargs) -> list[list[int]]:
-        """vLLM's draft loop for up to `min(num_speculative_tokens, bound[1])` tokens, ended
-        early once the head has stopped every request: each request's drafted tokens."""
+        """Each request's tokens from up to `min(num_speculative_tokens, bound[1])` draft steps."""
         start = time.perf_counter()
         self.round = BatchRound(self.settings.head, self.schedules,
                                 min(num_speculative_tokens, self.settings.bound[1]))
@@ -52,8 +47,7 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         return proposals
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """vLLM's sampling of a draft step (its argmax, or for sampled requests a draw and its
-        probabilities), from logits the head's features also read; then the head's judgement."""
+        """vLLM's sampling of a draft step, then the head's judgement."""
         while len(self.schedules) < hidden_states.shape[0]:
             self.schedules.append(make_schedule(self.settings))
         logits = self.model.compute_logits(hidden_states)
@@ -63,9 +57,8 @@ class SpecDecPPDraftProposer(DraftModelProposer):
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point: vLLM's engine config is checked as it is created, and
-    each `draft_model` proposer built for an engine whose `additional_config` has a `specdecpp`
-    section becomes a `SpecDecPPDraftProposer`. Others are left as they are. Idempotent."""
+    """The `vllm.general_plugins` entry point: checks engine configs, and makes each `draft_model` proposer of an
+    engine with a `specdecpp` section a `SpecDecPPDraftProposer`. Idempotent."""
     from vllm.engine.arg_utils import EngineArgs
 
     if getattr(EngineArgs.create_engine_config, "specdecpp", False):
