@@ -53,12 +53,17 @@ def head_logits(hidden: torch.Tensor | None, features: torch.Tensor | None,
                 ) -> torch.Tensor:
     """A head's logits over (reject, accept) from hidden states and/or features (None for what it does not read)
     and its weight tensors: the one code of the head's computation."""
-    weight = output[0]
-    parts = [part.to(weight.device, weight.dtype) for part in (hidden, features) if part is not None]
+    return torch.nn.functional.linear(head_state(hidden, features, blocks, output[0]), *output)
+
+
+def head_state(hidden: torch.Tensor | None, features: torch.Tensor | None,
+               blocks: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
+    """What a head's output layer reads: its inputs, on `like`'s device and dtype, through its residual `blocks`."""
+    parts = [part.to(like.device, like.dtype) for part in (hidden, features) if part is not None]
     x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     for block_weight, block_bias in blocks:
         x = residual_block(x, block_weight, block_bias)
-    return torch.nn.functional.linear(x, *output)
+    return x
 
 
 def accept_probability(logits: torch.Tensor) -> torch.Tensor:
@@ -74,12 +79,14 @@ def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
 
 
 class LeanJudge:
-    """A head's judgement of one drafted token as an eager draft step makes it: `head_logits` on the head's
-    detached weights (on `device`; shared with the head when already there), without a host sync."""
+    """A head's judgement of one drafted token as an eager draft step makes it, on a snapshot of the head's
+    weights (on `device`), without a host sync."""
 
     def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None):
         self.blocks = [(weight.detach().to(device), bias.detach().to(device)) for weight, bias in head.blocks()]
-        self.output = tuple(t.detach().to(device) for t in head.output())
+        weight, bias = (t.detach().to(device) for t in head.output())
+        # The softmax over (reject, accept) is the sigmoid of their difference: one dot product.
+        self.accept_weight, self.accept_bias = weight[1] - weight[0], bias[1] - bias[0]
         self.features = head.features
         self.reads_hidden_states = head.reads_hidden_states
 
@@ -88,8 +95,8 @@ class LeanJudge:
         """P(accept) (0-d, float32) of `token` drafted from the raw `logits` `[vocab]` (`probs` their softmax, when
         computed) at the draft state `hidden`."""
         features = logit_features(logits, token, self.features, probs) if self.features else None
-        logits = head_logits(hidden if self.reads_hidden_states else None, features, self.blocks, self.output)
-        return accept_probability(logits)
+        state = head_state(hidden if self.reads_hidden_states else None, features, self.blocks, self.accept_weight)
+        return (torch.dot(self.accept_weight, state) + self.accept_bias).float().sigmoid()
 
 
 class ResBlock(nn.Module):
