@@ -30,7 +30,7 @@ import torch
 from transformers import AutoTokenizer
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.head.model import accept_probability, logit_features
+from specdecpp.head.model import logit_features
 from specdecpp.models import load_head, load_model
 from specdecpp.serving.vllm import check_config
 
@@ -202,7 +202,7 @@ def test_the_head_judges_as_under_transformers(runs, pair):
             positions = slice(len(context) - 1, len(context) - 1 + n)
             logits, hidden = out.logits[0, positions], out.hidden_states[-1][0, positions]
             features = logit_features(logits, torch.tensor(drafted), head.features)
-            p_hf = accept_probability(head(hidden, features)).tolist()
+            p_hf = head.accept_prob(hidden, features).tolist()
             assert logits.argmax(-1).tolist() == drafted
             largest = max(largest, max(abs(a - b) for a, b in zip(p_vllm, p_hf)))
     print(f"largest |P(accept) vLLM - transformers|: {largest:.2e}")

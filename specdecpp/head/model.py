@@ -66,11 +66,6 @@ def head_state(hidden: torch.Tensor | None, features: torch.Tensor | None,
     return x
 
 
-def accept_probability(logits: torch.Tensor) -> torch.Tensor:
-    """P(accept) from a head's logits over (reject, accept) `[..., 2]` -> `[...]`, in float32."""
-    return logits.float().softmax(-1)[..., 1]
-
-
 def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`x + SiLU(x W^T + b)`: one residual block of a head."""
     # One state (the draft step's judgement): one fused kernel call.
@@ -79,8 +74,8 @@ def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
 
 
 class LeanJudge:
-    """A head's judgement of one drafted token as an eager draft step makes it, on a snapshot of the head's
-    weights (on `device`), without a host sync."""
+    """A head's judgement of a drafted token (or a batch of them) as an eager draft step makes it, on a
+    snapshot of the head's weights (on `device`), without a host sync."""
 
     def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None):
         self.blocks = [(weight.detach().to(device), bias.detach().to(device)) for weight, bias in head.blocks()]
@@ -92,11 +87,11 @@ class LeanJudge:
 
     def __call__(self, hidden: torch.Tensor | None, logits: torch.Tensor, token: torch.Tensor,
                  probs: torch.Tensor | None = None) -> torch.Tensor:
-        """P(accept) (0-d, float32) of `token` drafted from the raw `logits` `[vocab]` (`probs` their softmax, when
-        computed) at the draft state `hidden`."""
+        """P(accept) `[...]` (float32) of `token` `[...]` drafted from the raw `logits` `[..., vocab]` (`probs` their
+        softmax, when computed) at the draft state `hidden` `[..., hidden]`."""
         features = logit_features(logits, token, self.features, probs) if self.features else None
         state = head_state(hidden if self.reads_hidden_states else None, features, self.blocks, self.accept_weight)
-        return (torch.dot(self.accept_weight, state) + self.accept_bias).float().sigmoid()
+        return (state @ self.accept_weight + self.accept_bias).float().sigmoid()
 
 
 class ResBlock(nn.Module):
@@ -235,7 +230,7 @@ class AcceptancePredictionHead(
     @torch.no_grad()
     def accept_prob(self, hidden_states: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
         """P(accept) `[...]` as float32, computed in the head's own dtype."""
-        return accept_probability(self(hidden_states, features))
+        return self(hidden_states, features).float().softmax(-1)[..., 1]
 
     # -- loading: accept the reference's shared-block layout as well as ours ---------------------
     def _load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

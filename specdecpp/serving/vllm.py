@@ -17,7 +17,7 @@ from specdecpp.checks import check_head_fits_draft, hidden_size
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.schedules import Schedule
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.head.model import accept_probability, head_logits, logit_features
+from specdecpp.head.model import LeanJudge
 from specdecpp.models import load_head
 
 TESTED_VLLM = "0.32.0"  # the plugin wraps vLLM internals: other versions are refused
@@ -91,9 +91,7 @@ class BatchRound:
     its `ada` schedule, and stopped rows draft on unproposed until all stopped or `max_draft` steps ran."""
 
     def __init__(self, head, schedules: list[Schedule], max_draft: int):
-        self.blocks = [(w.detach(), b.detach()) for w, b in head.blocks()]
-        self.output = tuple(t.detach() for t in head.output())
-        self.features, self.reads_hidden_states = head.features, head.reads_hidden_states
+        self.judge = LeanJudge(head)
         self.schedules, self.max_draft = schedules, max_draft
         self.tokens: list[torch.Tensor] = []  # per step, [rows]
         self.probs: list[torch.Tensor] = []  # per step, [rows, vocab] (sampled requests only)
@@ -111,9 +109,7 @@ class BatchRound:
         self.tokens.append(tokens)
         if probs is not None:
             self.probs.append(probs)
-        features = logit_features(logits, tokens, self.features) if self.features else None
-        p_accept = accept_probability(head_logits(hidden if self.reads_hidden_states else None, features,
-                                                  self.blocks, self.output)).tolist()
+        p_accept = self.judge(hidden, logits, tokens).tolist()
         self.p_accept.append(p_accept)
         j = len(self.tokens)
         for row, length in enumerate(self.lengths):
