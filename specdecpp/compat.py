@@ -53,6 +53,11 @@ def cache_in(kwargs: dict) -> Any:
 
 STATIC_CACHE_CROPS = getattr(StaticLayer, "is_croppable", False)  # transformers >= 5.24
 
+# The compiled engine's graphs check only tensors and the global context (grad mode, autocast) before each call:
+# an engine's modules, config and cache objects stay as they were built, and the state transformers' forwards
+# read besides is `compile_guarded_state`, checked by the engine. None (every guard) before torch has the filter.
+COMPILE_GUARD_FILTER = getattr(torch.compiler, "keep_portable_guards_unsafe", None)
+
 
 def compile_guarded_state() -> Any:
     """Process-wide state transformers' forwards read: compiled graphs hold while it is unchanged."""

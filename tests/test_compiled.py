@@ -226,6 +226,29 @@ def test_step_timing_between_generations_leaves_the_shared_engines_sound(tiny_pa
     assert probe.times().engine == "compiled" and probe.passes == 3
 
 
+@pytest.mark.skipif(compiled.COMPILE_GUARD_FILTER is None, reason="this torch has no guard filter: every guard runs")
+def test_graphs_check_their_tensors_and_the_global_context_only():
+    """An engine's graph does not check its owner's plain attributes again before each call (they stay
+    as built), but does check its tensors' shapes and the grad mode."""
+    class Owner:
+        scale = 2.0
+
+        def times(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.scale
+
+    owner = Owner()
+    graph = compiled._compile(owner.times, dynamic=False, cuda=False)
+    with torch.inference_mode():
+        assert graph(torch.ones(2)).tolist() == [2.0, 2.0]
+        owner.scale = 3.0
+        with compiled.recompiles_forbidden():
+            assert graph(torch.ones(2)).tolist() == [2.0, 2.0]  # not checked: the graph as built
+            with pytest.raises(RuntimeError, match="recompil"):
+                graph(torch.ones(3))
+    with compiled.recompiles_forbidden(), pytest.raises(RuntimeError, match="recompil"):
+        graph(torch.ones(2))  # grad mode on: a new graph
+
+
 @pytest.mark.slow  # compile mechanics
 @needs_static_crop
 def test_a_model_class_built_after_compiling_recompiles_before_a_generation_not_during(tiny_pair):
@@ -317,7 +340,7 @@ def test_engines_hold_no_inference_tensors_so_they_crop_outside_inference_mode(t
 @pytest.mark.slow  # compiles the CUDA-graph branch's graphs
 @needs_static_crop
 def test_compiled_engine_with_cuda_graph_steps_equals_target_generate(tiny_pair, monkeypatch):
-    """The branch a GPU takes (`mode="reduce-overhead"`, a step marked before each replay and its
+    """The branch a GPU takes (CUDA graphs, a step marked before each replay and its
     outputs cloned out of the graph's pool) keeps greedy output the target's; on the CPU the
     compiler skips the CUDA graphs themselves."""
     monkeypatch.setattr(compiled, "uses_cuda_graphs", lambda device: True)

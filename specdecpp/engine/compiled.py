@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from specdecpp.checks import vocab_size
-from specdecpp.compat import (STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs, compile_guarded_state, is_sliding,
+from specdecpp.compat import (COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs, compile_guarded_state, is_sliding,
                               special_layers)
 from specdecpp.engine.draft_step import proposed_step
 from specdecpp.engine.processing import Processing
@@ -95,12 +95,15 @@ def uses_cuda_graphs(device: torch.device) -> bool:
 
 def _compile(method, dynamic: bool | None, cuda: bool):
     """`torch.compile` of a private copy of the bound `method`, so each engine keeps its own graphs,
-    guards and recompile budget."""
+    guards and recompile budget; guarded on tensors and the global context only (`COMPILE_GUARD_FILTER`)."""
     function = method.__func__
     own = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
                              function.__defaults__, function.__closure__)
+    options = {"triton.cudagraphs": True} if cuda else {}  # mode="reduce-overhead", which excludes options
+    if COMPILE_GUARD_FILTER is not None:
+        options["guard_filter_fn"] = COMPILE_GUARD_FILTER
     return torch.compile(types.MethodType(own, method.__self__), fullgraph=True, dynamic=dynamic,
-                         mode="reduce-overhead" if cuda else None)
+                         options=options or None)
 
 
 class StaticModel:
