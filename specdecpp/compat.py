@@ -53,10 +53,17 @@ def cache_in(kwargs: dict) -> Any:
 
 STATIC_CACHE_CROPS = getattr(StaticLayer, "is_croppable", False)  # transformers >= 5.24
 
-# The compiled engine's graphs check only tensors and the global context (grad mode, autocast) before each call:
-# an engine's modules, config and cache objects stay as they were built, and the state transformers' forwards
-# read besides is `compile_guarded_state`, checked by the engine. None (every guard) before torch has the filter.
-COMPILE_GUARD_FILTER = getattr(torch.compiler, "keep_portable_guards_unsafe", None)
+def _graph_guards(entries: list) -> list[bool]:
+    """torch's portable guards (tensors, shapes and the global context: grad mode, autocast) less the parameters'."""
+    portable = torch.compiler.keep_portable_guards_unsafe(entries)
+    return [keep and not isinstance(entry.value, torch.nn.Parameter) for keep, entry in zip(portable, entries)]
+
+
+# What the compiled engine's graphs check before each call: their inputs, the cache's tensors and the global
+# context. The engine's models (parameters, modules, config) and cache objects stay as built, a model cast or moved
+# gets a new engine, and the state transformers' forwards read besides is `compile_guarded_state`, checked by the
+# engine. None (every guard) where torch has no filter to build on.
+COMPILE_GUARD_FILTER = _graph_guards if hasattr(torch.compiler, "keep_portable_guards_unsafe") else None
 
 
 def compile_guarded_state() -> Any:

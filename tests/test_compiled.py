@@ -228,25 +228,47 @@ def test_step_timing_between_generations_leaves_the_shared_engines_sound(tiny_pa
 
 @pytest.mark.skipif(compiled.COMPILE_GUARD_FILTER is None, reason="this torch has no guard filter: every guard runs")
 def test_graphs_check_their_tensors_and_the_global_context_only():
-    """An engine's graph does not check its owner's plain attributes again before each call (they stay
-    as built), but does check its tensors' shapes and the grad mode."""
-    class Owner:
+    """An engine's graph does not check its owner's plain attributes or parameters again before each call
+    (they stay as built; in-place changes are read), but does check its inputs' shapes and the grad mode."""
+    class Owner(torch.nn.Module):
         scale = 2.0
 
+        def __init__(self):
+            super().__init__()
+            self.shift = torch.nn.Parameter(torch.zeros(2))
+
         def times(self, x: torch.Tensor) -> torch.Tensor:
-            return x * self.scale
+            return x * self.scale + self.shift
 
     owner = Owner()
     graph = compiled._compile(owner.times, dynamic=False, cuda=False)
     with torch.inference_mode():
         assert graph(torch.ones(2)).tolist() == [2.0, 2.0]
         owner.scale = 3.0
+        with torch.no_grad():
+            owner.shift.fill_(1.0)
         with compiled.recompiles_forbidden():
-            assert graph(torch.ones(2)).tolist() == [2.0, 2.0]  # not checked: the graph as built
+            assert graph(torch.ones(2)).tolist() == [3.0, 3.0]  # the scale as built, the parameter as it is
+            owner.shift = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+            graph(torch.ones(2))  # a parameter of another dtype: not checked, no new graph
             with pytest.raises(RuntimeError, match="recompil"):
                 graph(torch.ones(3))
     with compiled.recompiles_forbidden(), pytest.raises(RuntimeError, match="recompil"):
         graph(torch.ones(2))  # grad mode on: a new graph
+
+
+@needs_static_crop
+def test_a_model_cast_after_compiling_decodes_on_new_graphs():
+    """The graphs do not check their parameters, so a model cast to another dtype gets new engines, and
+    its output stays its own greedy output."""
+    target = tiny_llama(seed=4)
+    draft = perturbed_copy(target, noise=0.01)
+    prompt = prompts(1, seed=3)[0]
+    assert compiled_generate(target, draft, prompt, max_new_tokens=8).stats.compile_time > 0
+    target.float(), draft.float()
+    out = compiled_generate(target, draft, prompt, max_new_tokens=8)
+    assert out.stats.compile_time > 0
+    assert torch.equal(out.sequences, target_greedy(target, prompt, 8))
 
 
 @pytest.mark.slow  # compile mechanics

@@ -69,6 +69,7 @@ def _engine(model: PreTrainedModel, key: tuple, max_length: int, build) -> tuple
     """The smallest engine for `model` and `key` holding `max_length` tokens, reset, else one built by
     `build(capacity)`; warmed up when new or when the state its graphs guard on changed. Returns it and
     the seconds spent compiling."""
+    key = (*key, model.dtype, model.device)  # the graphs do not check the parameters: a cast model gets new ones
     engines = _engines.setdefault(model, {})
     fitting = [capacity for (k, capacity) in engines if k == key and capacity >= max_length]
     start = time.perf_counter()
