@@ -260,7 +260,7 @@ def test_graphs_check_their_tensors_and_the_global_context_only():
 @needs_static_crop
 def test_a_model_cast_after_compiling_decodes_on_new_graphs():
     """The graphs do not check their parameters, so a model cast to another dtype gets new engines, and
-    its output stays its own greedy output."""
+    its output stays its own greedy output; `clear_engines` makes every engine anew."""
     target = tiny_llama(seed=4)
     draft = perturbed_copy(target, noise=0.01)
     prompt = prompts(1, seed=3)[0]
@@ -269,6 +269,9 @@ def test_a_model_cast_after_compiling_decodes_on_new_graphs():
     out = compiled_generate(target, draft, prompt, max_new_tokens=8)
     assert out.stats.compile_time > 0
     assert torch.equal(out.sequences, target_greedy(target, prompt, 8))
+    compiled.clear_engines()  # what a user calls after changing what the graphs do not check
+    again = compiled_generate(target, draft, prompt, max_new_tokens=8)
+    assert again.stats.compile_time > 0 and torch.equal(again.sequences, out.sequences)
 
 
 @pytest.mark.slow  # compile mechanics
@@ -366,7 +369,7 @@ def test_compiled_engine_with_cuda_graph_steps_equals_target_generate(tiny_pair,
     outputs cloned out of the graph's pool) keeps greedy output the target's; on the CPU the
     compiler skips the CUDA graphs themselves."""
     monkeypatch.setattr(compiled, "uses_cuda_graphs", lambda device: True)
-    compiled._engines.clear()
+    compiled.clear_engines()
     target, draft = tiny_pair
     try:
         for schedule, knobs in (("ada", {"head": random_proposer()}), ("dynamic", {})):
@@ -378,4 +381,4 @@ def test_compiled_engine_with_cuda_graph_steps_equals_target_generate(tiny_pair,
                 [engine] = compiled._engines[target].values()
                 assert max(out.stats.verified_lengths) + 1 <= engine.warmed_lengths == 7
     finally:
-        compiled._engines.clear()
+        compiled.clear_engines()

@@ -26,6 +26,12 @@ MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engin
 _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def clear_engines() -> None:
+    """Drop every compiled engine, so the next compiled generation builds and compiles its own (after a
+    model's modules or config changed: the graphs do not check them)."""
+    _engines.clear()
+
+
 def recompiles_forbidden(enabled: bool = True):
     """A context in which a graph that would recompile raises instead (a no-op unless `enabled`)."""
     return torch.compiler.set_stance("fail_on_recompile") if enabled else contextlib.nullcontext()
