@@ -33,11 +33,13 @@ from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids
 from time_breakdown import breakdown, format_breakdown, head_bound, methods
 
 from specdecpp import speculative_generate
-from specdecpp.compat import STATIC_CACHE_CROPS, TRANSFORMERS_VERSION
+from specdecpp.compat import COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION
 from specdecpp.measuring.step_timing import device_step_times
 from specdecpp.measuring.metrics import NEAR_TIE_MARGIN
 
 SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")
+# The host's work before a compiled graph runs: its guards, fetching its inputs, the AOT wrapper.
+GRAPH_ENTRY_EVENTS = ("TorchDynamo Cache Lookup", "Pregraph bytecode", "AOTDispatcher Runtime Wrapper Prologue")
 
 
 def greedy_identity(target, prompts: list[torch.Tensor], outputs: dict, reference: list[torch.Tensor]) -> dict:
@@ -140,6 +142,8 @@ def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str
                         "stats_ms_per_token": {part: 1000 * getattr(out.stats, part) / tokens
                                                for part in ("wall_time", "draft_time", "verify_time", "schedule_time")},
                         "syncs_per_token": {e.key: e.count / tokens for e in events if e.key in SYNC_EVENTS},
+                        "graph_entry_ms_per_token": {e.key: e.self_cpu_time_total / 1000 / tokens for e in events
+                                                     if e.key in GRAPH_ENTRY_EVENTS},
                         "table": events.table(sort_by=sort, row_limit=15)}
     return report
 
@@ -155,7 +159,8 @@ def environment(device: str) -> dict:
         f"transformers {TRANSFORMERS_VERSION} is installed; the compiled engine needs >= 5.24: carry its wheel "
         "(and regex's) beside the project and install them first (the device tool's README says how)"]
     return {"device": compiled_steps.device_name(device), "torch": torch.__version__,
-            "transformers": TRANSFORMERS_VERSION, "needs": needs}
+            "transformers": TRANSFORMERS_VERSION, "graph_guards": "the engine's guards" if COMPILE_GUARD_FILTER else "every guard",
+            "needs": needs}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -182,7 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
     env = environment(args.device)
     engines = [engine for engine in args.engines if STATIC_CACHE_CROPS or engine == "eager"]
     summary = [f"# GPU check on {env['device']}", "",
-               f"torch {env['torch']}, transformers {env['transformers']}; engines {', '.join(engines)}. "
+               f"torch {env['torch']}, transformers {env['transformers']}; engines {', '.join(engines)}; "
+               f"compiled graphs check {env['graph_guards']}. "
                f"Command: `python benchmarks/gpu_check.py {' '.join(sys.argv[1:] if argv is None else argv)}`"]
     summary += [f"- needs: {need}" for need in env["needs"]]
     written = {"environment": env}
@@ -224,6 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
         text = "\n\n".join(f"{name}, {r['tokens']} tokens: stats ms/token "
                            + json.dumps({k: round(v, 3) for k, v in r["stats_ms_per_token"].items()})
                            + "; host syncs per token " + json.dumps({k: round(v, 2) for k, v in r["syncs_per_token"].items()})
+                           + "; host ms per token entering graphs " + json.dumps(
+                               {k: round(v, 3) for k, v in r["graph_entry_ms_per_token"].items()})
                            + f"\n\n```\n{r['table']}\n```" for name, r in report.items())
         return text, report
     section("profile of a round", profiled)

@@ -193,4 +193,6 @@ def test_gpu_check_quick_mode_runs_every_section_on_the_cpu(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_gpu_check_quick_mode_with_the_compiled_engine(tmp_path):
-    check_gpu_check(tmp_path, ["eager", "compiled"])
+    written = check_gpu_check(tmp_path, ["eager", "compiled"])
+    [profiled] = written["profile of a round"].values()  # the host's time entering graphs, guards included
+    assert profiled["engine"] == "compiled" and "TorchDynamo Cache Lookup" in profiled["graph_entry_ms_per_token"]
