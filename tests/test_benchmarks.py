@@ -186,6 +186,7 @@ def check_gpu_check(tmp_path, engines: list[str]) -> dict:
     return written
 
 
+@pytest.mark.slow  # every section of the check, about half a minute
 def test_gpu_check_quick_mode_runs_every_section_on_the_cpu(tmp_path):
     check_gpu_check(tmp_path, ["eager"])
 

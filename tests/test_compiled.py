@@ -226,6 +226,7 @@ def test_step_timing_between_generations_leaves_the_shared_engines_sound(tiny_pa
     assert probe.times().engine == "compiled" and probe.passes == 3
 
 
+@pytest.mark.slow  # compile mechanics
 @pytest.mark.skipif(compiled.COMPILE_GUARD_FILTER is None, reason="this torch has no guard filter: every guard runs")
 def test_graphs_check_their_tensors_and_the_global_context_only():
     """An engine's graph does not check its owner's plain attributes or parameters again before each call
@@ -257,6 +258,7 @@ def test_graphs_check_their_tensors_and_the_global_context_only():
         graph(torch.ones(2))  # grad mode on: a new graph
 
 
+@pytest.mark.slow  # compile mechanics
 @needs_static_crop
 def test_a_model_cast_after_compiling_decodes_on_new_graphs():
     """The graphs do not check their parameters, so a model cast to another dtype gets new engines, and
