@@ -159,8 +159,8 @@ def environment(device: str) -> dict:
         f"transformers {TRANSFORMERS_VERSION} is installed; the compiled engine needs >= 5.24: carry its wheel "
         "(and regex's) beside the project and install them first (the device tool's README says how)"]
     return {"device": compiled_steps.device_name(device), "torch": torch.__version__,
-            "transformers": TRANSFORMERS_VERSION, "graph_guards": "the engine's guards" if COMPILE_GUARD_FILTER else "every guard",
-            "needs": needs}
+            "transformers": TRANSFORMERS_VERSION,
+            "graph_guards": "the engine's guards" if COMPILE_GUARD_FILTER else "every guard", "needs": needs}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -53,6 +53,7 @@ def cache_in(kwargs: dict) -> Any:
 
 STATIC_CACHE_CROPS = getattr(StaticLayer, "is_croppable", False)  # transformers >= 5.24
 
+
 def _graph_guards(entries: list) -> list[bool]:
     """torch's portable guards (tensors, shapes and the global context: grad mode, autocast) less the parameters'."""
     portable = torch.compiler.keep_portable_guards_unsafe(entries)

@@ -13,8 +13,8 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from specdecpp.checks import vocab_size
-from specdecpp.compat import (COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs, compile_guarded_state, is_sliding,
-                              special_layers)
+from specdecpp.compat import (COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs,
+                              compile_guarded_state, is_sliding, special_layers)
 from specdecpp.engine.draft_step import proposed_step
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, make_warpers, proposed_token, widened
