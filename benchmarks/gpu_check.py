@@ -5,7 +5,8 @@
    `metrics.NEAR_TIE_MARGIN` is named a near-tie), and ms/token beside what its counts predict,
    methods interleaved with `target.generate` (`time_breakdown.breakdown`).
 2. Where a compiled round's time goes: a profiler summary of `ada` and `dynamic` generations (the
-   top operators, and the host syncs per generated token).
+   top operators, the host syncs per generated token, a verification's ms in the generation) and of
+   one pass of the step probe that prices `auto` (its verifications' ms beside the generations').
 3. Step times and compile seconds of random-weight pairs of real shapes, eager and compiled
    (`compiled_steps.time_pair`: a SmolLM2-135M-shaped draft with 1.7B- and 8B-shaped targets).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import tempfile
@@ -34,10 +36,12 @@ from time_breakdown import breakdown, format_breakdown, head_bound, methods
 
 from specdecpp import speculative_generate
 from specdecpp.compat import COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION
-from specdecpp.measuring.step_timing import device_step_times
+from specdecpp.measuring.step_timing import StepProbe, device_step_times
 from specdecpp.measuring.metrics import NEAR_TIE_MARGIN
 
 SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")
+# Launches: a step replayed as a CUDA graph is one cudaGraphLaunch, else a kernel launch per kernel.
+LAUNCH_EVENTS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")
 # The host's work before a compiled graph runs: its guards, fetching its inputs, the AOT wrapper.
 GRAPH_ENTRY_EVENTS = ("TorchDynamo Cache Lookup", "Pregraph bytecode", "AOTDispatcher Runtime Wrapper Prologue")
 
@@ -110,8 +114,7 @@ def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, en
             "device_step_times": device_times.as_dict() if device_times else None, "identity": identity, **result}
 
 
-PROFILED = (("float32", "compiled", "ada@auto"), ("float32", "compiled", "dynamic@0.4"),
-            ("bfloat16", "eager", "constant K=3"), ("bfloat16", "eager", "target alone"))
+PROFILED = (("float32", "compiled", "ada@auto"), ("float32", "compiled", "dynamic@0.4"))
 
 
 def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str, str], ...] = PROFILED) -> dict:
@@ -141,11 +144,39 @@ def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str
         report[f"{name} ({dtype}, {engine})"] = {"engine": engine, "tokens": tokens,
                         "stats_ms_per_token": {part: 1000 * getattr(out.stats, part) / tokens
                                                for part in ("wall_time", "draft_time", "verify_time", "schedule_time")},
+                        "verify_ms_per_call": 1000 * out.stats.verify_time / out.stats.target_calls,
+                        "mean_verified": sum(out.stats.verified_lengths) / out.stats.target_calls,
                         "syncs_per_token": {e.key: e.count / tokens for e in events if e.key in SYNC_EVENTS},
+                        "launches_per_token": {e.key: e.count / tokens for e in events if e.key in LAUNCH_EVENTS},
                         "graph_entry_ms_per_token": {e.key: e.self_cpu_time_total / 1000 / tokens for e in events
                                                      if e.key in GRAPH_ENTRY_EVENTS},
                         "table": events.table(sort_by=sort, row_limit=15)}
+    if any(engine == "compiled" for _, engine, _ in runs):
+        target, draft, _ = pairs["float32"]
+        probe = StepProbe(target, draft, prompt, max_draft=4, compile=True)
+        with profile(activities=activities) as prof:
+            probe.sample()
+            synchronize(device)
+        report["step probe (float32, compiled)"] = {
+            "engine": "compiled", "verify_ms": probe.times().verify_ms_measured,
+            "syncs_per_pass": {e.key: e.count for e in prof.key_averages() if e.key in SYNC_EVENTS + LAUNCH_EVENTS},
+            "table": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)}
     return report
+
+
+class CudaGraphWarnings(logging.Handler):
+    """Inductor's CUDA-graph warnings (a graph run without CUDA graphs and why, or recorded for too
+    many input sizes), with their counts."""
+
+    def __init__(self):
+        super().__init__()
+        self.reasons: dict[str, int] = {}
+        torch._logging.set_logs(cudagraphs=True)
+        logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        reason = record.getMessage().splitlines()[0][:300]
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
 
 
 def synchronize(device: str) -> None:
@@ -192,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
                f"Command: `python benchmarks/gpu_check.py {' '.join(sys.argv[1:] if argv is None else argv)}`"]
     summary += [f"- needs: {need}" for need in env["needs"]]
     written = {"environment": env}
+    cudagraph_warnings = CudaGraphWarnings()
 
     def section(name: str, run) -> None:
         elapsed = time.perf_counter() - started
@@ -206,7 +238,11 @@ def main(argv: list[str] | None = None) -> dict:
             summary.extend(["", f"## {name} ({time.perf_counter() - begin:.0f} s)", "", text])
             written[name] = data
             (out / f"{name.split()[0].lower()}.json").write_text(json.dumps(written[name], indent=1, default=str) + "\n")
-        (out / "summary.md").write_text("\n".join(summary) + "\n")
+        env["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+        env["cudagraph_warnings"] = cudagraph_warnings.reasons
+        (out / "summary.md").write_text("\n".join(summary + [
+            "", f"## CUDA graphs: {env['cudagraph_skips']} graph(s) run without them; inductor's warnings", "",
+            json.dumps(cudagraph_warnings.reasons, indent=1)]) + "\n")
         print(summary[-1], flush=True)
 
     for dtype in args.dtypes or (["float32"] if args.quick else ["float32", "bfloat16"]):
@@ -230,9 +266,15 @@ def main(argv: list[str] | None = None) -> dict:
         text = "\n\n".join(f"{name}, {r['tokens']} tokens: stats ms/token "
                            + json.dumps({k: round(v, 3) for k, v in r["stats_ms_per_token"].items()})
                            + "; host syncs per token " + json.dumps({k: round(v, 2) for k, v in r["syncs_per_token"].items()})
+                           + "; launches per token " + json.dumps({k: round(v, 2) for k, v in r["launches_per_token"].items()})
                            + "; host ms per token entering graphs " + json.dumps(
                                {k: round(v, 3) for k, v in r["graph_entry_ms_per_token"].items()})
-                           + f"\n\n```\n{r['table']}\n```" for name, r in report.items())
+                           + f"; a verification of {r['mean_verified']:.2f} drafted: {r['verify_ms_per_call']:.3f} ms"
+                           + f"\n\n```\n{r['table']}\n```" for name, r in report.items() if "tokens" in r)
+        text += "".join(f"\n\n{name}, one pass: verification ms for k=0..4 drafted "
+                        + " ".join(f"{v:.3f}" for v in r["verify_ms"]) + "; host syncs and launches per pass "
+                        + json.dumps(r["syncs_per_pass"]) + f"\n\n```\n{r['table']}\n```"
+                        for name, r in report.items() if "tokens" not in r)
         return text, report
     section("profile of a round", profiled)
 

@@ -195,5 +195,7 @@ def test_gpu_check_quick_mode_runs_every_section_on_the_cpu(tmp_path):
 @pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
 def test_gpu_check_quick_mode_with_the_compiled_engine(tmp_path):
     written = check_gpu_check(tmp_path, ["eager", "compiled"])
-    [profiled] = written["profile of a round"].values()  # the host's time entering graphs, guards included
+    profiled, probe = written["profile of a round"].values()  # the host's time entering graphs, guards included
     assert profiled["engine"] == "compiled" and "TorchDynamo Cache Lookup" in profiled["graph_entry_ms_per_token"]
+    assert profiled["verify_ms_per_call"] > 0 and len(probe["verify_ms"]) == 5
+    assert written["environment"]["cudagraph_warnings"] == {}  # the CPU takes no CUDA graphs: no warning
