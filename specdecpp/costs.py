@@ -45,13 +45,18 @@ def verify_slope(verify_ms: list[float]) -> float:
     return max(statistics.median(slopes), 0.0) if slopes else 0.0
 
 
-def fit_verify_ms(verify_ms: list[float]) -> list[float]:
-    """Verification times fitted for pricing: a non-decreasing line for `k >= 1`, `k = 0` capped by `k = 1`."""
+def fit_verify_ms(verify_ms: list[float], window: int = 5) -> list[float]:
+    """Verification times fitted for pricing: for `k >= 1` the Theil-Sen line plus the running median
+    (over `window` lengths) of the medians' departures from it, so one slow length is ignored and a
+    change of cost spanning several lengths is kept; `k = 0` capped by the fitted `k = 1`."""
     if len(verify_ms) < 2:
         return list(verify_ms)
     slope = verify_slope(verify_ms)
     intercept = statistics.median(v - slope * k for k, v in enumerate(verify_ms) if k >= 1)
-    fitted = [intercept + slope * k for k in range(1, len(verify_ms))]
+    line = [intercept + slope * k for k in range(1, len(verify_ms))]
+    departures = [v - fitted for v, fitted in zip(verify_ms[1:], line)]
+    half = window // 2
+    fitted = [at + statistics.median(departures[max(0, i - half): i + half + 1]) for i, at in enumerate(line)]
     return [min(verify_ms[0], fitted[0])] + fitted
 
 

@@ -219,7 +219,7 @@ def test_choose_threshold_stores_it_and_auto_uses_it(tiny_pair, proposer_head, p
     assert len(selection["step_times"]["verify_ms"]) == 9 and len(selection["judged_step_times"]["draft_ms"]) == 8
     assert selection["judged_step_times"]["judge_ms"] > 0 and selection["step_times"]["judge_ms"] == 0
     measured, fitted = selection["step_times"]["verify_ms_measured"], selection["step_times"]["verify_ms"]
-    assert len(measured) == 9 and fitted == fit_verify_ms(measured) and fitted == sorted(fitted)
+    assert len(measured) == 9 and fitted == fit_verify_ms(measured)
     assert selection["oracle_cost_per_token"] <= min(selection["cost_per_token"])
     assert set(selection["dynamic_cost_per_token"]) == {"0.2", "0.3", "0.4", "0.5", "0.6"}
     assert list(selection["online_cost_per_token"]) == [f"{t:g}" for t in selection["thresholds"]]

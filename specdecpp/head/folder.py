@@ -164,7 +164,7 @@ def _threshold_section(config: dict) -> str:
         columns[FLAT_COST] = {t: flat[f"ada@{t:g}"] for t in selection["thresholds"] if f"ada@{t:g}" in flat}
     data = f"{selection['data']}, " if selection.get("data") else ""
     processed = "".join(f", {name}={value}" for name, value in (selection.get("processing") or {}).items())
-    fitted = " (a non-decreasing line fitted over lengths)" if plain.get("verify_ms_measured") else ""
+    fitted = " (fitted over lengths, one slow length ignored)" if plain.get("verify_ms_measured") else ""
     busy = [times["spread"] for times in (plain, judged) if times.get("busy")]
     caution = ("\n\n**The machine was busy while these steps were timed**: the timing passes spread by "
                f"{max(busy):.0%} (above {BUSY_SPREAD:.0%}), so these costs, and the threshold chosen with them, are "
