@@ -7,8 +7,10 @@ For each pair and engine (`specdecpp.measuring.step_timing.StepProbe`: the loop'
 length as the loop takes them, engines interleaved pass by pass) it prints the draft step, the head's
 judgement, the target-alone step, the verification of k drafted tokens, and a whole round of k
 drafted tokens without and with a head judging each one (`StepTimes.round_ms`), eager beside
-compiled, with the compile time. Random weights make acceptance meaningless, so it times steps and
-rounds, not generations; the time-breakdown benchmark does those on a trained pair.
+compiled, with the compile time. On a GPU it also profiles the compiled draft step, target-alone
+step and verification: the GPU's busy time (its kernels' total) beside the wall time per call, so
+what is the GPU's work and what the host's shows. Random weights make acceptance meaningless, so it
+times steps and rounds, not generations; the time-breakdown benchmark does those on a trained pair.
 
     python benchmarks/compiled_steps.py --device cuda                      # bf16, 135M draft, 1.7B target
     python benchmarks/compiled_steps.py --device cuda --pairs 1.7b 8b      # also the 8B-like target
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdecpp import AcceptancePredictionHead
 from specdecpp.costs import StepTimes
-from specdecpp.measuring.step_timing import StepProbe, measure_round_overhead
+from specdecpp.measuring.step_timing import EngineSteps, StepProbe, measure_round_overhead
 
 # Llama-family shapes: (hidden, intermediate, layers, attention heads, key-value heads).
 SHAPES = {
@@ -94,10 +97,43 @@ def time_pair(pair: str, device: str, dtype: torch.dtype, context: int, max_draf
         if set(ENGINES) <= set(engines):
             row["gain"] = row["eager_ms"] / row["compiled_ms"]
         table.append(row)
-    return {"pair": pair, "engines": list(engines), "draft": draft_shape, "target": target_shape, "vocab": vocab, "dtype": str(dtype),
+    busy = compiled_busy_ms(target, draft, input_ids) if "compiled" in engines else {}
+    return {"pair": pair, "engines": list(engines), "compiled_busy_ms": busy, "draft": draft_shape, "target": target_shape, "vocab": vocab, "dtype": str(dtype),
             "device": device_name(device), "context": context, "passes": passes,
             "compile_seconds": compile_seconds, "rows": table,
             "step_times": {f"{engine}/{kind}": t.as_dict() for (engine, kind), t in times.items()}}
+
+
+def compiled_busy_ms(target, draft, input_ids: torch.LongTensor, k: int = 4, calls: int = 20) -> dict:
+    """Per compiled step, `[wall ms, GPU busy ms]` a call (busy 0 on a CPU): the draft step, the
+    target-alone step and the verification of `k` drafted tokens."""
+    steps = {"draft step": EngineSteps(target, draft, input_ids, k, compile=True)}
+    steps["target alone"] = EngineSteps(target, draft, input_ids, 0, compile=True)
+    steps[f"verify {k} drafted"] = steps["draft step"]
+    cuda = target.device.type == "cuda"
+    return {name: wall_and_busy_ms(engine.draft_step if name == "draft step" else engine.verify, calls, cuda)
+            for name, engine in steps.items()}
+
+
+def wall_and_busy_ms(step: Callable[[], None], calls: int, cuda: bool) -> list[float]:
+    """`[wall ms, GPU busy ms]` per call of `step`: the busy time is its kernels' total under the
+    profiler, so wall minus busy is time the GPU waited for the host."""
+    from torch.profiler import ProfilerActivity, profile
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    step()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    synchronize()
+    wall = 1000 * (time.perf_counter() - start) / calls
+    if not cuda:
+        return [wall, 0.0]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        synchronize()
+    return [wall, sum(event.self_device_time_total for event in prof.key_averages()) / 1000 / calls]
 
 
 def device_name(device: str) -> str:
@@ -116,6 +152,9 @@ def format_result(result: dict) -> str:
              "| --- |" + " ---: |" * (len(engines) + gain)]
     lines += ["| " + " | ".join([row["step"]] + [f"{row[f'{engine}_ms']:.3f}" for engine in engines]
                                 + ([f"{row['gain']:.2f}x"] if gain else [])) + " |" for row in result["rows"]]
+    if result.get("compiled_busy_ms"):
+        lines += ["", "| compiled step | wall ms a call | GPU busy ms a call |", "| --- | ---: | ---: |"]
+        lines += [f"| {name} | {wall:.3f} | {busy:.3f} |" for name, (wall, busy) in result["compiled_busy_ms"].items()]
     return "\n".join(lines)
 
 

@@ -1,6 +1,8 @@
 """Step timing: the probe's rounds are the loop's own draft and verification, timed step by step."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -103,6 +105,11 @@ def test_auto_prices_the_device_it_runs_on_once_and_keeps_the_times(tiny_pair, t
     assert times.device == "cpu" and times.judge_ms > 0 and len(list(tmp_path.glob("*.json"))) == 1
     monkeypatch.setattr(step_timing, "measure_costs", lambda *args, **kwargs: pytest.fail("timed twice"))
     assert step_timing.auto_step_times(head, target, draft) == times  # read back, not timed again
+    [kept] = tmp_path.glob("*.json")
+    data = json.loads(kept.read_text())
+    data["judged_step_times"]["verify_ms"] = [99.0] * len(times.verify_ms)  # as an older fit priced them
+    kept.write_text(json.dumps(data))
+    assert step_timing.auto_step_times(head, target, draft) == times  # priced again from the kept medians
     assert head.resolve_stop_threshold("auto", times) == head.threshold_for(times) in (0.1, 0.9)
     prompt = torch.tensor([[1, 2, 3]])
     for step_times, threshold, source in ((times, head.threshold_for(times), "cpu eager"), (None, 0.5, "cuda:0 eager")):

@@ -293,8 +293,9 @@ def device_step_times(target: PreTrainedModel, draft: PreTrainedModel, head: Acc
            "threads": torch.get_num_threads()}
     path = Path(cache_dir or STEP_TIMES_CACHE) / (hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
                               + ".json")
-    if path.exists():
-        return StepTimes(**json.loads(path.read_text())["judged_step_times"])
+    if path.exists():  # priced again from the kept medians, with today's fit
+        times = StepTimes(**json.loads(path.read_text())["judged_step_times"])
+        return replace(times, verify_ms=fit_verify_ms(times.verify_ms_measured)) if times.verify_ms_measured else times
     print(f"specdecpp: timing this pair's steps on {key['device']} ({key['dtype']}, {key['engine']}) for "
           f"stop_threshold='auto', once; kept in {path}", file=sys.stderr, flush=True)
     vocab = min(target.config.vocab_size, draft.config.vocab_size)
