@@ -156,6 +156,7 @@ def test_compiled_greedy_equals_target_generate_with_processing(tiny_pair, rando
         assert torch.equal(out.sequences, expected), (schedule, name, prompt, max_new_tokens)
 
 
+@pytest.mark.slow  # a chi-square through compiled graphs; the eager one runs by default
 @needs_static_crop
 def test_compiled_sampling_follows_the_processed_target_distribution(small_vocab_pair, random_head):
     target, draft = small_vocab_pair

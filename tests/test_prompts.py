@@ -90,6 +90,7 @@ def test_formats():
     assert tokenize_prompt("the a", tokenizer, "raw")[1] == [1, 4, 5]
 
 
+@pytest.mark.slow  # parses the standard library's train split
 def test_stdlib_train_is_registered_and_differs_from_heldout():
     train = load_prompts("stdlib-train", n_end=20)
     assert len(train) == 20 and all(t.lstrip().startswith(("def ", "async def ")) for t in train)
