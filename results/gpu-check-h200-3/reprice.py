@@ -1,6 +1,7 @@
 """Price the GPU checks' compiled rounds again with today's `fit_verify_ms`: constant K's predicted
 ms/token (every round verifies K tokens, so its price moves by target calls x the change at K), and
-what `stop_threshold="auto"` chooses for the zoo head at each run's compiled step times.
+what `stop_threshold="auto"` chooses for the zoo head at each run's compiled step times; and, for
+comparison, at this CPU's (the head's calibration and `results/compiled-guards/`' runs).
 
     python results/gpu-check-h200-3/reprice.py
 """
@@ -34,6 +35,13 @@ def main() -> None:
         judged = StepTimes(**(result.get("device_step_times") or result["judged_step_times"]["compiled"]))
         repriced = replace(judged, verify_ms=fit_verify_ms(judged.verify_ms_measured))
         choices.append(f"| {run} | {head.threshold_for(judged)} | {head.threshold_for(repriced)} |")
+    cpu = [("calibration", head.threshold_selection["judged_step_times"])]
+    cpu += [(path.stem, json.loads(path.read_text())["judged_step_times"]["compiled"])
+            for path in sorted((RESULTS / "compiled-guards").glob("time_breakdown_*.json"))]
+    for name, times in cpu:
+        judged = StepTimes(**times)
+        repriced = replace(judged, verify_ms=fit_verify_ms(judged.verify_ms_measured))
+        choices.append(f"| cpu: {name} | {head.threshold_for(judged)} | {head.threshold_for(repriced)} |")
     print("\n| run | `auto`, line | `auto`, per length |\n| --- | ---: | ---: |\n" + "\n".join(choices))
 
 
