@@ -107,12 +107,9 @@ def time_pair(pair: str, device: str, dtype: torch.dtype, context: int, max_draf
 def compiled_busy_ms(target, draft, input_ids: torch.LongTensor, k: int = 4, calls: int = 20) -> dict:
     """Per compiled step, `[wall ms, GPU busy ms]` a call (busy 0 on a CPU): the draft step, the
     target-alone step and the verification of `k` drafted tokens."""
-    steps = {"draft step": EngineSteps(target, draft, input_ids, k, compile=True)}
-    steps["target alone"] = EngineSteps(target, draft, input_ids, 0, compile=True)
-    steps[f"verify {k} drafted"] = steps["draft step"]
-    cuda = target.device.type == "cuda"
-    return {name: wall_and_busy_ms(engine.draft_step if name == "draft step" else engine.verify, calls, cuda)
-            for name, engine in steps.items()}
+    rounds, alone = (EngineSteps(target, draft, input_ids, drafted, compile=True) for drafted in (k, 0))
+    steps = {"draft step": rounds.draft_step, "target alone": alone.verify, f"verify {k} drafted": rounds.verify}
+    return {name: wall_and_busy_ms(step, calls, target.device.type == "cuda") for name, step in steps.items()}
 
 
 def wall_and_busy_ms(step: Callable[[], None], calls: int, cuda: bool) -> list[float]:

@@ -160,10 +160,11 @@ def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str
         with profile(activities=activities) as prof:
             probe.sample()
             synchronize(device)
+        events = prof.key_averages()
         report["step probe (float32, compiled)"] = {
             "engine": "compiled", "verify_ms": probe.times().verify_ms_measured,
-            "syncs_per_pass": {e.key: e.count for e in prof.key_averages() if e.key in SYNC_EVENTS + LAUNCH_EVENTS},
-            "table": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)}
+            "syncs_per_pass": {e.key: e.count for e in events if e.key in SYNC_EVENTS + LAUNCH_EVENTS},
+            "table": events.table(sort_by="self_cpu_time_total", row_limit=15)}
     return report
 
 

@@ -111,7 +111,6 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     # Counts and wall times pooled per method (`harness.summed`), beside what the step times predict.
     measured = {method: [] for method in grid}
     predicted, judged, own_ms = dict.fromkeys(grid, 0.0), dict.fromkeys(grid, 0), dict.fromkeys(grid, 0.0)
-    rounds = {method: Counter() for method in grid}  # draft length -> rounds, to price them again offline
     prefills = {}
     for engine, name, prompt, stats in runs:
         alone, is_ada = table[name]["schedule"] == "none", table[name]["schedule"] == "ada"
@@ -124,7 +123,6 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
         predicted[engine, name] += step_times.predicted_ms(stats.draft_lengths, count, with_draft=not alone) \
             + prefills[key]
         judged[engine, name] += count
-        rounds[engine, name].update(stats.draft_lengths)
         own_ms[engine, name] += loop_overhead_ms(stats) * stats.target_calls
         measured[engine, name].append(stats)
     totals = {method: summed(runs_of) for method, runs_of in measured.items()}
@@ -139,7 +137,9 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
                "stop_decision_ms_per_draft_step": 1000 * total["schedule_time"] / total["draft_calls"]
                if total["draft_calls"] else None,
                "loop_ms_per_round": own_ms[engine, name] / total["target_calls"],
-               "rounds_by_draft_length": dict(sorted(rounds[engine, name].items()))}
+               # draft length -> rounds, so that a run can be priced again offline
+               "rounds_by_draft_length": dict(sorted(Counter(k for stats in measured[engine, name]
+                                                             for k in stats.draft_lengths).items()))}
         row["ratio"] = row["measured_ms_per_token"] / row["predicted_ms_per_token"]
         row["speedup"] = 1000 * per_token(totals[engine, "target alone"], "wall_time") / ms_per_token
         if reference:
