@@ -230,14 +230,15 @@ def test_report_to_wandb_offline(pair_dirs, data_files, tmp_path, monkeypatch):
     assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
 
 
-def torchrun_train(pair_dirs, data_files, out, *flags: str, timeout: int = 240) -> None:
-    """Run `torchrun --nproc_per_node 2 specdecpp/train.py` (one epoch, 2 per step, CPU) with extra `flags`."""
+def torchrun_train(pair_dirs, data_files, out, *flags: str, timeout: int = 240, env: dict | None = None) -> None:
+    """Run `torchrun --nproc_per_node 2 specdecpp/train.py` (one epoch, 2 per step, CPU) with extra `flags`
+    and environment variables `env`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "specdecpp/train.py", "--model_name_or_path", pair_dirs[1], "--data_path", data_files[0],
            "--eval_data_path", data_files[1], "--output_dir", str(out), "--resnet_num_layers", "2",
            "--num_train_epochs", "1", "--per_device_train_batch_size", "2", "--save_strategy", "epoch",
            "--report_to", "none", "--use_cpu", "True", "--weight_mismatch", "6", "--mixing_ratio", "0.15", *flags]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    env = os.environ | {"OMP_NUM_THREADS": "1"} | (env or {})
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -254,13 +255,14 @@ def test_torchrun_two_ranks_train(pair_dirs, data_files, tmp_path):
 
 @pytest.mark.slow  # torchrun and DeepSpeed
 def test_torchrun_two_ranks_deepspeed_zero2(pair_dirs, data_files, tmp_path):
-    """The shipped ZeRO-2 config trains a head on the CPU under 2 ranks (DeepSpeed's CPU accelerator). The first
-    run on a machine JIT-compiles DeepSpeed's shared-memory communication op (minutes on 2 cores; then cached)."""
+    """The shipped ZeRO-2 config trains a head on the CPU under 2 ranks (DeepSpeed's CPU accelerator). DeepSpeed
+    JIT-compiles its shared-memory communication op (about a minute on 2 cores) into a folder of this test's own:
+    a build killed in the shared cache leaves a lock file that makes every later build wait forever."""
     pytest.importorskip("deepspeed")
     out = tmp_path / "head"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     torchrun_train(pair_dirs, data_files, out, "--deepspeed", os.path.join(root, "configs", "ds_zero2.json"),
-                   timeout=540)
+                   timeout=540, env={"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")})
     head = AcceptancePredictionHead.from_pretrained(out)
     assert (head.hidden_size, head.num_layers) == (32, 2)
     set_seed(42)  # train.py's default seed: the head it started from
