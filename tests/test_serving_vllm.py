@@ -1,9 +1,10 @@
 """The plugin's work apart from vLLM (`specdecpp.serving.vllm`): one head forward over a batch's
-draft step stops each row where the eager engine's per-token judgement (`schedules.Ada`) stops it,
-the loop ends once every row has stopped, and the `additional_config` section's settings and
-errors. tests/test_serving_vllm_draft.py runs the plugin inside vLLM."""
+draft step stops a row alone where the eager engine's per-token judgement (`schedules.Ada`) stops it,
+a batch once the product rule averaged over its rows holds, and the `additional_config` section's
+settings and errors. tests/test_serving_vllm_draft.py runs the plugin inside vLLM."""
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 
 import pytest
@@ -39,43 +40,63 @@ def draft_steps(count: int, seed: int = 1):
         yield hidden, logits, logits.argmax(-1)
 
 
-def eager_lengths(settings: DecodingSettings, steps: list, max_draft: int) -> list[int]:
-    """Each row's round length as the eager engine judges it: token by token, `LeanJudge` then `Ada.stop_after` on
-    the step's hidden state, logits and softmax."""
-    lengths, judge = [], LeanJudge(settings.head)
+def eager_rounds(settings: DecodingSettings, steps: list, max_draft: int) -> tuple[list[int], list[list[float]]]:
+    """Each row's round length as the eager engine judges it, token by token (`LeanJudge` then `Ada.stop_after` on
+    the step's hidden state, logits and softmax), and its P(accept) at every step."""
+    lengths, p_accept, judge = [], [], LeanJudge(settings.head)
     for row in range(ROWS):
-        schedule = make_schedule(settings)
+        schedule, row_p, length = make_schedule(settings), [], None
         schedule.start_round()
         for j, (hidden, logits, tokens) in enumerate(steps, start=1):
             probs = logits[row].softmax(-1)
+            row_p.append(float(judge(hidden[row], logits[row], tokens[row], probs)))
             step = DraftStep(num_drafted=j, token_prob=0.0, hidden=hidden[row], token=int(tokens[row]),
-                             logits=logits[row], probs=probs,
-                             accept_prob=float(judge(hidden[row], logits[row], tokens[row], probs)))
-            if schedule.stop_after(step) or j == max_draft:
-                break
-        lengths.append(j)
-    return lengths
+                             logits=logits[row], probs=probs, accept_prob=row_p[-1])
+            if length is None and (schedule.stop_after(step) or j == max_draft):
+                length = j
+        lengths.append(length or len(steps))
+        p_accept.append(row_p)
+    return lengths, p_accept
 
 
-def batch_lengths(settings: DecodingSettings, steps: list, max_draft: int) -> tuple[list[int], BatchRound]:
-    schedules = [make_schedule(settings) for _ in range(ROWS)]
+def batch_lengths(settings: DecodingSettings, steps: list, max_draft: int, rows: int = ROWS
+                  ) -> tuple[list[int], BatchRound]:
+    schedules = [make_schedule(settings) for _ in range(rows)]
     batch = BatchRound(settings.head, schedules, max_draft)
     with pytest.raises(StopDrafting):
         for hidden, logits, tokens in steps:
-            batch.step(hidden, logits, tokens, None)
+            batch.step(hidden[:rows], logits[:rows], tokens[:rows], None)
     return [len(p) for p in batch.proposals()], batch
 
 
 @pytest.mark.parametrize("alignment, features", [("proposer", ("log_q", "entropy", "margin")), ("proposer", ()),
                                                  ("reader", ())])
-def test_one_head_forward_stops_each_row_as_the_eager_judgement(alignment, features):
+def test_a_row_alone_stops_as_the_eager_judgement(alignment, features):
     settings = DecodingSettings(schedule="ada", head=random_head(alignment, features), stop_threshold="auto",
                                 bound=(1, 20))
     steps = list(draft_steps(12))
-    lengths, batch = batch_lengths(settings, steps, 12)
-    assert lengths == eager_lengths(settings, steps, 12)
+    lengths, _ = eager_rounds(settings, steps, 12)
     assert len(set(lengths)) > 1  # the rows stop apart
-    assert len(batch.tokens) == max(lengths)  # the loop ends with the last row's stop
+    for row in range(ROWS):
+        alone = [(hidden[row:row + 1], logits[row:row + 1], tokens[row:row + 1]) for hidden, logits, tokens in steps]
+        (length,), batch = batch_lengths(settings, alone, 12, rows=1)
+        assert length == lengths[row] == len(batch.tokens)
+        assert batch.proposals() == [[int(tokens[row]) for _, _, tokens in steps[:length]]]
+
+
+@pytest.mark.parametrize("threshold, bound", [(0.4, (1, 20)), (0.6, (1, 20)), (0.4, (4, 20))])
+def test_the_batch_stops_on_the_product_rule_averaged_over_its_rows(threshold, bound):
+    settings = DecodingSettings(schedule="ada", head=random_head(threshold=threshold), stop_threshold="auto",
+                                bound=bound)
+    steps = list(draft_steps(12))
+    alone, p_accept = eager_rounds(settings, steps, 12)
+    # P(a rejection) of each row after j steps, 1 once the row has stopped on its own rule
+    failed = [[1.0 if alone[row] < j else 1.0 - math.prod(p_accept[row][:j]) for row in range(ROWS)]
+              for j in range(1, 13)]
+    stop = next(j for j in range(bound[0], 13) if sum(failed[j - 1]) / ROWS > threshold or max(alone) <= j)
+    lengths, batch = batch_lengths(settings, steps, 12)
+    assert lengths == [min(length, stop) for length in alone]
+    assert len(batch.tokens) == stop < max(alone)  # the batch stopped before its most confident row
     proposals = batch.proposals()
     for row, proposal in enumerate(proposals):
         assert proposal == [int(tokens[row]) for _, _, tokens in steps[:lengths[row]]]

@@ -87,8 +87,10 @@ class StopDrafting(Exception):
 
 
 class BatchRound:
-    """One `propose` of a batch: a head forward judges every row after each draft step, each row stops on
-    its `ada` schedule, and stopped rows draft on unproposed until all stopped or `max_draft` steps ran."""
+    """One `propose` of a batch: a head forward judges every row after each draft step and each row stops on
+    its `ada` schedule. The batch stops, every row with it, once the product rule holds for the batch: the
+    rows' P(a drafted token is rejected), a stopped row counting 1, averages above the threshold (alone, a
+    row's own rule); or after `max_draft` steps. Stopped rows draft on unproposed until then."""
 
     def __init__(self, head, schedules: list[Schedule], max_draft: int):
         self.judge = LeanJudge(head)
@@ -101,7 +103,7 @@ class BatchRound:
     def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
              probs: torch.Tensor | None) -> None:
         """Record and judge a draft step (post-norm `hidden` `[rows, hidden]`, raw `logits` `[rows, vocab]`,
-        `tokens` `[rows]`); StopDrafting when every row has stopped."""
+        `tokens` `[rows]`); StopDrafting when the batch stops."""
         if not self.tokens:
             self.lengths = [None] * len(tokens)
             for schedule in self.schedules[:len(tokens)]:
@@ -116,7 +118,13 @@ class BatchRound:
             if length is None and (j >= self.max_draft or self.schedules[row].stop_after(
                     DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))):
                 self.lengths[row] = j
-        if all(length is not None for length in self.lengths):
+        drafting = [row for row, length in enumerate(self.lengths) if length is None]
+        rule, rows = self.schedules[0], len(self.lengths)
+        # The product rule over the batch: P(a rejection), stopped rows counting 1, averaged over the rows.
+        if not drafting or j >= rule.min_draft and \
+                rows - sum(self.schedules[row].p_all_accepted for row in drafting) > rows * rule.stop_threshold:
+            for row in drafting:
+                self.lengths[row] = j
             raise StopDrafting
 
     def proposals(self) -> list[list[int]]:
