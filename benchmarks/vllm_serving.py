@@ -13,8 +13,9 @@ number of tokens).
 Per method and concurrency: output tokens/s, its median ratio over the batches to vLLM without
 speculation and to `draft_model` at its best K (the K with the best median ratio to no speculation
 there), the median request latency, vLLM's speculative counters, target steps per generated token
-(each request's engine steps, prefill included), and for our head the draft forwards per engine
-step (the batch drafts until its last request stops) and its time in `propose` per proposed token. Greedy outputs are checked against vLLM without
+(each request's engine steps, prefill included), the wall time per engine step and, of it, the time in
+vLLM's draft loop (our judgements included), and for our head the draft forwards per engine step and
+its time in `propose` per proposed token. Greedy outputs are checked against vLLM without
 speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
 
     python benchmarks/vllm_serving.py --num_prompts 16
@@ -87,13 +88,31 @@ def counting_engine(**engine_args):
     return engine
 
 
-def proposer_clock(engine) -> tuple[float, int, int]:
-    """Our proposer's seconds in `propose`, tokens proposed and draft forwards (zeros for other engines)."""
+def clock_draft_loops() -> None:
+    """Add up the seconds every `draft_model` proposer spends in vLLM's draft loop (`propose`), ours with
+    its judgements (they run inside that loop), as `loop_time`."""
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+    propose = DraftModelProposer.propose
+
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return propose(self, *args, **kwargs)
+        finally:
+            self.loop_time = getattr(self, "loop_time", 0.0) + time.perf_counter() - start
+
+    DraftModelProposer.propose = timed
+
+
+def proposer_clock(engine) -> tuple[float, int, int, float]:
+    """Our proposer's seconds in `propose`, tokens proposed and draft forwards (zeros for other engines), and any
+    `draft_model` proposer's seconds in vLLM's draft loop."""
     def read(worker):
         drafter = getattr(worker.model_runner, "drafter", None)
-        if not hasattr(drafter, "propose_time"):
-            return 0.0, 0, 0
-        return drafter.propose_time, drafter.proposed_tokens, drafter.draft_steps
+        ours = (drafter.propose_time, drafter.proposed_tokens, drafter.draft_steps) if hasattr(
+            drafter, "propose_time") else (0.0, 0, 0)
+        return *ours, getattr(drafter, "loop_time", 0.0)
     return tuple(engine.collective_rpc(read)[0])
 
 
@@ -121,7 +140,7 @@ def run_batch(engine, prompts: list[list[int]], max_new_tokens: int) -> dict:
             "steps": [steps[i] for i in order], "wall": wall,
             "counters": {k: after[k] - before[k] for k in after},
             "propose_s": clock_after[0] - clock[0], "proposed": clock_after[1] - clock[1],
-            "draft_forwards": clock_after[2] - clock[2]}
+            "draft_forwards": clock_after[2] - clock[2], "draft_loop_s": clock_after[3] - clock[3]}
 
 
 def tokens_per_s(batch: dict) -> float:
@@ -134,13 +153,16 @@ def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
     steps = sum(sum(b["steps"]) for b in batches)
     total = {k: sum(b["counters"].get(k, 0) for b in batches) for k in ("drafts", "draft_tokens", "accepted_tokens")}
     proposed, forwards = sum(b["proposed"] for b in batches), sum(b["draft_forwards"] for b in batches)
+    engine_steps = sum(max(b["steps"]) for b in batches)
     return {
         "method": name, "tokens_per_s": tokens / sum(b["wall"] for b in batches),
         "ratio_to_plain": statistics.median(tokens_per_s(b) / tokens_per_s(p) for b, p in zip(batches, plain)),
         "median_latency_s": statistics.median(x for b in batches for x in b["latency"]),
         **total, "acceptance": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else None,
         "target_steps_per_token": steps / tokens,
-        "draft_forwards_per_step": forwards / sum(max(b["steps"]) for b in batches) if forwards else None,
+        "draft_forwards_per_step": forwards / engine_steps if forwards else None,
+        "ms_per_engine_step": 1e3 * sum(b["wall"] for b in batches) / engine_steps,
+        "draft_loop_ms_per_engine_step": 1e3 * sum(b["draft_loop_s"] for b in batches) / engine_steps,
         "propose_ms_per_proposed": 1e3 * sum(b["propose_s"] for b in batches) / proposed if proposed else None,
         "same_output_as_plain": all(b["outputs"] == p["outputs"] for b, p in zip(batches, plain)),
     }
@@ -164,14 +186,15 @@ def against_best_draft_model(rows: list[dict], results: dict[str, list[dict]]) -
 def markdown(rows: list[dict]) -> str:
     header = ("| method | concurrency | tokens/s | vs no speculation (median) | vs best draft_model (median) | "
               "median latency (s) | drafts | draft tokens | accepted | acceptance | target steps/token | "
-              "vs fewest draft_model | draft forwards/engine step | propose ms/proposed | output = plain |\n"
-              + "|---" * 15 + "|\n")
+              "vs fewest draft_model | draft forwards/engine step | ms/engine step | draft loop ms/engine step | "
+              "propose ms/proposed | output = plain |\n" + "|---" * 17 + "|\n")
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     lines = [f"| {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_plain']:.2f}x | "
              f"{fmt(r.get('ratio_to_best_draft_model'), '.2f')}x | {r['median_latency_s']:.2f} | {r['drafts']:.0f} | "
              f"{r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | {fmt(r['acceptance'], '.3f')} | "
              f"{r['target_steps_per_token']:.3f} | {fmt(r.get('steps_to_fewest_draft_model'), '.2f')}x | "
-             f"{fmt(r['draft_forwards_per_step'], '.2f')} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
+             f"{fmt(r['draft_forwards_per_step'], '.2f')} | {r['ms_per_engine_step']:.2f} | "
+             f"{r['draft_loop_ms_per_engine_step']:.2f} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
              f"{r['same_output_as_plain']} |" for r in rows]
     return header + "\n".join(lines) + "\n"
 
@@ -193,6 +216,7 @@ def main() -> None:
     grid = {k: v for k, v in methods(zoo).items() if args.methods is None or k in args.methods}
     engine = {"distributed_executor_backend": "uni", "enforce_eager": True, "max_model_len": 1024, "dtype": "float32",
               "max_num_seqs": max(args.concurrency), "disable_log_stats": False, "seed": 0}
+    clock_draft_loops()
     engines = {name: counting_engine(model=str(zoo / "target"), **config, **engine) for name, config in grid.items()}
     rows, report = [], []
     for prompt_set in args.prompt_sets:
