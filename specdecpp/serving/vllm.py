@@ -122,7 +122,7 @@ class BatchRound:
         rule, rows = self.schedules[0], len(self.lengths)
         # The product rule over the batch: P(a rejection), stopped rows counting 1, averaged over the rows.
         if not drafting or j >= rule.min_draft and \
-                rows - sum(self.schedules[row].p_all_accepted for row in drafting) > rows * rule.stop_threshold:
+                rows - sum(self.schedules[row].p_all_accepted for row in drafting) > rows * rule.threshold(j):
             for row in drafting:
                 self.lengths[row] = j
             raise StopDrafting
