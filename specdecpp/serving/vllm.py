@@ -1,4 +1,4 @@
-"""SpecDec++ in vLLM's own draft loop: vLLM's `draft_model` drafts, the head stops each request
+"""SpecDec++ in vLLM's own draft loop: vLLM's `draft_model` drafts, the head stops each request and the batch
 (docs/design.md, Serving).
 
     LLM(model=TARGET,
