@@ -90,8 +90,8 @@ def test_the_batch_stops_on_the_product_rule_averaged_over_its_rows(threshold, b
                                 bound=bound)
     steps = list(draft_steps(12))
     alone, p_accept = eager_rounds(settings, steps, 12)
-    # P(a rejection) of each row after j steps, 1 once the row has stopped on its own rule
-    failed = [[1.0 if alone[row] < j else 1.0 - math.prod(p_accept[row][:j]) for row in range(ROWS)]
+    # P(a rejection) of each row after j steps, 1 from the step its own rule stops it
+    failed = [[1.0 if alone[row] <= j else 1.0 - math.prod(p_accept[row][:j]) for row in range(ROWS)]
               for j in range(1, 13)]
     stop = next(j for j in range(bound[0], 13) if sum(failed[j - 1]) / ROWS > threshold or max(alone) <= j)
     lengths, batch = batch_lengths(settings, steps, 12)
