@@ -2,8 +2,6 @@
 point `register` (docs/design.md, Serving). Imports vLLM."""
 from __future__ import annotations
 
-import time
-
 import torch
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
@@ -14,7 +12,7 @@ from specdecpp.serving.vllm import BatchRound, StopDrafting, check_config
 
 class SpecDecPPDraftProposer(DraftModelProposer):
     """vLLM's `DraftModelProposer`, its loop unchanged, with each step also judged by the head (`BatchRound`);
-    `propose_time`, `proposed_tokens` and `draft_steps` add up its work."""
+    `proposed_tokens` and `draft_steps` add up its work."""
 
     settings: DecodingSettings
 
@@ -26,11 +24,10 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         settings.head.to(proposer.device)
         proposer.schedules = []  # one ada schedule per batch row, reused from round to round
         proposer.round = None
-        proposer.propose_time, proposer.proposed_tokens, proposer.draft_steps = 0.0, 0, 0
+        proposer.proposed_tokens, proposer.draft_steps = 0, 0
 
     def propose(self, num_speculative_tokens: int, *args, **kwargs) -> list[list[int]]:
         """Each request's tokens from up to `min(num_speculative_tokens, bound[1])` draft steps."""
-        start = time.perf_counter()
         self.round = BatchRound(self.settings.head, self.schedules,
                                 min(num_speculative_tokens, self.settings.bound[1]))
         try:
@@ -41,7 +38,6 @@ class SpecDecPPDraftProposer(DraftModelProposer):
             pass
         self._last_draft_probs = self.round.draft_probs()
         proposals = self.round.proposals()
-        self.propose_time += time.perf_counter() - start
         self.proposed_tokens += sum(map(len, proposals))
         self.draft_steps += len(self.round.tokens)
         return proposals
