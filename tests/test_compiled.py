@@ -364,6 +364,21 @@ def test_engines_hold_no_inference_tensors_so_they_crop_outside_inference_mode(t
         assert all(int(layer.cumulative_length) == 1 for layer in layers)
 
 
+@needs_static_crop
+def test_engines_built_inside_the_callers_inference_mode_decode_outside_it():
+    """A compiled generation run inside the caller's `torch.inference_mode()` builds engines that the
+    next generation, outside it, resets and loads another head into."""
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1)  # models of their own: engines built here
+    prompt = prompts(1, seed=3)[0]
+    with torch.inference_mode():
+        inside = compiled_generate(target, draft, prompt, schedule="ada", head=random_proposer(seed=0),
+                                   stop_threshold=0.5, max_new_tokens=12)
+    outside = compiled_generate(target, draft, prompt, schedule="ada", head=random_proposer(seed=1),
+                                stop_threshold=0.5, max_new_tokens=12)
+    assert outside.stats.compile_time == 0  # the engines built inside were reused
+    assert inside.sequences.tolist() == outside.sequences.tolist() == target_greedy(target, prompt, 12).tolist()
+
+
 @pytest.mark.slow  # compiles the CUDA-graph branch's graphs
 @needs_static_crop
 def test_compiled_engine_with_cuda_graph_steps_equals_target_generate(tiny_pair, monkeypatch):

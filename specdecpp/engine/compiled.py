@@ -84,7 +84,8 @@ def _engine(model: PreTrainedModel, key: tuple, max_length: int, build) -> tuple
         engine.reset()
     else:
         capacity = max(MIN_CAPACITY, 1 << (max_length - 1).bit_length())
-        engine = engines[key, capacity] = build(capacity)
+        with torch.inference_mode(False):  # lasting state, changed in place in any mode: no inference tensors
+            engine = engines[key, capacity] = build(capacity)
     if engine.compiled_for == (state := compile_guarded_state()):
         return engine, 0.0
     if engine.compiled_for is not NotImplemented:
@@ -133,7 +134,8 @@ class StaticModel:
         self.build_graphs()
 
     def _allocate(self) -> None:
-        """Allocate the cache outside inference mode, so that `crop` may change its tensors in any mode."""
+        """Allocate the cache now, not in a warm-up's inference mode, so that `crop` may change its tensors in
+        any mode (`_engine` builds engines outside inference mode, whatever the caller's)."""
         with torch.no_grad():
             self._feed([0])
         self.reset()
