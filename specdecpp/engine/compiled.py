@@ -4,7 +4,6 @@ draft settings and capacity in a warm-up; decoding then runs with recompilation 
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 import types
 import weakref
@@ -18,7 +17,7 @@ from specdecpp.compat import (COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFOR
 from specdecpp.engine.draft_step import proposed_step
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, make_warpers, proposed_token, widened
-from specdecpp.head.model import AcceptancePredictionHead, LeanJudge, logit_features
+from specdecpp.head.model import AcceptancePredictionHead, LeanJudge
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
 
@@ -230,9 +229,8 @@ class CompiledDraft(StaticModel):
                  head: AcceptancePredictionHead | None):
         super().__init__(model, capacity)
         self.warpers = make_warpers(*sampling) if sampling is not None else None
-        # The engine's own copy, on the draft's device: the judgement runs inside the draft's graph.
-        self.head = copy.deepcopy(head).to(self.device).eval() if head is not None else None
-        self.features = head.features if head is not None else []
+        # The engine's own copy of the weights, on the draft's device: the judgement runs inside the draft's graph.
+        self.judge = LeanJudge(head, self.device) if head is not None else None
         self.reads_hidden = head is not None and head.reads_hidden_states
         if self.reads_hidden:
             _check_last_hidden_state(model)
@@ -243,10 +241,8 @@ class CompiledDraft(StaticModel):
         self.step_graph = _compile(self._step, dynamic=False, cuda=self.cuda_graphs)
 
     def load_head(self, head: AcceptancePredictionHead) -> None:
-        """Copy `head`'s weights (of the shape this engine was built for) into the graph's head."""
-        with torch.no_grad():
-            for mine, theirs in zip(self.head.state_dict().values(), head.state_dict().values()):
-                mine.copy_(theirs)
+        """Copy `head`'s weights (of the shape this engine was built for) into the graph's judge."""
+        self.judge.load(head)
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         """The proposal after `tokens`: one graph over the unseen last one or two tokens."""
@@ -278,10 +274,9 @@ class CompiledDraft(StaticModel):
             token = proposed_token(warped, probs, noise)
         # gather: indexing by a tensor breaks the graph
         values = [token.double(), probs.gather(0, token[None])[0].double()]
-        if self.head is not None:  # the judgement the eager step's `schedules.HeadJudge` makes
+        if self.judge is not None:  # the eager step's judgement, on the engine's weights
             hidden = out.hidden_states[-1][0, -1] if self.reads_hidden else None
-            features = logit_features(logits, token, self.features, raw_probs) if self.features else None
-            values.append(self.head.accept_prob(hidden, features).double())
+            values.append(self.judge(hidden, logits, token, raw_probs).double())
         return torch.stack(values), probs
 
 
