@@ -48,7 +48,8 @@ def verify_slope(verify_ms: list[float]) -> float:
 def fit_verify_ms(verify_ms: list[float], window: int = 5) -> list[float]:
     """Verification times fitted for pricing: for `k >= 1` the Theil-Sen line plus the running median
     (over `window` lengths) of the medians' departures from it, so one slow length is ignored and a
-    change of cost spanning several lengths is kept; `k = 0` capped by the fitted `k = 1`."""
+    change of cost spanning several lengths is kept, within the measured times' range; `k = 0` capped by
+    the fitted `k = 1`."""
     if len(verify_ms) < 2:
         return list(verify_ms)
     slope = verify_slope(verify_ms)
@@ -57,6 +58,7 @@ def fit_verify_ms(verify_ms: list[float], window: int = 5) -> list[float]:
     departures = [v - fitted for v, fitted in zip(verify_ms[1:], line)]
     half = window // 2
     fitted = [at + statistics.median(departures[max(0, i - half): i + half + 1]) for i, at in enumerate(line)]
+    fitted = [min(max(at, min(verify_ms[1:])), max(verify_ms[1:])) for at in fitted]  # a few noisy lengths
     return [min(verify_ms[0], fitted[0])] + fitted
 
 

@@ -57,8 +57,8 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_
         return target_model, ProcessedDraft(forward, processing, judge), seconds + draft_seconds
     draft_model, draft_seconds = _engine(draft, ("draft", sampling, head_shape(head)), max_length,
                                          lambda capacity: CompiledDraft(draft, capacity, sampling, head))
-    if head is not None:
-        draft_model.load_head(head)
+    if head is not None:  # the weights of this head, into the engine of its shape
+        draft_model.judge.load(head)
     return target_model, draft_model, seconds + draft_seconds
 
 
@@ -133,8 +133,7 @@ class StaticModel:
         self.build_graphs()
 
     def _allocate(self) -> None:
-        """Allocate the cache now, not in a warm-up's inference mode, so that `crop` may change its tensors in
-        any mode (`_engine` builds engines outside inference mode, whatever the caller's)."""
+        """Allocate the cache now, not in a warm-up's inference mode, so that `crop` may change it in any mode."""
         with torch.no_grad():
             self._feed([0])
         self.reset()
@@ -239,10 +238,6 @@ class CompiledDraft(StaticModel):
     def build_graphs(self) -> None:
         super().build_graphs()
         self.step_graph = _compile(self._step, dynamic=False, cuda=self.cuda_graphs)
-
-    def load_head(self, head: AcceptancePredictionHead) -> None:
-        """Copy `head`'s weights (of the shape this engine was built for) into the graph's judge."""
-        self.judge.load(head)
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         """The proposal after `tokens`: one graph over the unseen last one or two tokens."""

@@ -74,26 +74,22 @@ def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
 
 
 class LeanJudge:
-    """A head's judgement of a drafted token (or a batch of them) as every draft step makes it (eager, inside
-    the compiled draft's graph, in vLLM's draft loop), on a copy of the head's weights on `device`, without a
-    host sync."""
+    """A head's judgement of a drafted token (or a batch of them) as every draft step makes it (eager, compiled,
+    in vLLM), on a copy of the head's weights on `device`, without a host sync."""
 
     def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None):
-        self.blocks = [(weight.detach().to(device, copy=True), bias.detach().to(device, copy=True))
-                       for weight, bias in head.blocks()]
+        self.blocks = [tuple(t.detach().to(device, copy=True) for t in block) for block in head.blocks()]
         weight, bias = (t.detach().to(device) for t in head.output())
         # The softmax over (reject, accept) is the sigmoid of their difference: one dot product.
         self.accept_weight, self.accept_bias = weight[1] - weight[0], bias[1] - bias[0]
         self.features = head.features
         self.reads_hidden_states = head.reads_hidden_states
 
-    def tensors(self) -> list[torch.Tensor]:
-        """The judge's weight tensors, in a fixed order."""
-        return [t for block in self.blocks for t in block] + [self.accept_weight, self.accept_bias]
-
     def load(self, head: AcceptancePredictionHead) -> None:
         """Copy `head`'s weights (of this judge's shapes) into this judge's tensors, in place."""
-        for mine, theirs in zip(self.tensors(), LeanJudge(head, self.accept_weight.device).tensors()):
+        new = LeanJudge(head, self.accept_weight.device)
+        for mine, theirs in zip([*sum(self.blocks, ()), self.accept_weight, self.accept_bias],
+                                [*sum(new.blocks, ()), new.accept_weight, new.accept_bias]):
             mine.copy_(theirs)
 
     def __call__(self, hidden: torch.Tensor | None, logits: torch.Tensor, token: torch.Tensor,
