@@ -12,11 +12,11 @@ setup(
     # torch is pinned by the install command (pip install torch==2.13.0) before this package;
     # a bare range here keeps pip from pulling a CUDA build when 2.13.0 is already installed.
     install_requires=[
-        "torch>=2.1",
+        "torch>=2.11",  # the oldest run (the GPU check's); transformers needs 2.4, the compiled engine 2.6
         "transformers>=5.14,<6",  # 5.14: caches that record past states for rollback (activate_past_recording)
-        "accelerate>=1.0",
+        "accelerate>=1.3",  # 1.3: the Trainer of transformers 5.14 unwraps models with keep_torch_compile
         "datasets>=3.0",
-        "huggingface_hub>=0.30",
+        "huggingface_hub>=1.5",  # what transformers 5.14 requires
         "safetensors",
         "tokenizers",
         "tqdm",
