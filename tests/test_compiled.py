@@ -365,6 +365,18 @@ def test_engines_hold_no_inference_tensors_so_they_crop_outside_inference_mode(t
 
 
 @needs_static_crop
+def test_the_draft_graph_reads_the_judges_weights_in_place(tiny_pair):
+    """The compiled draft's judge weights are static addresses, as the cache's tensors are: CUDA graphs
+    read them where they are, and a head of the same shape is copied into them, not beside them."""
+    engine = compiled.CompiledDraft(tiny_pair[1], 256, None, random_proposer(seed=0))
+    weights = engine.judge.tensors()
+    assert weights and all(getattr(t, "_dynamo_static_input_type", None) for t in weights)
+    addresses = [t.data_ptr() for t in weights]
+    engine.judge.load(random_proposer(seed=1))
+    assert [t.data_ptr() for t in engine.judge.tensors()] == addresses
+
+
+@needs_static_crop
 def test_engines_built_inside_the_callers_inference_mode_decode_outside_it():
     """A compiled generation run inside the caller's `torch.inference_mode()` builds engines that the
     next generation, outside it, resets and loads another head into."""

@@ -82,14 +82,15 @@ class LeanJudge:
         weight, bias = (t.detach().to(device) for t in head.output())
         # The softmax over (reject, accept) is the sigmoid of their difference: one dot product.
         self.accept_weight, self.accept_bias = weight[1] - weight[0], bias[1] - bias[0]
-        self.features = head.features
-        self.reads_hidden_states = head.reads_hidden_states
+        self.features, self.reads_hidden_states = head.features, head.reads_hidden_states
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The judge's weights, in a fixed order."""
+        return [*sum(self.blocks, ()), self.accept_weight, self.accept_bias]
 
     def load(self, head: AcceptancePredictionHead) -> None:
         """Copy `head`'s weights (of this judge's shapes) into this judge's tensors, in place."""
-        new = LeanJudge(head, self.accept_weight.device)
-        for mine, theirs in zip([*sum(self.blocks, ()), self.accept_weight, self.accept_bias],
-                                [*sum(new.blocks, ()), new.accept_weight, new.accept_bias]):
+        for mine, theirs in zip(self.tensors(), LeanJudge(head, self.accept_weight.device).tensors()):
             mine.copy_(theirs)
 
     def __call__(self, hidden: torch.Tensor | None, logits: torch.Tensor, token: torch.Tensor,
