@@ -75,10 +75,10 @@ def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
 
 class LeanJudge:
     """A head's judgement of a drafted token (or a batch of them) as every draft step makes it (eager, compiled,
-    in vLLM), on a copy of the head's weights on `device`, without a host sync."""
+    in vLLM), on the head's weights on `device` (copies of them with `copy`), without a host sync."""
 
-    def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None):
-        self.blocks = [tuple(t.detach().to(device, copy=True) for t in block) for block in head.blocks()]
+    def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None, copy: bool = False):
+        self.blocks = [tuple(t.detach().to(device, copy=copy) for t in block) for block in head.blocks()]
         weight, bias = (t.detach().to(device) for t in head.output())
         # The softmax over (reject, accept) is the sigmoid of their difference: one dot product.
         self.accept_weight, self.accept_bias = weight[1] - weight[0], bias[1] - bias[0]
