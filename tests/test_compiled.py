@@ -57,12 +57,16 @@ def test_compiled_budget_rounds_verify_what_the_eager_ones_verify(tiny_pair, sch
         assert compiled_stats.verified_lengths != compiled_stats.draft_lengths
 
 
-@pytest.mark.parametrize("head_kind", ["reader", "proposer+margin", "features alone"])
+# "proposer" is the kind test_compiled_greedy_equals_target_generate runs (the same graphs); the margin is judged in
+# the graph by default in test_compiled_and_eager_sample_the_same_tokens_from_the_same_generator.
+@pytest.mark.parametrize("head_kind", ["proposer", *(pytest.param(kind, marks=pytest.mark.slow)
+                                                     for kind in ("reader", "proposer+margin", "features alone"))])
 @needs_static_crop
 def test_compiled_greedy_equals_target_generate_with_every_kind_of_head(tiny_pair, head_kind):
     target, draft = tiny_pair
     torch.manual_seed(3)
     head = {"reader": AcceptancePredictionHead(HIDDEN, num_layers=2),
+            "proposer": random_proposer(),
             "proposer+margin": random_proposer(features=("log_q", "entropy", "margin")),
             "features alone": random_proposer(0, ("log_q", "entropy", "margin"))}[head_kind]
     if head_kind == "reader":
@@ -127,10 +131,11 @@ def test_compiled_greedy_equal_across_model_families(family):
 VOCAB = 6
 
 
+@pytest.mark.slow  # compiles sampling graphs; the default run checks they sample as the eager engine does (below)
 @pytest.mark.parametrize("schedule,settings", [
     ("ada-proposer", dict(top_p=0.9)),
-    pytest.param("dynamic", dict(temperature=0.8), marks=pytest.mark.slow),
-    pytest.param("ada", dict(top_k=5), marks=pytest.mark.slow),
+    ("dynamic", dict(temperature=0.8)),
+    ("ada", dict(top_k=5)),
 ])
 @needs_static_crop
 def test_compiled_sampling_follows_the_target_distribution(schedule, settings):
@@ -166,8 +171,9 @@ def test_compiled_sampling_is_reproducible_with_a_generator(tiny_pair):
 
 
 @pytest.mark.parametrize("schedule,settings", [
-    ("dynamic", dict(temperature=0.8, top_k=20, top_p=0.9)),  # the compiled draft: warpers and choice in its graph
+    ("ada", dict(temperature=0.8, top_k=20, top_p=0.9)),  # the compiled draft: warpers, choice, judgement in its graph
     ("ada", dict(repetition_penalty=1.3, top_p=0.9)),  # the processed draft: its choice made after its graph
+    pytest.param("dynamic", dict(temperature=0.8, top_k=20, top_p=0.9), marks=pytest.mark.slow),
 ])
 @needs_static_crop
 def test_compiled_and_eager_sample_the_same_tokens_from_the_same_generator(tiny_pair, schedule, settings):

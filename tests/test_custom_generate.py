@@ -3,6 +3,7 @@ form (`custom_generate=specdecpp.hf_generate`), and `speculative_generate` fed t
 feed `generate` (`**tokenizer(...)`). All on the committed pair, offline."""
 from __future__ import annotations
 
+import functools
 import shutil
 
 import pytest
@@ -12,6 +13,7 @@ from transformers import TextIteratorStreamer
 from transformers.generation import GenerateDecoderOnlyOutput
 
 import specdecpp
+from specdecpp.measuring import step_timing
 from specdecpp.measuring.step_timing import auto_step_times
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.custom_generate import SpeculativeGenerateOutput
@@ -92,8 +94,10 @@ def test_hub_id_form_loads_the_repo_head_the_ordinary_way(zoo, tmp_path):
     assert out.stats.draft_lengths == expected
 
 
-def test_the_stored_threshold_and_its_bound_are_the_defaults(zoo):
+def test_the_stored_threshold_and_its_bound_are_the_defaults(zoo, monkeypatch):
     target, draft, tokenizer = zoo
+    # Timed once where the head's stored times came from elsewhere; one timing pass is enough here.
+    monkeypatch.setattr(step_timing, "device_step_times", functools.partial(step_timing.device_step_times, repeats=1))
     head = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
     assert head.stop_threshold is not None and head.threshold_selection["bound"]
     inputs = tokenizer(PROMPTS[1], return_tensors="pt")
@@ -170,17 +174,25 @@ def test_folder_form_with_processing_equals_target_generate(zoo, settings):
         assert torch.equal(out, expected), (prompt, settings)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_callable_form_with_all_processing_equals_target_generate_for_every_schedule(zoo, schedule):
-    target, draft, tokenizer = zoo
-    # a callable gets no tokenizer from generate (transformers 5.24), so no stop strings here
+@pytest.fixture(scope="module")
+def all_processing_cases(zoo):
+    """(inputs, target.generate's output) for each prompt under the last `ZOO_SETTINGS` but its stop strings (a
+    callable gets no tokenizer from generate, transformers 5.24)."""
+    target, _, tokenizer = zoo
     settings = {k: v for k, v in ZOO_SETTINGS[-1].items() if k != "stop_strings"}
-    for prompt in PROMPTS:
-        inputs = tokenizer(prompt, return_tensors="pt")
-        expected = target.generate(**inputs, max_new_tokens=30, do_sample=False, **settings)
+    inputs = [tokenizer(prompt, return_tensors="pt") for prompt in PROMPTS]
+    return settings, [(x, target.generate(**x, max_new_tokens=30, do_sample=False, **settings)) for x in inputs]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_callable_form_with_all_processing_equals_target_generate_for_every_schedule(zoo, all_processing_cases,
+                                                                                     schedule):
+    target, draft, _ = zoo
+    settings, cases = all_processing_cases
+    for inputs, expected in cases:
         out = target.generate(**inputs, custom_generate=specdecpp.hf_generate, draft=draft, head=HEAD_DIR,
                               schedule=schedule, max_new_tokens=30, do_sample=False, **settings)
-        assert torch.equal(out, expected), (prompt, schedule)
+        assert torch.equal(out, expected), (inputs["input_ids"], schedule)
 
 
 def test_online_recalibration_starts_from_the_state_saved_in_the_head_folder(zoo, tmp_path):

@@ -76,22 +76,33 @@ def test_the_settings_change_the_output(tiny_pair):
         assert changed, name
 
 
+@pytest.fixture(scope="module")
+def stop_string_cases(zoo):
+    """(inputs, settings, stop string, target.generate's output) for each prompt, without and with a penalty: the
+    stop is met at the 13th or 14th token."""
+    target, _, tokenizer = zoo
+    cases = []
+    for prompt, settings in itertools.product(PROMPTS, ({}, {"repetition_penalty": 1.3})):
+        inputs = tokenizer(prompt, return_tensors="pt")
+        plain = target.generate(**inputs, max_new_tokens=40, do_sample=False, **settings)
+        stop = tokenizer.decode(plain[0, inputs["input_ids"].shape[1] + 12:][:2])
+        expected = target.generate(**inputs, max_new_tokens=40, do_sample=False, stop_strings=[stop],
+                                   tokenizer=tokenizer, **settings)
+        assert expected.shape[1] < plain.shape[1]
+        cases.append((inputs, settings, stop, expected))
+    return cases
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_stop_strings_and_a_repetition_penalty_on_the_zoo_pair(zoo, schedule):
+def test_stop_strings_and_a_repetition_penalty_on_the_zoo_pair(zoo, stop_string_cases, schedule):
     """Stop strings need a real tokenizer: the zoo pair's. The stop is met inside a round, and
     nothing past it comes out; with a penalty on top, as `generate` does both."""
     target, draft, tokenizer = zoo
     head = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
-    for prompt, settings in itertools.product(PROMPTS, ({}, {"repetition_penalty": 1.3})):
-        inputs = tokenizer(prompt, return_tensors="pt")
-        plain = target.generate(**inputs, max_new_tokens=40, do_sample=False, **settings)
-        stop = tokenizer.decode(plain[0, inputs["input_ids"].shape[1] + 12:][:2])  # met at the 13th or 14th token
-        expected = target.generate(**inputs, max_new_tokens=40, do_sample=False, stop_strings=[stop],
-                                   tokenizer=tokenizer, **settings)
-        assert expected.shape[1] < plain.shape[1]
+    for inputs, settings, stop, expected in stop_string_cases:
         out = speculative_generate(target, draft, **inputs, schedule=schedule, head=head, max_new_tokens=40,
                                    bound=(1, 8), stop_strings=[stop], tokenizer=tokenizer, **settings)
-        assert torch.equal(out.sequences, expected), (schedule, prompt, settings)
+        assert torch.equal(out.sequences, expected), (schedule, inputs["input_ids"], settings)
 
 
 def exact_processed_distribution(target, prompt, processors) -> torch.Tensor:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import ast
 import textwrap
 
+import pytest
+
 from specdecpp.data import stdlib_corpus
 
 
@@ -64,6 +66,7 @@ def test_functions_of_dedents_methods_and_skips_undocumented():
     assert f.source == f.prompt + "    return x\n"
 
 
+@pytest.mark.slow  # parses the standard library
 def test_train_prompts_come_from_train_files_only_and_are_disjoint_from_heldout():
     train_functions = stdlib_corpus.split_functions("train")
     heldout_functions = stdlib_corpus.heldout_functions()
@@ -77,7 +80,5 @@ def test_train_prompts_come_from_train_files_only_and_are_disjoint_from_heldout(
 
 
 def test_split_functions_rejects_unknown_split():
-    import pytest
-
     with pytest.raises(ValueError):
         stdlib_corpus.split_functions("dev")

@@ -121,3 +121,13 @@ def test_auto_prices_the_device_it_runs_on_once_and_keeps_the_times(tiny_pair, t
         0.5, {"judged_step_times": {**here, "device": "cuda:0"}})
     with pytest.warns(UserWarning, match="stores no replayed rounds"):
         assert step_timing.auto_step_times(bare, target, draft) is None
+
+
+def test_a_threshold_set_by_hand_is_used_as_it_is_without_a_warning(tiny_pair, recwarn):
+    target, draft = tiny_pair
+    head = AcceptancePredictionHead(draft.config.hidden_size, 1, "proposer", ["log_q"]).with_threshold(0.5, {})
+    assert step_timing.auto_step_times(head, target, draft) is None
+    stats = speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), head=head, stop_threshold="auto",
+                                 bound=(1, 4), max_new_tokens=6).stats
+    assert stats.stop_threshold == 0.5 and stats.threshold_step_times is None
+    assert not [w for w in recwarn if "priced" in str(w.message)]

@@ -239,12 +239,14 @@ def _check_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor 
                          "padding; pass the prompt alone (tokenizer(text, return_tensors='pt'), no padding=...)")
 
 
-def _priced_on(settings: DecodingSettings) -> str:
-    """Where the step times that chose an `auto` threshold were timed."""
+def _priced_on(settings: DecodingSettings) -> str | None:
+    """Where the step times that chose an `auto` threshold were timed (None: a threshold stored without any)."""
     if settings.step_times is not None:
         times, source = settings.step_times.as_dict(), "given"
     else:
         times, source = (settings.head.threshold_selection or {}).get("judged_step_times") or {}, "stored with the head"
+    if not times:
+        return None
     threads = f", {times.get('threads')} thread(s)" if times.get("device") == "cpu" else ""
     return f"{times.get('device')} {times.get('engine', 'eager')}{threads} ({source})"
 
