@@ -245,10 +245,8 @@ def _priced_on(settings: DecodingSettings) -> str | None:
         times, source = settings.step_times.as_dict(), "given"
     else:
         times, source = (settings.head.threshold_selection or {}).get("judged_step_times") or {}, "stored with the head"
-    if not times:
-        return None
     threads = f", {times.get('threads')} thread(s)" if times.get("device") == "cpu" else ""
-    return f"{times.get('device')} {times.get('engine', 'eager')}{threads} ({source})"
+    return f"{times.get('device')} {times.get('engine', 'eager')}{threads} ({source})" if times else None
 
 
 def _check_input_ids(input_ids: torch.LongTensor) -> torch.LongTensor:

@@ -264,17 +264,14 @@ STEP_TIMES_CACHE = Path(os.environ.get("SPECDECPP_CACHE", Path.home() / ".cache"
 
 def auto_step_times(head: AcceptancePredictionHead, target: PreTrainedModel, draft: PreTrainedModel,
                     compile: bool = False) -> StepTimes | None:
-    """The step times `stop_threshold="auto"` chooses with here: None where the stored threshold was priced
-    here or with no step times (set by hand), or (warning) where the head stores no replayed rounds; else
-    `device_step_times`."""
+    """The step times `stop_threshold="auto"` chooses with here: None where the stored threshold was priced here
+    or set by hand (no times), or (warning) where the head stores no replayed rounds; else `device_step_times`."""
     selection = head.threshold_selection or {}
     stored = selection.get("judged_step_times") or {}
-    if not stored:
-        return None
     here = {"device": str(target.device), "engine": "compiled" if compile else "eager"}
     if target.device.type == "cpu":
         here["threads"] = torch.get_num_threads()
-    if all(stored.get(key) == value for key, value in here.items()):
+    if not stored or all(stored.get(key) == value for key, value in here.items()):
         return None
     if not selection.get("round_weights"):
         warnings.warn(f"stop_threshold='auto' uses the threshold priced with {stored.get('device')} "
