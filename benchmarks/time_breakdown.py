@@ -34,12 +34,12 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.costs import judged_tokens, loop_overhead_ms
 from specdecpp.engine.decoding import GenerationStats
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.measuring.step_timing import StepProbe, measure_round_overhead, prefill_extra_ms
+from specdecpp.measuring.step_timing import StepProbe, auto_step_times, measure_round_overhead, prefill_extra_ms
 
 
 def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: list[str]) -> dict[str, dict]:
     """The schedules compared: target alone, constant K, our `dynamic` at three confidences, `ada`
-    at `thresholds` (`auto`: the head's stored one), and the oracle."""
+    at `thresholds` (`auto`: the head's, chosen for the engine it runs on), and the oracle."""
     table = {"target alone": dict(schedule="none")}
     table.update({f"constant K={k}": dict(schedule="constant", num_assistant_tokens=k) for k in (2, 3, 4)})
     table.update({f"dynamic@{c:g}": dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=c)
@@ -67,10 +67,15 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     compiled = {engine: engine == "compiled" for engine in engines}
     grid = [(engine, name) for name in table for engine in engines]
     outputs = {method: [] for method in grid}
+    # `auto` chooses with the step times of the engine it runs on, as the evaluation and `generate` do.
+    auto_times = {engine: auto_step_times(head, target, draft, compiled[engine]) for engine in engines} \
+        if any(settings.get("stop_threshold") == "auto" for settings in table.values()) else {}
 
     def run(method: tuple[str, str], prompt: torch.Tensor, max_new_tokens: int) -> GenerationStats:
         engine, name = method
         settings = table[name]
+        if settings.get("stop_threshold") == "auto":
+            settings = {**settings, "step_times": auto_times[engine]}
         out = speculative_generate(target, None if settings["schedule"] == "none" else draft, prompt,
                                    max_new_tokens=max_new_tokens, eos_token_id=[], compile=compiled[engine],
                                    **settings)
@@ -130,7 +135,8 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     for engine, name in sorted(grid, key=lambda method: engines.index(method[0])):
         total = totals[engine, name]
         tokens, ms_per_token = total["generated_length"], 1000 * per_token(total, "wall_time")
-        row = {"engine": engine, "method": name, "measured_ms_per_token": ms_per_token,
+        row = {"engine": engine, "method": name, "stop_threshold": measured[engine, name][0].stop_threshold,
+               "measured_ms_per_token": ms_per_token,
                "predicted_ms_per_token": predicted[engine, name] / tokens,
                "target_calls_per_token": per_token(total, "target_calls"),
                "draft_calls_per_token": per_token(total, "draft_calls"), "judged_per_token": judged[engine, name] / tokens,
@@ -175,7 +181,8 @@ def format_breakdown(result: dict) -> str:
         decision = "-" if row["stop_decision_ms_per_draft_step"] is None else f"{row['stop_decision_ms_per_draft_step']:.3f}"
         gain = "-" if row["eager_over_this"] is None else f"{row['eager_over_this']:.2f}x"
         over = f"| {row['speedup_over_reference']:.2f}x " if reference else ""
-        lines.append(f"| {row['engine']} | {row['method']} | {row['measured_ms_per_token']:.3f} | "
+        method = f"{row['method']} ({row['stop_threshold']:g})" if row["method"].endswith("@auto") else row["method"]
+        lines.append(f"| {row['engine']} | {method} | {row['measured_ms_per_token']:.3f} | "
                      f"{row['predicted_ms_per_token']:.3f} | {row['ratio']:.3f} | {row['speedup']:.2f}x {over}| {gain} | "
                      f"{row['target_calls_per_token']:.3f} | {row['draft_calls_per_token']:.3f} | {decision} | "
                      f"{row['loop_ms_per_round']:.3f} |")
@@ -192,7 +199,7 @@ def main() -> None:
     parser.add_argument("--n_end", type=int, default=13)
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--bound", type=int, nargs=2, default=None, help="ada's bound (default: the head's stored one)")
-    parser.add_argument("--stop_threshold", nargs="+", default=["auto"], help="ada's thresholds ('auto': the head's)")
+    parser.add_argument("--stop_threshold", nargs="+", default=["auto"], help="ada's thresholds ('auto': the head's, chosen again with each engine's step times here)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--engine", nargs="+", choices=("eager", "compiled"), default=["eager"],
                         help="engines to run, side by side in one run (compiled: static caches, compiled steps)")

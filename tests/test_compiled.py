@@ -90,7 +90,7 @@ def test_compiled_judgement_is_the_eager_one(tiny_pair):
     prompt = prompts(1, seed=5)[0]
     lengths = []
     for seed in (0, 1):
-        head = random_proposer(features=("log_q", "entropy", "margin"), seed=seed)
+        head = random_proposer(seed=seed)  # the kind the greedy tests compile (the margin: the sampling test below)
         runs = [speculative_generate(target, draft, prompt, schedule="ada", head=head, stop_threshold=0.5,
                                      max_new_tokens=40, bound=(1, 6), compile=flag).stats for flag in (False, True)]
         assert runs[0].draft_lengths == runs[1].draft_lengths
