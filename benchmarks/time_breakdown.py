@@ -199,7 +199,8 @@ def main() -> None:
     parser.add_argument("--n_end", type=int, default=13)
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--bound", type=int, nargs=2, default=None, help="ada's bound (default: the head's stored one)")
-    parser.add_argument("--stop_threshold", nargs="+", default=["auto"], help="ada's thresholds ('auto': the head's, chosen again with each engine's step times here)")
+    parser.add_argument("--stop_threshold", nargs="+", default=["auto"],
+                        help="ada's thresholds ('auto': the head's, chosen again with each engine's step times here)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--engine", nargs="+", choices=("eager", "compiled"), default=["eager"],
                         help="engines to run, side by side in one run (compiled: static caches, compiled steps)")

@@ -77,6 +77,11 @@ def test_the_settings_change_the_output(tiny_pair):
 
 
 @pytest.fixture(scope="module")
+def zoo_head():
+    return AcceptancePredictionHead.from_pretrained(HEAD_DIR)
+
+
+@pytest.fixture(scope="module")
 def stop_string_cases(zoo):
     """(inputs, settings, stop string, target.generate's output) for each prompt, without and with a penalty: the
     stop is met at the 13th or 14th token."""
@@ -94,13 +99,12 @@ def stop_string_cases(zoo):
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_stop_strings_and_a_repetition_penalty_on_the_zoo_pair(zoo, stop_string_cases, schedule):
+def test_stop_strings_and_a_repetition_penalty_on_the_zoo_pair(zoo, zoo_head, stop_string_cases, schedule):
     """Stop strings need a real tokenizer: the zoo pair's. The stop is met inside a round, and
     nothing past it comes out; with a penalty on top, as `generate` does both."""
     target, draft, tokenizer = zoo
-    head = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
     for inputs, settings, stop, expected in stop_string_cases:
-        out = speculative_generate(target, draft, **inputs, schedule=schedule, head=head, max_new_tokens=40,
+        out = speculative_generate(target, draft, **inputs, schedule=schedule, head=zoo_head, max_new_tokens=40,
                                    bound=(1, 8), stop_strings=[stop], tokenizer=tokenizer, **settings)
         assert torch.equal(out.sequences, expected), (schedule, inputs["input_ids"], settings)
 
