@@ -87,14 +87,10 @@ def peft_base(name_or_path: str) -> str:
     return base
 
 
-def model_source(name_or_path: str) -> str:
-    """Where a model's config and weights come from: the base of a PEFT adapter folder, else itself."""
-    return peft_base(name_or_path) if is_peft_adapter(name_or_path) else name_or_path
-
-
 def text_config(name_or_path: str, trust_remote_code: bool = False) -> PretrainedConfig:
     """The (text) config of a model, or of a PEFT adapter's base, without loading weights."""
-    return AutoConfig.from_pretrained(model_source(name_or_path), trust_remote_code=trust_remote_code).get_text_config()
+    source = peft_base(name_or_path) if is_peft_adapter(name_or_path) else name_or_path
+    return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).get_text_config()
 
 
 def eos_ids(*values: int | list[int] | tuple[int, ...] | torch.Tensor | None) -> set[int]:

@@ -15,9 +15,7 @@ BUSY_SPREAD = 0.25  # the `pass_spread` above which step times are not trusted
 
 def cost_per_token(spent: float, tokens: float, unit: float = 1.0) -> float:
     """`spent` over `unit` per token, in the view's unit; NaN when nothing was generated."""
-    if tokens <= 0:
-        return float("nan")
-    return spent / unit / tokens
+    return spent / unit / tokens if tokens > 0 else float("nan")
 
 
 def flat_spent(target_calls: float, draft_calls: float, cost_ratio: float) -> float:

@@ -96,12 +96,10 @@ def _check_generate_settings(config: GenerationConfig, model_kwargs: dict) -> No
     """ValueError for what `generate` was asked that the loop would not honour."""
     if (config.num_beams or 1) > 1 or (config.num_return_sequences or 1) > 1:
         raise ValueError("SpecDec++ decodes one sequence: num_beams and num_return_sequences must be 1")
-    extra_outputs = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
-                     if config.return_dict_in_generate and getattr(config, name, False)]
-    if extra_outputs:
+    outputs = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+    if extra_outputs := [name for name in outputs if config.return_dict_in_generate and getattr(config, name, False)]:
         raise ValueError(f"SpecDec++ returns the sequences (and stats) only, not {', '.join(extra_outputs)}")
-    unknown = sorted(set(model_kwargs) - IGNORED_MODEL_KWARGS - {"attention_mask"})
-    if unknown:
+    if unknown := sorted(set(model_kwargs) - IGNORED_MODEL_KWARGS - {"attention_mask"}):
         raise ValueError(f"SpecDec++ cannot pass {', '.join(unknown)} to the models")
     cache = cache_in(model_kwargs)
     if cache is not None and cache.get_seq_length() > 0:
@@ -122,7 +120,10 @@ def generate_from_head(model: PreTrainedModel, *, assistant_model: PreTrainedMod
         stop = StopStringCriteria(tokenizer=kwargs.pop("tokenizer"), stop_strings=kwargs.pop("stop_strings"))
         kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), stop])
     if head is None or isinstance(head, (str, os.PathLike)):
-        location = head or _custom_generate_location()
+        location = head or custom_generate_argument()
+        if location is None:
+            raise RuntimeError("no generate(custom_generate=...) call to take the head from: "
+                               "pass head=FOLDER_OR_HUB_ID")
         if kwargs.get("online") and kwargs.get("estimator") is None:
             kwargs["estimator"] = saved_recalibration(location)
         head = AcceptancePredictionHead.from_pretrained(location, **hub_options)
@@ -135,10 +136,3 @@ def saved_recalibration(location: str | os.PathLike) -> OnlineAcceptanceEstimato
     """The online recalibration saved in the local head folder `location`, or None."""
     path = os.path.join(location, RECALIBRATION_FILE)
     return OnlineAcceptanceEstimator.load(path) if os.path.isfile(path) else None
-
-
-def _custom_generate_location() -> str:
-    location = custom_generate_argument()
-    if location is None:
-        raise RuntimeError("no generate(custom_generate=...) call to take the head from: pass head=FOLDER_OR_HUB_ID")
-    return location

@@ -39,8 +39,7 @@ class PairArguments:
 
     def require(self, *roles: str) -> PairArguments:
         """ValueError naming the flags unless every one of `roles` is given; returns the arguments."""
-        missing = [f"--{role}" for role in roles if not getattr(self, role)]
-        if missing:
+        if missing := [f"--{role}" for role in roles if not getattr(self, role)]:
             raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
         return self
 

@@ -51,8 +51,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
            times: StepTimes, judged: bool = False, unit_ms: float | None = None) -> dict:
     """The expected calls, time per token and both cost views of replayed rounds, with `round_weights` (rounds by
     length; None when a round verifies fewer than it drafts)."""
-    target_calls, draft_calls, total_ms = 0.0, 0.0, 0.0
-    round_weights = []
+    target_calls, draft_calls, total_ms, round_weights = 0.0, 0.0, 0.0, []
     for _, _, weight, k, drafted in replayed_rounds(accept, predictions, round_length, max_draft):
         target_calls, draft_calls = target_calls + weight, draft_calls + weight * drafted
         total_ms += weight * times.round_ms(drafted, drafted if judged else 0, k)
@@ -146,10 +145,10 @@ def oracle_length(pred: np.ndarray | None, ok: np.ndarray, pos: int, limit: int)
 
 
 def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, target: PreTrainedModel,
-                     records: list[dict], bound: tuple[int, int] = default("bound"), thresholds: tuple[float, ...] = THRESHOLDS,
-                     batch_size: int = 8, timing_repeats: int = 16,
-                     predictions: np.ndarray | None = None,
-                     times: tuple[StepTimes, StepTimes] | None = None, compile: bool = False) -> tuple[float, dict]:
+                     records: list[dict], bound: tuple[int, int] = default("bound"),
+                     thresholds: tuple[float, ...] = THRESHOLDS, batch_size: int = 8, timing_repeats: int = 16,
+                     predictions: np.ndarray | None = None, times: tuple[StepTimes, StepTimes] | None = None,
+                     compile: bool = False) -> tuple[float, dict]:
     """The threshold in `thresholds` whose replayed cost per token on `records` is lowest, and the record of the
     choice for `head.with_threshold`; ValueError when the replay shows the times to be wrong."""
     if head.alignment != "proposer":
@@ -166,8 +165,7 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
 
     draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
 
-    calls = {}  # method -> [target calls, draft calls] per token
-    round_weights = {}
+    calls, round_weights = {}, {}  # by method: [target calls, draft calls] per token; its rounds' weights
 
     def cost(method: str, round_length: RoundLength, times: StepTimes = plain,
              values: list[np.ndarray] = predictions) -> float:

@@ -206,8 +206,7 @@ def check_settings(parts_dir: str, settings: dict) -> None:
         except ValueError as error:
             raise ValueError(f"{path} is damaged ({error}): pass --overwrite to start the build again") from None
         # both ways: a setting recorded only when set (the processing) may be absent from either
-        changed = {k: (saved.get(k), settings.get(k)) for k in saved | settings if saved.get(k) != settings.get(k)}
-        if changed:
+        if changed := {k: (saved.get(k), settings.get(k)) for k in saved | settings if saved.get(k) != settings.get(k)}:
             raise ValueError(f"{parts_dir} holds a partial build made with other settings "
                              f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changed.items())}); "
                              "rerun with the same settings to resume it, or pass --overwrite to start again")
@@ -316,8 +315,7 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
 def merge_shards(parts_dir: str, out: str, indices: list[int]) -> None:
     """Write the shards' records to `out` in prompt order, then drop the shards; RuntimeError for a missing one."""
     done = finished_records(parts_dir)
-    missing = [i for i in indices if i not in done]
-    if missing:
+    if missing := [i for i in indices if i not in done]:
         raise RuntimeError(f"{len(missing)} prompts have no record (first: {missing[:5]}); rerun to complete {parts_dir}")
     write_records(out, (done[i] for i in indices))
     shutil.rmtree(parts_dir)

@@ -54,8 +54,7 @@ def normalize_record(record: dict, where: str = "record") -> dict:
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     record = _rename_size_fields(record, where)
-    missing = [k for k in REQUIRED_FIELDS if k not in record]
-    if missing:
+    if missing := [k for k in REQUIRED_FIELDS if k not in record]:
         raise ValueError(f"{where}: missing field(s) {', '.join(missing)} (a record needs {', '.join(REQUIRED_FIELDS)})")
     record = dict(record)
     for name in REQUIRED_FIELDS:

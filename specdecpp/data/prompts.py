@@ -25,21 +25,16 @@ def humaneval_prompts() -> list[str]:
     return [problem["prompt"] for problem in read_problems().values()]
 
 
-def stdlib_heldout_prompts() -> list[str]:
-    from specdecpp.data.stdlib_corpus import heldout_function_prompts
+def stdlib_prompts(split: str) -> list[str]:
+    """The `stdlib-heldout` or `stdlib-train` prompt set (`split`), the corpus read only when it is used."""
+    from specdecpp.data.stdlib_corpus import heldout_function_prompts, train_function_prompts
 
-    return heldout_function_prompts()
-
-
-def stdlib_train_prompts() -> list[str]:
-    from specdecpp.data.stdlib_corpus import train_function_prompts
-
-    return train_function_prompts()
+    return (heldout_function_prompts if split == "heldout" else train_function_prompts)()
 
 
 register_prompt_set("humaneval", humaneval_prompts)
-register_prompt_set("stdlib-heldout", stdlib_heldout_prompts)
-register_prompt_set("stdlib-train", stdlib_train_prompts)
+register_prompt_set("stdlib-heldout", lambda: stdlib_prompts("heldout"))
+register_prompt_set("stdlib-train", lambda: stdlib_prompts("train"))
 
 
 def prompt_text(row: dict, where: str = "row") -> str:

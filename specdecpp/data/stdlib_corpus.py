@@ -32,13 +32,9 @@ def split_of(relpath: str) -> str:
 def stdlib_files(root: str | None = None) -> tuple[str, ...]:
     """Sorted POSIX paths (relative to `root`, default the stdlib root) of the corpus files."""
     base = Path(root) if root is not None else stdlib_root()
-    files = []
-    for path in base.rglob("*.py"):
-        rel = path.relative_to(base)
-        if any(part in EXCLUDED_DIRS or part.startswith(EXCLUDED_PREFIXES) for part in rel.parts):
-            continue
-        files.append(rel.as_posix())
-    return tuple(sorted(files))
+    files = (path.relative_to(base) for path in base.rglob("*.py"))
+    return tuple(sorted(rel.as_posix() for rel in files
+                        if not any(part in EXCLUDED_DIRS or part.startswith(EXCLUDED_PREFIXES) for part in rel.parts)))
 
 
 def read_split(split: str, root: str | None = None) -> list[tuple[str, str]]:

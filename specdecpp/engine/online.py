@@ -152,9 +152,8 @@ def fit_offline(observations: list[tuple[int, float, float]], num_positions: int
         for position, feature, label in observations:
             estimator._add(position, feature, estimator.predict(position, feature), label)
         estimator.refit()
-        change = max(abs(estimator.slope - before[0]),
-                     max(abs(x - y) for x, y in zip(estimator.intercepts, before[1])))
-        if change < 1e-10:
+        if max(abs(estimator.slope - before[0]),
+               max(abs(x - y) for x, y in zip(estimator.intercepts, before[1]))) < 1e-10:
             break
     return estimator.frozen()
 

@@ -33,8 +33,7 @@ def hf_assisted_generate(spec: MethodSpec, pair: Pair, decoding: DecodingSetting
     config = copy.deepcopy(draft.generation_config)
     for name, value in hf_assistant_settings(spec).items():
         setattr(config, name, value)
-    eos = target.generation_config.eos_token_id
-    pad = target.generation_config.pad_token_id
+    eos, pad = target.generation_config.eos_token_id, target.generation_config.pad_token_id
     if pad is None and eos is not None:  # else Hugging Face warns that it picks one
         pad = eos[0] if isinstance(eos, list) else eos
     extra = {"pad_token_id": pad} if pad is not None else {}

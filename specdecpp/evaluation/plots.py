@@ -99,9 +99,7 @@ def _fastest_per_family(summary: list[dict]) -> list[dict]:
 
 
 def _finish(fig, ax, path: str | Path, xlabel: str, ylabel: str, title: str) -> Path:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     path = Path(path)

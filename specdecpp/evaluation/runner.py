@@ -68,15 +68,14 @@ def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions
         runs = {}
         for method in order:
             start = time.perf_counter()
-            counts = method.generate(prompt, seed)
-            runs[method.spec.name] = (counts, time.perf_counter() - start)
-        timing = _time_cost_steps(probe, run.cost_steps_per_prompt)
+            runs[method.spec.name] = (method.generate(prompt, seed), time.perf_counter() - start)
+        draft_ms, target_ms = probe.sample(run.cost_steps_per_prompt)
+        timing = {"draft_step_ms": statistics.median(draft_ms), "target_verify_ms": statistics.median(target_ms)}
         for method in methods:
             record = _record(prompt, method.spec, runs, greedy, tokenizer)
-            margin = None
-            if record["matches_target"] is False and target is not None:
-                margin = first_difference_margin(target, prompt.ids, runs[method.spec.name][0].tokens,
-                                                 runs["target"][0].tokens)
+            differs = record["matches_target"] is False and target is not None
+            margin = first_difference_margin(target, prompt.ids, runs[method.spec.name][0].tokens,
+                                             runs["target"][0].tokens) if differs else None
             records.append({**record, **timing, "first_difference_margin": margin})
         if on_prompt is not None:
             on_prompt(records)
@@ -92,11 +91,6 @@ def first_difference_margin(target: PreTrainedModel, prompt: list[int], tokens: 
         logits = target(input_ids=torch.tensor([prompt + reference[:common]], device=device)).logits[0, -1]
     top = logits.float().topk(2).values
     return float(top[0] - top[1])
-
-
-def _time_cost_steps(probe: step_timing.CostProbe, steps: int) -> dict:
-    draft_ms, target_ms = probe.sample(steps)
-    return {"draft_step_ms": statistics.median(draft_ms), "target_verify_ms": statistics.median(target_ms)}
 
 
 def _record(prompt: Prompt, spec: MethodSpec, runs: dict, greedy: bool, tokenizer) -> dict:

@@ -133,8 +133,7 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
     if decoding.max_new_tokens < 1 or (source.max_length is not None and source.max_length < 2):
         raise ValueError("--max_new_tokens must be >= 1 (and --max_length >= 2)")
     check_prompt_source(source.prompts)
-    draft_config = _model_config(pair.draft)
-    target_config = _model_config(pair.target)
+    draft_config, target_config = _model_config(pair.draft), _model_config(pair.target)
     if draft_config is not None and target_config is not None:
         check_same_vocab(target_config.vocab_size, draft_config.vocab_size)
     if grid.online and not any(SCHEDULES[schedule].recalibrates for schedule in grid.schedule):
@@ -190,14 +189,10 @@ def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
         thresholds = grid.online_threshold if schedule == "online" else [_as_threshold(t) for t in grid.stop_threshold]
         for k, t, c in itertools.product(grid.num_assistant_tokens, thresholds, grid.assistant_confidence_threshold):
             replace(decoding, schedule=schedule, stop_threshold=t, num_assistant_tokens=k,
-                    assistant_confidence_threshold=c).validate(lambda name: _flag(
+                    assistant_confidence_threshold=c).validate(lambda name: "--" + (
                         "online_threshold" if schedule == "online" and name == "stop_threshold" else name))
     replace(decoding, schedule="dynamic", num_assistant_tokens=grid.dynamic_num_assistant_tokens).validate(
-        lambda name: _flag("dynamic_" + name if name == "num_assistant_tokens" else name))
-
-
-def _flag(name: str) -> str:
-    return "--" + name
+        lambda name: "--" + ("dynamic_" + name if name == "num_assistant_tokens" else name))
 
 
 def _as_threshold(text: str) -> float | str:
@@ -307,8 +302,7 @@ class Pair:
 
 def load_pair(pair: HeadPairArguments, tokenizer, need_head: bool) -> Pair:
     """Load target, draft and (when `need_head`) the heads, and check that they fit together."""
-    target = load_model(pair.target, **pair.loading())
-    draft = load_model(pair.draft, **pair.loading())
+    target, draft = (load_model(name, **pair.loading()) for name in (pair.target, pair.draft))
     check_same_vocab(vocab_size(target), vocab_size(draft))
     for model, role in ((target, "the target"), (draft, "the draft")):
         check_can_roll_back(model, role)

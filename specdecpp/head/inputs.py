@@ -61,8 +61,7 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
     features (zeros where there is none)."""
     if not feature_names:
         return last_hidden_states(draft, input_ids, attention_mask), None
-    position_ids = positions_from_mask(attention_mask)
-    out = draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+    out = draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
                 output_hidden_states=True, use_cache=False)
     candidates = candidates.to(out.logits.device)
     features = logit_features(out.logits, candidates.clamp_min(0), feature_names)

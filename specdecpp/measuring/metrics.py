@@ -26,7 +26,7 @@ def _summarize_method(rows: list[dict], cost_ratio: float) -> dict:
     accepted = [a for r in rows for a in (r["accepted_lengths"] or [])]
     checked = [r["matches_target"] for r in rows if r["matches_target"] is not None]
     row = {name: rows[0].get(name) for name in IDENTITY_FIELDS}  # records of older runs lack the newer fields
-    row.update({
+    return row | {
         "prompts": len(rows),
         "generated_tokens": tokens,
         "tokens_per_s": statistics.median(r["generated_length"] / r["spec_time"] for r in rows),
@@ -40,8 +40,7 @@ def _summarize_method(rows: list[dict], cost_ratio: float) -> dict:
                            if target_calls is not None and draft_calls is not None else None),
         "greedy_identical": sum(checked) if checked else None,
         "greedy_checked": len(checked) if checked else None,
-    })
-    return row
+    }
 
 
 def _total(rows: list[dict], name: str) -> int | None:
@@ -96,9 +95,8 @@ COLUMNS = (  # (header, summary key, format)
 
 def format_table(summary: list[dict], cost_ratio: float | None = None) -> str:
     """The summary as a fixed-width table, one line per method, `-` for a figure a method lacks."""
-    cells = [[header for header, _, _ in COLUMNS]]
-    for row in summary:
-        cells.append([_cell(row, key, fmt) for _, key, fmt in COLUMNS])
+    cells = [[header for header, _, _ in COLUMNS]] + [[_cell(row, key, fmt) for _, key, fmt in COLUMNS]
+                                                      for row in summary]
     widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
     lines = ["| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
              + " |" for line in cells]

@@ -56,7 +56,6 @@ class StepProbe:
         self.models = lambda: step_models(target, draft, DecodingSettings(
             schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile),
             self.processing, len(self.seq) + max_draft + 1)[:2]
-        self.compiled = compile
         self.drafts = [[] for _ in range(max_draft)]
         self.verified = [[] for _ in range(max_draft + 1)]
         self.alone, self.judged, self.passes = [], [], 0
@@ -69,7 +68,7 @@ class StepProbe:
         self.target_model, self.draft_model = loaded_models(self.models, self.seq, self.generator)
 
     def sample(self, passes: int = 1) -> None:
-        if self.compiled:
+        if self.engine == "compiled":
             self._load()
         with torch.inference_mode():
             for _ in range(passes):

