@@ -7,6 +7,7 @@
 #
 # SET picks the head's inputs: v2 (hidden state + log q + entropy, the zoo recipe), margin (+ the
 # top-1/top-2 margin), margin1 (margin with one residual block instead of three: a cheaper judgement),
+# margin64 (margin with the inputs projected to 64 wide blocks: a cheaper judgement still),
 # logits (log q + entropy + margin, no hidden state; learning rate 1e-2), rank (margin + the sampled
 # token's log rank, for sampling). Heads go to outputs/curve/SET-N, or outputs/curve/DATA-SET-N for
 # the records data/generated/stdlib-train-DATA-{train,dev}.jsonl (DATA=sampled-t1: sampled at
@@ -31,10 +32,11 @@ case $SET in
   margin) INPUTS="--head_features log_q entropy margin" ;;
   margin1) INPUTS="--head_features log_q entropy margin"
            LAYERS=1 ;;
+  margin64) INPUTS="--head_features log_q entropy margin --head_width 64" ;;
   logits) INPUTS="--head_features log_q entropy margin --head_reads_hidden_states false"
           LR=1e-2 ;;  # three inputs: at 1e-3 the small net barely leaves its initialisation in 3 epochs
   rank) INPUTS="--head_features log_q entropy margin log_rank" ;;
-  *) echo "unknown SET $SET (v2, margin, margin1, logits, rank)"; exit 2 ;;
+  *) echo "unknown SET $SET (v2, margin, margin1, margin64, logits, rank)"; exit 2 ;;
 esac
 RECORDS_PREFIX=data/generated/stdlib-train${DATA:+-$DATA}
 if [ -n "${DATA:-}" ]; then TRAIN=$RECORDS_PREFIX-train.jsonl; else TRAIN=$RECORDS_PREFIX-train6188.jsonl; fi

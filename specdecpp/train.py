@@ -46,6 +46,9 @@ class ModelArguments:
     head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={"help": (
         f"features of the judged token under the proposing logits that a proposer head also reads "
         f"(any of {', '.join(FEATURES)}; 'none' for the hidden state alone); reader heads read none")})
+    head_width: int | None = field(default=None, metadata={"help": (
+        "width of the residual blocks, the inputs projected to it first: a cheaper judgement (default: the "
+        "inputs' own width, no projection)")})
     head_reads_hidden_states: bool = field(default=True, metadata={"help": (
         "whether the head reads the draft's hidden state; false: a head of the logit features alone "
         "(hidden_size 0 in its config), which fits any draft")})
@@ -196,7 +199,8 @@ def check_head_fits(saved: dict, config: dict, where: str) -> None:
     check_head_fits_draft(saved["hidden_size"], config["hidden_size"], f"the head in {where}",
                           " (use a fresh --output)")
     for key, flag in (("num_layers", "--resnet_num_layers"), ("alignment", "--head_alignment"),
-                      ("features", "--head_features"), ("hidden_size", "--head_reads_hidden_states")):
+                      ("features", "--head_features"), ("hidden_size", "--head_reads_hidden_states"),
+                      ("width", "--head_width")):
         theirs, ours = AcceptancePredictionHead(saved).config.get(key), config.get(key)
         if theirs != ours:
             raise ValueError(f"the head in {where} has {key} {theirs}, but {flag} asks for {ours}")
@@ -212,7 +216,7 @@ def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
             raise ValueError("--head_reads_hidden_states false needs --head_features (a proposer head's logit features)")
         hidden_size = 0
     return {"hidden_size": hidden_size, "num_layers": model_args.resnet_num_layers,
-            "alignment": model_args.head_alignment, "features": features}
+            "alignment": model_args.head_alignment, "features": features, "width": model_args.head_width}
 
 
 def missing_checkpoint_files(folder: str) -> list[str]:

@@ -375,11 +375,12 @@ def test_the_draft_graph_reads_the_judges_weights_in_place(tiny_pair):
     """The compiled draft's judge weights are static addresses, as the cache's tensors are: CUDA graphs
     read them where they are, and a head of the same shape is copied into them, not beside them."""
     engine = compiled.CompiledDraft(tiny_pair[1], 256, None, random_proposer(seed=0))
-    weights = engine.judge.tensors()
-    assert weights and all(getattr(t, "_dynamo_static_input_type", None) for t in weights)
-    addresses = [t.data_ptr() for t in weights]
-    engine.judge.load(random_proposer(seed=1))
-    assert [t.data_ptr() for t in engine.judge.tensors()] == addresses
+    weights, other = engine.judge.weights, random_proposer(seed=1)
+    assert getattr(weights, "_dynamo_static_input_type", None)
+    address = weights.data_ptr()
+    engine.judge.load(other)
+    assert engine.judge.weights.data_ptr() == address
+    assert torch.equal(engine.judge.weights, compiled.LeanJudge(other).weights)
 
 
 @needs_static_crop

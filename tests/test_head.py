@@ -55,6 +55,18 @@ def test_save_and_load_round_trip(tmp_path):
     assert not loaded.training
 
 
+def test_a_head_of_narrower_blocks_projects_its_inputs_and_round_trips(tmp_path):
+    head = randomized(AcceptancePredictionHead(16, 2, alignment="proposer", features=["log_q"], width=4))
+    assert head.input_projection()[0].shape == (4, 17) and head.model[0].linear.weight.shape == (4, 4)
+    head.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["width"] == 4
+    loaded = AcceptancePredictionHead.from_pretrained(tmp_path)
+    x, f = torch.randn(3, 16), torch.randn(3, 1)
+    torch.testing.assert_close(loaded(x, f), head(x, f))
+    with pytest.raises(ValueError, match="width"):
+        AcceptancePredictionHead(16, 2, width=0)
+
+
 @pytest.mark.parametrize("file_format", ["safetensors", "pickle"])
 def test_reference_checkpoint_loads_with_identical_outputs(tmp_path, file_format):
     reference = randomized(ReferenceHead(16, 3))
@@ -199,6 +211,7 @@ def test_a_head_of_logit_features_alone_reads_no_hidden_state(tmp_path):
                                     dict(alignment="proposer", features=["log_q", "entropy"]),
                                     dict(alignment="proposer", features=["log_q", "entropy", "margin"]),
                                     dict(hidden_size=0, alignment="proposer", features=["log_q", "entropy", "margin"]),
+                                    dict(alignment="proposer", features=["log_q", "entropy", "margin"], width=8),
                                     dict(alignment="proposer")])
 def test_lean_judge_equals_accept_prob(config):
     config = {"hidden_size": 16, **config}

@@ -229,9 +229,9 @@ class CompiledDraft(StaticModel):
         super().__init__(model, capacity)
         self.warpers = make_warpers(*sampling) if sampling is not None else None
         # Its own copy of the weights, read in place by the graph as the cache's are (no copy before a replay).
-        self.judge = LeanJudge(head, self.device, copy=True) if head is not None else None
-        for weight in self.judge.tensors() if self.judge is not None else []:
-            torch._dynamo.mark_static_address(weight)
+        self.judge = LeanJudge(head, self.device) if head is not None else None
+        if self.judge is not None:
+            torch._dynamo.mark_static_address(self.judge.weights)
         self.reads_hidden = head is not None and head.reads_hidden_states
         if self.reads_hidden:
             _check_last_hidden_state(model)

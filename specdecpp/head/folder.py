@@ -137,7 +137,8 @@ drafting once the predicted probability of at least one rejection exceeds a thre
 - Draft model (the head reads its states): {facts.get("draft") or "not recorded"}
 - Target model (whose acceptances it predicts): {facts.get("target") or "not recorded"}
 - Training data: {facts.get("training_data") or "not recorded"}
-- Head: `{config.get("alignment", "reader")}` alignment, {config["num_layers"]} residual blocks; reads {reads}; \
+- Head: `{config.get("alignment", "reader")}` alignment, {config["num_layers"]} residual blocks\
+{f" {config['width']} wide, the inputs projected to that width" if config.get("width") else ""}; reads {reads}; \
 logit features: {features}"""
 
 

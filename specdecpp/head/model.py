@@ -19,6 +19,8 @@ ALIGNMENTS = ("proposer", "reader")
 # The features a head may read of the token it judges (`logit_features`).
 FEATURES = ("log_q", "entropy", "margin", "log_rank")
 
+Linear = tuple[torch.Tensor, torch.Tensor]  # a layer's (weight, bias)
+
 
 def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
                    probs: torch.Tensor | None = None) -> torch.Tensor:
@@ -48,58 +50,72 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
     return torch.cat(columns, -1)
 
 
-def head_logits(hidden: torch.Tensor | None, features: torch.Tensor | None,
-                blocks: list[tuple[torch.Tensor, torch.Tensor]], output: tuple[torch.Tensor, torch.Tensor]
-                ) -> torch.Tensor:
+def head_logits(hidden: torch.Tensor | None, features: torch.Tensor | None, projection: Linear | None,
+                blocks: list[Linear], output: Linear) -> torch.Tensor:
     """A head's logits over (reject, accept) from hidden states and/or features (None for what it does not read)
     and its weight tensors: the one code of the head's computation."""
-    return torch.nn.functional.linear(head_state(hidden, features, blocks, output[0]), *output)
+    return torch.nn.functional.linear(head_state(hidden, features, projection, blocks, output[0]), *output)
 
 
-def head_state(hidden: torch.Tensor | None, features: torch.Tensor | None,
-               blocks: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
-    """What a head's output layer reads: its inputs, on `like`'s device and dtype, through its residual `blocks`."""
+def head_state(hidden: torch.Tensor | None, features: torch.Tensor | None, projection: Linear | None,
+               blocks: list[Linear], like: torch.Tensor) -> torch.Tensor:
+    """What a head's output layer reads: its inputs, on `like`'s device and dtype, through its `projection` (when
+    it has one) and its residual `blocks`."""
     parts = [part.to(like.device, like.dtype) for part in (hidden, features) if part is not None]
     x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    if projection is not None:
+        x = affine(x, *projection)
     for block_weight, block_bias in blocks:
         x = residual_block(x, block_weight, block_bias)
     return x
 
 
+def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`x W^T + b`; for one state (the draft step's judgement) one fused kernel call."""
+    return torch.addmv(bias, weight, x) if x.dim() == 1 else torch.nn.functional.linear(x, weight, bias)
+
+
 def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`x + SiLU(x W^T + b)`: one residual block of a head."""
-    # One state (the draft step's judgement): one fused kernel call.
-    linear = torch.addmv(bias, weight, x) if x.dim() == 1 else torch.nn.functional.linear(x, weight, bias)
-    return x + torch.nn.functional.silu(linear)
+    return x + torch.nn.functional.silu(affine(x, weight, bias))
 
 
 class LeanJudge:
     """A head's judgement of a drafted token (or a batch of them) as every draft step makes it (eager, compiled,
-    in vLLM), on the head's weights on `device` (copies of them with `copy`), without a host sync."""
+    in vLLM), without a host sync: the head's weights on `device` as views of one tensor, `weights`, which a
+    compiled graph reads as its one input for them."""
 
-    def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None, copy: bool = False):
-        self.blocks = [tuple(t.detach().to(device, copy=copy) for t in block) for block in head.blocks()]
-        weight, bias = (t.detach().to(device) for t in head.output())
+    def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None):
+        weight, bias = head.output()
         # The softmax over (reject, accept) is the sigmoid of their difference: one dot product.
-        self.accept_weight, self.accept_bias = weight[1] - weight[0], bias[1] - bias[0]
-        self.features, self.reads_hidden_states = head.features, head.reads_hidden_states
+        projection = [head.input_projection()] if head.width else []
+        layers = [*projection, *head.blocks(), (weight[1] - weight[0], bias[1] - bias[0])]
+        tensors = [t.detach() for layer in layers for t in layer]
+        self.shapes = [t.shape for t in tensors]
+        self.weights = torch.cat([t.reshape(-1) for t in tensors]).to(device)
+        self.views = self._unpacked()
+        self.features, self.reads_hidden_states, self.projects = head.features, head.reads_hidden_states, bool(head.width)
 
-    def tensors(self) -> list[torch.Tensor]:
-        """The judge's weights, in a fixed order."""
-        return [*sum(self.blocks, ()), self.accept_weight, self.accept_bias]
+    def _unpacked(self) -> list[torch.Tensor]:
+        """`weights` as the layers' tensors, in order."""
+        return [part.view(shape) for part, shape in zip(self.weights.split([s.numel() for s in self.shapes]),
+                                                        self.shapes)]
 
     def load(self, head: AcceptancePredictionHead) -> None:
-        """Copy `head`'s weights (of this judge's shapes) into this judge's tensors, in place."""
-        for mine, theirs in zip(self.tensors(), LeanJudge(head, self.accept_weight.device).tensors()):
-            mine.copy_(theirs)
+        """Copy `head`'s weights (of this judge's shapes) into `weights`, in place."""
+        self.weights.copy_(LeanJudge(head, self.weights.device).weights)
 
     def __call__(self, hidden: torch.Tensor | None, logits: torch.Tensor, token: torch.Tensor,
                  probs: torch.Tensor | None = None) -> torch.Tensor:
         """P(accept) `[...]` (float32) of `token` `[...]` drafted from the raw `logits` `[..., vocab]` (`probs` their
         softmax, when computed) at the draft state `hidden` `[..., hidden]`."""
+        # Traced, the views are taken in the graph, so that it reads `weights` alone.
+        *tensors, accept_weight, accept_bias = self._unpacked() if torch.compiler.is_compiling() else self.views
+        layers = list(zip(tensors[0::2], tensors[1::2]))
+        projection = layers.pop(0) if self.projects else None
         features = logit_features(logits, token, self.features, probs) if self.features else None
-        state = head_state(hidden if self.reads_hidden_states else None, features, self.blocks, self.accept_weight)
-        return (state @ self.accept_weight + self.accept_bias).float().sigmoid()
+        state = head_state(hidden if self.reads_hidden_states else None, features, projection, layers, accept_weight)
+        return (state @ accept_weight + accept_bias).float().sigmoid()
 
 
 class ResBlock(nn.Module):
@@ -127,7 +143,7 @@ class AcceptancePredictionHead(
 
     def __init__(self, hidden_size: int | dict, num_layers: int = 3, alignment: str = "reader",
                  features: list[str] | None = None, stop_threshold: float | None = None,
-                 threshold_selection: dict | None = None):
+                 threshold_selection: dict | None = None, width: int | None = None):
         super().__init__()
         if isinstance(hidden_size, dict):  # the reference's call: AcceptancePredictionHead(config_dict)
             config = dict(hidden_size)
@@ -136,9 +152,11 @@ class AcceptancePredictionHead(
             features = config.pop("features", features)
             stop_threshold = config.pop("stop_threshold", stop_threshold)
             threshold_selection = config.pop("threshold_selection", threshold_selection)
+            width = config.pop("width", width)
         features = list(features or [])
-        if hidden_size < 0 or num_layers < 0:
-            raise ValueError(f"hidden_size and num_layers must be >= 0, got {hidden_size}, {num_layers}")
+        if hidden_size < 0 or num_layers < 0 or (width is not None and width < 1):
+            raise ValueError(f"need hidden_size and num_layers >= 0 and width >= 1 (or None), got {hidden_size}, "
+                             f"{num_layers}, {width}")
         if hidden_size == 0 and not features:
             raise ValueError("a head that reads no hidden state (hidden_size=0) needs logit features")
         if alignment not in ALIGNMENTS:
@@ -155,7 +173,10 @@ class AcceptancePredictionHead(
         self.features = features
         self.stop_threshold = stop_threshold
         self.threshold_selection = threshold_selection
-        width = hidden_size + len(features)
+        self.width = width
+        if width is not None:  # the inputs projected to the blocks' width: a cheaper judgement
+            self.projection = nn.Linear(hidden_size + len(features), width)
+        width = width or hidden_size + len(features)
         self.model = nn.Sequential(*[ResBlock(width) for _ in range(num_layers)], nn.Linear(width, 2))
         self._hub_mixin_config = self.config  # what save_pretrained writes to config.json
 
@@ -163,6 +184,8 @@ class AcceptancePredictionHead(
     def config(self) -> dict:
         """The head's `config.json`: shape, alignment, features and any stored threshold selection."""
         config = {"hidden_size": self.hidden_size, "num_layers": self.num_layers, "alignment": self.alignment}
+        if self.width is not None:
+            config["width"] = self.width
         if self.features:
             config["features"] = list(self.features)
         if self.stop_threshold is not None:
@@ -219,11 +242,15 @@ class AcceptancePredictionHead(
         """Whether the head reads the draft's hidden state; a head of features alone fits any draft."""
         return self.hidden_size > 0
 
-    def blocks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def input_projection(self) -> Linear | None:
+        """The input projection's `(weight, bias)`, or None for a head without one (`width` None)."""
+        return (self.projection.weight, self.projection.bias) if self.width is not None else None
+
+    def blocks(self) -> list[Linear]:
         """The residual blocks' `(weight, bias)`, in order (what `head_logits` takes)."""
         return [(block.linear.weight, block.linear.bias) for block in self.model[:-1]]
 
-    def output(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def output(self) -> Linear:
         """The output layer's `(weight, bias)`: rows (reject, accept)."""
         return self.model[-1].weight, self.model[-1].bias
 
@@ -233,7 +260,7 @@ class AcceptancePredictionHead(
         if self.features and features is None:
             raise ValueError(f"this head also reads the features {self.features} of the judged token")
         return head_logits(hidden_states if self.reads_hidden_states else None, features if self.features else None,
-                           self.blocks(), self.output())
+                           self.input_projection(), self.blocks(), self.output())
 
     @torch.no_grad()
     def accept_prob(self, hidden_states: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
