@@ -80,10 +80,10 @@ def logit_step(value: float, dtype: torch.dtype) -> float:
 
 
 def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, engines: list[str], quick: bool,
-                thresholds: list[str]) -> dict:
+                thresholds: list[str], head_path: str = HEAD) -> dict:
     """Section 1 for one dtype: identity and ms/token of every method, as a dict. Beside `ada` at
     `thresholds`, `ada@device` is `auto` chosen for this device's step times on the last engine."""
-    target, draft, head = load_pair(TARGET, DRAFT, HEAD, dtype)
+    target, draft, head = load_pair(TARGET, DRAFT, head_path, dtype)
     target, draft, head = target.to(device), draft.to(device), head.to(device)
     prompts = [p.to(device) for p in load_prompt_ids("stdlib-heldout", TARGET, 0, n_prompts)]
     bound = head_bound(head, None)
@@ -120,7 +120,8 @@ SECTION_SECONDS = {"zoo": 170, "profile": 20, "shapes-1.7b": 200, "shapes-8b": 3
 PROFILED = (("float32", "compiled", "ada@auto"), ("float32", "compiled", "dynamic@0.4"))
 
 
-def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str, str], ...] = PROFILED) -> dict:
+def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str, str], ...] = PROFILED,
+                    head_path: str = HEAD) -> dict:
     """Section 2: one generation of the zoo pair per `(dtype, engine, method)` of `runs` under the
     profiler, after a warm-up: the top operators by self time, and host syncs per token."""
     from torch.profiler import ProfilerActivity, profile
@@ -129,7 +130,7 @@ def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str
     report, pairs = {}, {}
     for dtype, engine, name in runs:
         if dtype not in pairs:
-            pairs[dtype] = [model.to(device) for model in load_pair(TARGET, DRAFT, HEAD, dtype)]
+            pairs[dtype] = [model.to(device) for model in load_pair(TARGET, DRAFT, head_path, dtype)]
         target, draft, head = pairs[dtype]
         knobs = methods(head, head_bound(head, None), ["auto"])[name]
 
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ada_thresholds", nargs="+", default=None,
                         help="ada's thresholds beside ada@device (default auto 0.2 0.35; quick auto)")
     parser.add_argument("--engines", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
+    parser.add_argument("--head", default=HEAD, help="the zoo draft's head that ada judges with")
     parser.add_argument("--budget_s", type=float, default=400.0,
                         help="no section starts that would end after this many seconds")
     args = parser.parse_args(argv)
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     for dtype in args.dtypes or ["float32"]:
         def zoo(dtype=dtype):
             result = zoo_section(dtype, args.device, prompts, max_new_tokens, engines, args.quick,
-                                 args.ada_thresholds or (["auto"] if args.quick else ["auto", "0.2", "0.35"]))
+                                 args.ada_thresholds or (["auto"] if args.quick else ["auto", "0.2", "0.35"]), args.head)
             lines = [f"{prompts - 1} stdlib-heldout prompts after a warm-up, {max_new_tokens} tokens, greedy, EOS off; "
                      f"ada bound {result['bound']}; compiling took {result['compile_seconds']:.1f} s; reference: "
                      "`target.generate`, interleaved with the methods; the head's stored threshold "
@@ -268,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def profiled():
         runs = (("float32", engines[-1], "ada@auto"),) if args.quick else PROFILED
-        report = profile_section(args.device, max_new_tokens, runs)
+        report = profile_section(args.device, max_new_tokens, runs, args.head)
         text = "\n\n".join(f"{name}, {r['tokens']} tokens: stats ms/token "
                            + json.dumps({k: round(v, 3) for k, v in r["stats_ms_per_token"].items()})
                            + "; host syncs per token " + json.dumps({k: round(v, 2) for k, v in r["syncs_per_token"].items()})

@@ -7,7 +7,8 @@
 #
 # SET picks the head's inputs: v2 (hidden state + log q + entropy, the zoo recipe), margin (+ the
 # top-1/top-2 margin), margin1 (margin with one residual block instead of three: a cheaper judgement),
-# margin64 (margin with the inputs projected to 64 wide blocks: a cheaper judgement still),
+# margin10 (margin trained 10 epochs at 3e-3), margin64 (margin with the inputs projected to 64-wide blocks, fewer
+# weights per judgement; 10 epochs at 1e-2),
 # logits (log q + entropy + margin, no hidden state; learning rate 1e-2), rank (margin + the sampled
 # token's log rank, for sampling). Heads go to outputs/curve/SET-N, or outputs/curve/DATA-SET-N for
 # the records data/generated/stdlib-train-DATA-{train,dev}.jsonl (DATA=sampled-t1: sampled at
@@ -32,11 +33,14 @@ case $SET in
   margin) INPUTS="--head_features log_q entropy margin" ;;
   margin1) INPUTS="--head_features log_q entropy margin"
            LAYERS=1 ;;
-  margin64) INPUTS="--head_features log_q entropy margin --head_width 64" ;;
+  margin10) INPUTS="--head_features log_q entropy margin"
+            LR=${LR:-3e-3} EPOCHS=${EPOCHS:-10} ;;  # margin, trained longer (results/narrow-head)
+  margin64) INPUTS="--head_features log_q entropy margin --head_width 64"
+            LR=${LR:-1e-2} EPOCHS=${EPOCHS:-10} ;;  # the narrow net trains best fast and long (results/narrow-head)
   logits) INPUTS="--head_features log_q entropy margin --head_reads_hidden_states false"
           LR=1e-2 ;;  # three inputs: at 1e-3 the small net barely leaves its initialisation in 3 epochs
   rank) INPUTS="--head_features log_q entropy margin log_rank" ;;
-  *) echo "unknown SET $SET (v2, margin, margin1, margin64, logits, rank)"; exit 2 ;;
+  *) echo "unknown SET $SET (v2, margin, margin1, margin10, margin64, logits, rank)"; exit 2 ;;
 esac
 RECORDS_PREFIX=data/generated/stdlib-train${DATA:+-$DATA}
 if [ -n "${DATA:-}" ]; then TRAIN=$RECORDS_PREFIX-train.jsonl; else TRAIN=$RECORDS_PREFIX-train6188.jsonl; fi
@@ -51,7 +55,7 @@ for N in $SIZES; do
   python -m specdecpp.train --model_name_or_path checkpoints/zoo/draft --target checkpoints/zoo/target \
     --torch_dtype float32 --data_path "$RECORDS" --eval_data_path "$RECORDS_PREFIX-dev.jsonl" \
     --output_dir "$OUT" --weight_mismatch 1 --resnet_num_layers ${LAYERS:-3} $INPUTS --cache_hidden_states --use_cpu \
-    --num_train_epochs 3 --lr_scheduler_type cosine --learning_rate ${LR:-1e-3} --warmup_steps 0.03 --weight_decay 0.0 \
+    --num_train_epochs ${EPOCHS:-3} --lr_scheduler_type cosine --learning_rate ${LR:-1e-3} --warmup_steps 0.03 --weight_decay 0.0 \
     --per_device_train_batch_size 8 --per_device_eval_batch_size 16 --eval_strategy no --save_strategy no \
     --logging_steps 50 --report_to none --seed 42
   python -m specdecpp.calibration.report --head "$OUT" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \

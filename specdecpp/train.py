@@ -47,7 +47,7 @@ class ModelArguments:
         f"features of the judged token under the proposing logits that a proposer head also reads "
         f"(any of {', '.join(FEATURES)}; 'none' for the hidden state alone); reader heads read none")})
     head_width: int | None = field(default=None, metadata={"help": (
-        "width of the residual blocks, the inputs projected to it first: a cheaper judgement (default: the "
+        "width of the residual blocks, the inputs projected to it first: fewer weights per judgement (default: the "
         "inputs' own width, no projection)")})
     head_reads_hidden_states: bool = field(default=True, metadata={"help": (
         "whether the head reads the draft's hidden state; false: a head of the logit features alone "

@@ -174,7 +174,7 @@ class AcceptancePredictionHead(
         self.stop_threshold = stop_threshold
         self.threshold_selection = threshold_selection
         self.width = width
-        if width is not None:  # the inputs projected to the blocks' width: a cheaper judgement
+        if width is not None:  # the inputs projected to the blocks' width: fewer weights to read
             self.projection = nn.Linear(hidden_size + len(features), width)
         width = width or hidden_size + len(features)
         self.model = nn.Sequential(*[ResBlock(width) for _ in range(num_layers)], nn.Linear(width, 2))
