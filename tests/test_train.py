@@ -49,7 +49,8 @@ def data_files(tmp_path_factory):
 
 def run(pair_dirs, data_files, output_dir, **kw):
     pair = PairArguments(draft=kw.pop("draft", pair_dirs[1]), target="tiny-target")
-    model_args = ModelArguments(resnet_num_layers=kw.pop("layers", 2), head_alignment=kw.pop("alignment", "proposer"))
+    model_args = ModelArguments(resnet_num_layers=kw.pop("layers", 2), head_alignment=kw.pop("alignment", "proposer"),
+                                head_width=kw.pop("width", None))
     data_args = DataArguments(records=data_files[0], eval_records=data_files[1], mixing_ratio=0.2)
     settings = dict(output_dir=str(output_dir), num_train_epochs=2, per_device_train_batch_size=4, learning_rate=5e-2,
                     report_to="none", save_strategy="steps", save_steps=3, logging_steps=1, seed=0, use_cpu=True,
@@ -194,6 +195,16 @@ def test_resuming_a_head_of_another_draft_or_alignment_is_refused(pair_dirs, dat
     AcceptancePredictionHead(32, 2).save_pretrained(tmp_path / "checkpoint-6")  # a reader head
     with pytest.raises(ValueError, match="--head_alignment"):
         run(pair_dirs, data_files, tmp_path, resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+    AcceptancePredictionHead(32, 2, alignment="proposer", features=["log_q", "entropy"], width=8).save_pretrained(
+        tmp_path / "checkpoint-7")
+    with pytest.raises(ValueError, match="--head_width"):
+        run(pair_dirs, data_files, tmp_path, resume_from_checkpoint=str(tmp_path / "checkpoint-7"))
+
+
+def test_a_head_of_narrower_blocks_trains_and_saves_its_width(pair_dirs, data_files, tmp_path):
+    run(pair_dirs, data_files, tmp_path, width=4, save_strategy="no")
+    head = AcceptancePredictionHead.from_pretrained(tmp_path)
+    assert head.width == 4 and head.input_projection()[0].shape == (4, head.hidden_size + 2)
 
 
 @pytest.mark.parametrize("alignment", ["proposer", "reader"])
