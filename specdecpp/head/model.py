@@ -93,13 +93,16 @@ class LeanJudge:
         tensors = [t.detach() for layer in layers for t in layer]
         self.shapes = [t.shape for t in tensors]
         self.weights = torch.cat([t.reshape(-1) for t in tensors]).to(device)
-        self.views = self._unpacked()
         self.features, self.reads_hidden_states, self.projects = head.features, head.reads_hidden_states, bool(head.width)
+        self.layers = self._unpacked()
 
-    def _unpacked(self) -> list[torch.Tensor]:
-        """`weights` as the layers' tensors, in order."""
-        return [part.view(shape) for part, shape in zip(self.weights.split([s.numel() for s in self.shapes]),
-                                                        self.shapes)]
+    def _unpacked(self) -> tuple[Linear | None, list[Linear], torch.Tensor, torch.Tensor]:
+        """`weights` as views: (the projection or None, the blocks, the accept weight, the accept bias)."""
+        *tensors, accept_weight, accept_bias = [part.view(shape) for part, shape in zip(
+            self.weights.split([s.numel() for s in self.shapes]), self.shapes)]
+        layers = list(zip(tensors[0::2], tensors[1::2]))
+        projection = layers.pop(0) if self.projects else None
+        return projection, layers, accept_weight, accept_bias
 
     def load(self, head: AcceptancePredictionHead) -> None:
         """Copy `head`'s weights (of this judge's shapes) into `weights`, in place."""
@@ -110,11 +113,10 @@ class LeanJudge:
         """P(accept) `[...]` (float32) of `token` `[...]` drafted from the raw `logits` `[..., vocab]` (`probs` their
         softmax, when computed) at the draft state `hidden` `[..., hidden]`."""
         # Traced, the views are taken in the graph, so that it reads `weights` alone.
-        *tensors, accept_weight, accept_bias = self._unpacked() if torch.compiler.is_compiling() else self.views
-        layers = list(zip(tensors[0::2], tensors[1::2]))
-        projection = layers.pop(0) if self.projects else None
+        projection, blocks, accept_weight, accept_bias = self._unpacked() if torch.compiler.is_compiling() \
+            else self.layers
         features = logit_features(logits, token, self.features, probs) if self.features else None
-        state = head_state(hidden if self.reads_hidden_states else None, features, projection, layers, accept_weight)
+        state = head_state(hidden if self.reads_hidden_states else None, features, projection, blocks, accept_weight)
         return (state @ accept_weight + accept_bias).float().sigmoid()
 
 
