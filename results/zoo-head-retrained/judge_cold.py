@@ -1,0 +1,84 @@
+"""Where the eager judgement's price comes from: the zoo draft's eager step without a head, with the hidden state
+captured but no judgement, and judged; then the judgement alone (features and blocks apart), each timed hot (in a
+loop) and cold (right after a 6-token eager target verification, as decoding runs it). One torch thread, float32,
+medians. From the repository root:
+
+    python results/zoo-head-retrained/judge_cold.py checkpoints/zoo/head
+"""
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdecpp import AcceptancePredictionHead
+from specdecpp.engine.draft_step import CachedModel, EagerDraft, proposed_step
+from specdecpp.engine.processing import sampling_only
+from specdecpp.head.model import LeanJudge, head_state, logit_features
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("head")
+parser.add_argument("--repeats", type=int, default=400)
+args = parser.parse_args()
+torch.set_num_threads(1)
+torch.manual_seed(0)
+target = AutoModelForCausalLM.from_pretrained("checkpoints/zoo/target").eval()
+draft = AutoModelForCausalLM.from_pretrained("checkpoints/zoo/draft").eval()
+head = AcceptancePredictionHead.from_pretrained(args.head)
+judge = LeanJudge(head)
+projection, blocks, accept_weight, accept_bias = judge.layers
+
+
+class HiddenOnly(EagerDraft):
+    """The judged step's forward (the hidden state captured) without the judgement."""
+
+    def draft_step(self, tokens, num_drafted, generator):
+        logits, state = self.forward(tokens, num_logits=1, with_hidden_states=True)
+        return proposed_step(self.processing, tokens, logits[0], state, num_drafted, generator, None)
+
+
+steps = {"plain step": EagerDraft(draft, sampling_only(False)), "step, hidden state captured": HiddenOnly(
+    draft, sampling_only(False)), "judged step": EagerDraft(draft, sampling_only(False), judge)}
+hidden, logits = torch.randn(draft.config.hidden_size), torch.randn(draft.config.vocab_size) * 3
+probs, token = logits.softmax(-1), logits.argmax()
+features = logit_features(logits, token, judge.features, probs)
+parts = {"judgement": lambda: judge(hidden, logits, token, probs),
+         "features": lambda: logit_features(logits, token, judge.features, probs),
+         "blocks and output": lambda: head_state(hidden, features, projection, blocks, accept_weight) @ accept_weight
+         + accept_bias}
+verifier = CachedModel(target)
+seq, verified = list(range(5, 69)), list(range(5, 75))
+cold = {name: [] for name in [*steps, *parts]}
+hot = {}
+with torch.inference_mode():
+    verifier.logits(verified[:60], 60)
+    for model in steps.values():
+        model.forward(seq[:-1], 1)
+    for _ in range(args.repeats):
+        for name, model in steps.items():
+            verifier.logits(verified, 6)
+            verifier.crop(60)
+            start = time.perf_counter()
+            model.draft_step(seq, 1, None)
+            cold[name].append(1000 * (time.perf_counter() - start))
+            model.crop(len(seq) - 1)
+        for name, part in parts.items():
+            verifier.logits(verified, 6)
+            verifier.crop(60)
+            start = time.perf_counter()
+            part()
+            cold[name].append(1000 * (time.perf_counter() - start))
+    for name, part in parts.items():
+        for _ in range(200):
+            part()
+        start = time.perf_counter()
+        for _ in range(2000):
+            part()
+        hot[name] = (time.perf_counter() - start) / 2
+plain = statistics.median(cold["plain step"][10:])
+print(f"{args.head}: {sum(t.numel() for t in head.parameters()):,} parameters, {len(judge.features)} features\n")
+print("| what | after a verification, ms | over the plain step | in a hot loop, ms |\n| --- | ---: | ---: | ---: |")
+for name, times in cold.items():
+    ms = statistics.median(times[10:])
+    print(f"| {name} | {ms:.3f} | {ms / plain:.3f}x | {f'{hot[name]:.3f}' if name in hot else ''} |")
