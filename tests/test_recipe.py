@@ -22,7 +22,7 @@ EXAMPLE = ROOT / "recipes" / "zoo-small.yaml"
 
 def test_example_recipe_reads_and_round_trips(tmp_path):
     recipe = Recipe.from_yaml(EXAMPLE)
-    assert (recipe.prompts, recipe.bound, recipe.learning_rate) == ("stdlib-train", [1, 20], 1e-3)
+    assert (recipe.prompts, recipe.bound, recipe.learning_rate, recipe.head_width) == ("stdlib-train", [1, 20], 1e-2, 64)
     again = Recipe.from_yaml(recipe.to_yaml(tmp_path / "r.yaml"))
     assert asdict(again) == asdict(recipe)
 
@@ -113,6 +113,7 @@ def test_every_stage_command_takes_its_flags(tmp_path):
         module, args = command[at + 1], command[at + 2:]
         HfArgumentParser(importlib.import_module(module).FLAGS).parse_args_into_dataclasses(args=args)
     assert commands[-1][commands[-1].index("--n_begin"):][:4] == ["--n_begin", "350", "--n_end", "370"]
+    assert commands[2][commands[2].index("--head_width"):][:2] == ["--head_width", "64"]  # the training's
     for command in commands[-2:]:  # calibration times the steps with the threads the evaluation decodes with
         assert command[command.index("--threads"):][:2] == ["--threads", "1"]
 

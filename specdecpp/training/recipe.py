@@ -50,6 +50,8 @@ class Recipe:
     head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={
         "help": "logit features the head reads besides the draft's hidden state"})
     num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
+    head_width: int | None = field(default=None, metadata={"help": (
+        "project the head's inputs to this width before its blocks (fewer weights per judgement; default: none)")})
     epochs: float = field(default=3.0, metadata={"help": "training epochs"})
     learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate (cosine schedule)"})
     train_batch_size: int = field(default=4, metadata={"help": "records per training step and rank"})
@@ -145,8 +147,8 @@ def _coerce(value, kind, name: str):
 
 # The settings each stage reads; changing any other (the records') is refused.
 STAGE_SETTINGS = {
-    "training": ("head_features", "num_layers", "epochs", "learning_rate", "train_batch_size", "weight_mismatch",
-                 "cache_hidden_states"),
+    "training": ("head_features", "num_layers", "head_width", "epochs", "learning_rate", "train_batch_size",
+                 "weight_mismatch", "cache_hidden_states"),
     "calibration": ("bound", "step_times_from", "threads"),  # threads: the evaluation's too, which runs after it
     "evaluation": ("eval_prompts", "eval_n", "eval_max_new_tokens", "eval_num_assistant_tokens",
                    "eval_confidence_thresholds", "eval_stop_thresholds", "eval_baselines"),
@@ -219,7 +221,7 @@ def stages(recipe: Recipe, output_dir: str | Path) -> list[Stage]:
     def train() -> list[str]:  # made when it runs: only then is it known whether a checkpoint is there
         return launch("specdecpp.train", models + _flag_values(
             records=data["train"], eval_records=data["dev"], output=out, head_features=recipe.head_features,
-            resnet_num_layers=recipe.num_layers, weight_mismatch=recipe.weight_mismatch,
+            resnet_num_layers=recipe.num_layers, head_width=recipe.head_width, weight_mismatch=recipe.weight_mismatch,
             num_train_epochs=recipe.epochs, learning_rate=recipe.learning_rate, lr_scheduler_type="cosine",
             per_device_train_batch_size=recipe.train_batch_size, eval_strategy="epoch", save_strategy="epoch",
             save_total_limit=1, seed=recipe.seed, cache_hidden_states=recipe.cache_hidden_states, report_to="none",
