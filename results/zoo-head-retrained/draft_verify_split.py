@@ -1,6 +1,7 @@
 """Where `ada`, `dynamic` and constant K spend decoding time, draft steps and verifications apart, beside what one
-StepProbe per method (with the head for `ada`) predicts for the rounds each drafted; zoo pair, held-out stdlib
-functions 1-12 (0 a warm-up), 128 tokens, greedy, one engine, methods interleaved. From the repository root:
+StepProbe per method (with the head for `ada`) predicts for the rounds each drafted, each prompt's prefill (inside
+its first round) timed on its own as `time_breakdown.py` does; zoo pair, held-out stdlib functions 1-12 (0 a
+warm-up), 128 tokens, greedy, one engine, methods interleaved. From the repository root:
 
     python results/zoo-head-retrained/draft_verify_split.py --compile
 """
@@ -12,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.data import stdlib_corpus
-from specdecpp.measuring.step_timing import StepProbe
+from specdecpp.measuring.step_timing import StepProbe, prefill_extra_ms
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--compile", action="store_true")
@@ -36,6 +37,7 @@ probes = {name: StepProbe(target, draft, context, 20, head=head if name.startswi
                           compile=args.compile) for name in methods}
 totals = {name: dict(draft=0.0, verify=0.0, schedule=0.0, wall=0.0, lengths=[], draft_calls=0, tokens=0)
           for name in methods}
+measured_prompts = []
 with torch.inference_mode():
     for i, prompt in enumerate(prompts):
         for name in list(methods)[i % len(methods):] + list(methods)[:i % len(methods)]:
@@ -51,6 +53,8 @@ with torch.inference_mode():
             total["lengths"] += stats.verified_lengths
             total["draft_calls"] += stats.draft_calls
             total["tokens"] += stats.generated_length
+        if i:
+            measured_prompts.append(prompt)
         for probe in probes.values():
             probe.sample()
 print(f"{'compiled' if args.compile else 'eager'} engine, {args.prompts - 1} prompts; ms per token, measured "
@@ -59,11 +63,14 @@ print("| method | wall | draft steps | verifications | stop decisions | the rest
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for name, total in totals.items():
     times, tokens = probes[name].times(), total["tokens"]
-    draft = sum(sum(times.draft_ms[:k]) for k in total["lengths"])
-    verify = sum(times.verify_ms[min(k, len(times.verify_ms) - 1)] for k in total["lengths"])
+    # what reading each prompt adds to its first round: the target's to the verification, the draft's to a draft step
+    target_prefill = sum(prefill_extra_ms(target, None, p, times, args.compile) for p in measured_prompts)
+    both_prefills = sum(prefill_extra_ms(target, draft, p, times, args.compile) for p in measured_prompts)
+    predicted_draft = sum(sum(times.draft_ms[:k]) for k in total["lengths"]) + both_prefills - target_prefill
+    predicted_verify = sum(times.verify_ms[min(k, len(times.verify_ms) - 1)] for k in total["lengths"]) + target_prefill
     ms = {key: 1000 * total[key] / tokens for key in ("wall", "draft", "verify", "schedule")}
-    print(f"| {name} | {ms['wall']:.3f} | {ms['draft']:.3f} ({draft / tokens:.3f}, {ms['draft'] * tokens / draft:.3f}x) | "
-          f"{ms['verify']:.3f} ({verify / tokens:.3f}, {ms['verify'] * tokens / verify:.3f}x) | {ms['schedule']:.3f} | "
+    print(f"| {name} | {ms['wall']:.3f} | {ms['draft']:.3f} ({predicted_draft / tokens:.3f}, {ms['draft'] * tokens / predicted_draft:.3f}x) | "
+          f"{ms['verify']:.3f} ({predicted_verify / tokens:.3f}, {ms['verify'] * tokens / predicted_verify:.3f}x) | {ms['schedule']:.3f} | "
           f"{ms['wall'] - ms['draft'] - ms['verify'] - ms['schedule']:.3f} | "
           f"{1000 * total['draft'] / total['draft_calls']:.3f} | {times.draft_ms[0]:.3f} / "
           f"{statistics.median(times.draft_ms[4:20]):.3f} |")
