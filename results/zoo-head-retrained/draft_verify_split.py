@@ -7,13 +7,15 @@ warm-up), 128 tokens, greedy, one engine, methods interleaved. From the reposito
 """
 import argparse
 import statistics
+import sys
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.data import stdlib_corpus
+from specdecpp import speculative_generate
 from specdecpp.measuring.step_timing import StepProbe, prefill_extra_ms
+
+sys.path.insert(0, "benchmarks")
+from harness import HEAD, load_pair, load_prompt_ids  # noqa: E402  (the benchmarks' shared loading)
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--compile", action="store_true")
@@ -21,13 +23,8 @@ parser.add_argument("--stop_threshold", type=float, default=0.3)
 parser.add_argument("--prompts", type=int, default=13)
 args = parser.parse_args()
 torch.set_num_threads(1)
-zoo = "checkpoints/zoo"
-target = AutoModelForCausalLM.from_pretrained(f"{zoo}/target", dtype=torch.float32)
-draft = AutoModelForCausalLM.from_pretrained(f"{zoo}/draft", dtype=torch.float32)
-tokenizer = AutoTokenizer.from_pretrained(f"{zoo}/target")
-head = AcceptancePredictionHead.from_pretrained(f"{zoo}/head")
-prompts = [torch.tensor([tokenizer(f.prompt)["input_ids"]])
-           for f in stdlib_corpus.heldout_functions()[:args.prompts]]
+target, draft, head = load_pair(head=HEAD)
+prompts = load_prompt_ids("stdlib-heldout", n_end=args.prompts)
 context = speculative_generate(target, None, prompts[3], max_new_tokens=64, eos_token_id=[]).sequences
 methods = {"dynamic@0.4": dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4),
            "constant K=3": dict(schedule="constant", num_assistant_tokens=3),

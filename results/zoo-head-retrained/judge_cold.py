@@ -49,26 +49,21 @@ parts = {"judgement": lambda: judge(hidden, logits, token, probs),
          + accept_bias}
 verifier = CachedModel(target)
 seq, verified = list(range(5, 69)), list(range(5, 75))
-cold = {name: [] for name in [*steps, *parts]}
-hot = {}
+timed = {name: (lambda model=model: model.draft_step(seq, 1, None)) for name, model in steps.items()} | parts
+cold, hot = {name: [] for name in timed}, {}
 with torch.inference_mode():
     verifier.logits(verified[:60], 60)
     for model in steps.values():
         model.forward(seq[:-1], 1)
     for _ in range(args.repeats):
-        for name, model in steps.items():
+        for name, run in timed.items():  # each right after a verification, as decoding runs a draft step
             verifier.logits(verified, 6)
             verifier.crop(60)
             start = time.perf_counter()
-            model.draft_step(seq, 1, None)
+            run()
             cold[name].append(1000 * (time.perf_counter() - start))
-            model.crop(len(seq) - 1)
-        for name, part in parts.items():
-            verifier.logits(verified, 6)
-            verifier.crop(60)
-            start = time.perf_counter()
-            part()
-            cold[name].append(1000 * (time.perf_counter() - start))
+            for model in steps.values():
+                model.crop(len(seq) - 1)
     for name, part in parts.items():
         for _ in range(200):
             part()
