@@ -63,8 +63,11 @@ for name, total in totals.items():
     # what reading each prompt adds to its first round: the target's to the verification, the draft's to a draft step
     target_prefill = sum(prefill_extra_ms(target, None, p, times, args.compile) for p in measured_prompts)
     both_prefills = sum(prefill_extra_ms(target, draft, p, times, args.compile) for p in measured_prompts)
-    predicted_draft = sum(sum(times.draft_ms[:k]) for k in total["lengths"]) + both_prefills - target_prefill
-    predicted_verify = sum(times.verify_ms[min(k, len(times.verify_ms) - 1)] for k in total["lengths"]) + target_prefill
+    # the cost model's own round prices (`StepTimes.round_ms`), a round's verification apart from its drafting
+    verifying = [times.round_ms(0, verified=k) - times.round_overhead_ms for k in total["lengths"]]
+    predicted_verify = sum(verifying) + target_prefill
+    predicted_draft = sum(times.round_ms(k) - times.round_overhead_ms for k in total["lengths"]) - sum(verifying) \
+        + both_prefills - target_prefill
     ms = {key: 1000 * total[key] / tokens for key in ("wall", "draft", "verify", "schedule")}
     print(f"| {name} | {ms['wall']:.3f} | {ms['draft']:.3f} ({predicted_draft / tokens:.3f}, {ms['draft'] * tokens / predicted_draft:.3f}x) | "
           f"{ms['verify']:.3f} ({predicted_verify / tokens:.3f}, {ms['verify'] * tokens / predicted_verify:.3f}x) | {ms['schedule']:.3f} | "

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdecpp import AcceptancePredictionHead
-from specdecpp.engine.draft_step import CachedModel, EagerDraft, proposed_step
+from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.head.model import LeanJudge, head_state, logit_features
 
@@ -30,16 +30,10 @@ judge = LeanJudge(head)
 projection, blocks, accept_weight, accept_bias = judge.layers
 
 
-class HiddenOnly(EagerDraft):
-    """The judged step's forward (the hidden state captured) without the judgement."""
-
-    def draft_step(self, tokens, num_drafted, generator):
-        logits, state = self.forward(tokens, num_logits=1, with_hidden_states=True)
-        return proposed_step(self.processing, tokens, logits[0], state, num_drafted, generator, None)
-
-
-steps = {"plain step": EagerDraft(draft, sampling_only(False)), "step, hidden state captured": HiddenOnly(
-    draft, sampling_only(False)), "judged step": EagerDraft(draft, sampling_only(False), judge)}
+hidden_only = EagerDraft(draft, sampling_only(False))  # the judged step's forward (hidden state captured), unjudged
+hidden_only.with_hidden_states = True
+steps = {"plain step": EagerDraft(draft, sampling_only(False)), "step, hidden state captured": hidden_only,
+         "judged step": EagerDraft(draft, sampling_only(False), judge)}
 hidden, logits = torch.randn(draft.config.hidden_size), torch.randn(draft.config.vocab_size) * 3
 probs, token = logits.softmax(-1), logits.argmax()
 features = logit_features(logits, token, judge.features, probs)
