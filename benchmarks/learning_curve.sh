@@ -8,7 +8,8 @@
 # SET picks the head's inputs: v2 (hidden state + log q + entropy, the zoo recipe), margin (+ the
 # top-1/top-2 margin), margin1 (margin with one residual block instead of three: a cheaper judgement),
 # margin10 (margin trained 10 epochs at 3e-3), margin64 (margin with the inputs projected to 64-wide blocks, fewer
-# weights per judgement; 10 epochs at 1e-2),
+# weights per judgement; 10 epochs at 1e-2), hidden64, hidden128 and hidden10 (margin64's net, one 128 wide, and
+# margin10's, on the hidden state alone: no logit features to compute per judgement),
 # logits (log q + entropy + margin, no hidden state; learning rate 1e-2), rank (margin + the sampled
 # token's log rank, for sampling). Heads go to outputs/curve/SET-N, or outputs/curve/DATA-SET-N for
 # the records data/generated/stdlib-train-DATA-{train,dev}.jsonl (DATA=sampled-t1: sampled at
@@ -37,10 +38,16 @@ case $SET in
             LR=${LR:-3e-3} EPOCHS=${EPOCHS:-10} ;;  # margin, trained longer (results/narrow-head)
   margin64) INPUTS="--head_features log_q entropy margin --head_width 64"
             LR=${LR:-1e-2} EPOCHS=${EPOCHS:-10} ;;  # the narrow net trains best fast and long (results/narrow-head)
+  hidden64) INPUTS="--head_features none --head_width 64"
+            LR=${LR:-1e-2} EPOCHS=${EPOCHS:-10} ;;  # the proposer's state determines its logits, so its token too
+  hidden128) INPUTS="--head_features none --head_width 128"
+             LR=${LR:-5e-3} EPOCHS=${EPOCHS:-10} ;;
+  hidden10) INPUTS="--head_features none"
+            LR=${LR:-3e-3} EPOCHS=${EPOCHS:-10} ;;
   logits) INPUTS="--head_features log_q entropy margin --head_reads_hidden_states false"
           LR=1e-2 ;;  # three inputs: at 1e-3 the small net barely leaves its initialisation in 3 epochs
   rank) INPUTS="--head_features log_q entropy margin log_rank" ;;
-  *) echo "unknown SET $SET (v2, margin, margin1, margin10, margin64, logits, rank)"; exit 2 ;;
+  *) echo "unknown SET $SET (v2, margin, margin1, margin10, margin64, hidden64, hidden128, hidden10, logits, rank)"; exit 2 ;;
 esac
 RECORDS_PREFIX=data/generated/stdlib-train${DATA:+-$DATA}
 if [ -n "${DATA:-}" ]; then TRAIN=$RECORDS_PREFIX-train.jsonl; else TRAIN=$RECORDS_PREFIX-train6188.jsonl; fi

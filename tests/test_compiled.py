@@ -59,8 +59,9 @@ def test_compiled_budget_rounds_verify_what_the_eager_ones_verify(tiny_pair, sch
 
 # "proposer" is the kind test_compiled_greedy_equals_target_generate runs (the same graphs); the margin is judged in
 # the graph by default in test_compiled_and_eager_sample_the_same_tokens_from_the_same_generator.
-@pytest.mark.parametrize("head_kind", ["proposer", *(pytest.param(kind, marks=pytest.mark.slow)
-                                                     for kind in ("reader", "proposer+margin", "features alone"))])
+@pytest.mark.parametrize("head_kind", ["proposer", "hidden alone, projected",
+                                       *(pytest.param(kind, marks=pytest.mark.slow)
+                                         for kind in ("reader", "proposer+margin", "features alone"))])
 @needs_static_crop
 def test_compiled_greedy_equals_target_generate_with_every_kind_of_head(tiny_pair, head_kind):
     target, draft = tiny_pair
@@ -68,6 +69,7 @@ def test_compiled_greedy_equals_target_generate_with_every_kind_of_head(tiny_pai
     head = {"reader": AcceptancePredictionHead(HIDDEN, num_layers=2),
             "proposer": random_proposer(),
             "proposer+margin": random_proposer(features=("log_q", "entropy", "margin")),
+            "hidden alone, projected": random_proposer(features=(), width=8),  # the zoo head's kind
             "features alone": random_proposer(0, ("log_q", "entropy", "margin"))}[head_kind]
     if head_kind == "reader":
         with torch.no_grad():

@@ -39,9 +39,10 @@ def constant_head(accept_logit: float, **config) -> AcceptancePredictionHead:
 
 
 def random_proposer(hidden_size: int = HIDDEN, features: tuple[str, ...] = ("log_q", "entropy"),
-                    seed: int = 4) -> AcceptancePredictionHead:
+                    seed: int = 4, width: int | None = None) -> AcceptancePredictionHead:
     torch.manual_seed(seed)
-    head = AcceptancePredictionHead(hidden_size, num_layers=2, alignment="proposer", features=list(features))
+    head = AcceptancePredictionHead(hidden_size, num_layers=2, alignment="proposer", features=list(features),
+                                    width=width)
     return randomized(head)
 
 

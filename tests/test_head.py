@@ -230,14 +230,13 @@ def test_lean_judge_equals_accept_prob(config):
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
-COMMITTED_HEADS = [("head", ["log_q", "entropy", "margin"]), ("head-sampling", ["log_q", "entropy", "margin"]),
-                   ("head-reference", [])]
+COMMITTED_HEADS = [("head", []), ("head-sampling", ["log_q", "entropy", "margin"]), ("head-reference", [])]
 
 
 @pytest.mark.parametrize("name,features", COMMITTED_HEADS)
 def test_committed_heads_of_every_generation_load_and_decode_losslessly(name, features):
-    """Heads with three and no logit features (the reference's reader head) load unchanged and
-    decode exactly the target's greedy output."""
+    """Heads with three and no logit features (the greedy proposer head on the hidden state alone, the
+    reference's reader head) load unchanged and decode exactly the target's greedy output."""
     from transformers import AutoModelForCausalLM
 
     from specdecpp import speculative_generate

@@ -114,6 +114,7 @@ def test_every_stage_command_takes_its_flags(tmp_path):
         HfArgumentParser(importlib.import_module(module).FLAGS).parse_args_into_dataclasses(args=args)
     assert commands[-1][commands[-1].index("--n_begin"):][:4] == ["--n_begin", "350", "--n_end", "370"]
     assert commands[2][commands[2].index("--head_width"):][:2] == ["--head_width", "64"]  # the training's
+    assert commands[2][commands[2].index("--head_features"):][:2] == ["--head_features", "none"]
     for command in commands[-2:]:  # calibration times the steps with the threads the evaluation decodes with
         assert command[command.index("--threads"):][:2] == ["--threads", "1"]
 

@@ -201,7 +201,7 @@ def test_the_head_judges_as_under_transformers(runs, pair):
             n = len(drafted)
             positions = slice(len(context) - 1, len(context) - 1 + n)
             logits, hidden = out.logits[0, positions], out.hidden_states[-1][0, positions]
-            features = logit_features(logits, torch.tensor(drafted), head.features)
+            features = logit_features(logits, torch.tensor(drafted), head.features) if head.features else None
             p_hf = head.accept_prob(hidden, features).tolist()
             assert logits.argmax(-1).tolist() == drafted
             largest = max(largest, max(abs(a - b) for a, b in zip(p_vllm, p_hf)))

@@ -48,7 +48,7 @@ class Recipe:
         "ranks of the distributed stages (records, training): one per GPU, or CPU processes")})
     # the head and its training
     head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={
-        "help": "logit features the head reads besides the draft's hidden state"})
+        "help": "logit features the head reads besides the draft's hidden state (none: the hidden state alone)"})
     num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
     head_width: int | None = field(default=None, metadata={"help": (
         "project the head's inputs to this width before its blocks (fewer weights per judgement; default: none)")})
