@@ -36,11 +36,12 @@ steps = {"plain step": EagerDraft(draft, sampling_only(False)), "step, hidden st
          "judged step": EagerDraft(draft, sampling_only(False), judge)}
 hidden, logits = torch.randn(draft.config.hidden_size), torch.randn(draft.config.vocab_size) * 3
 probs, token = logits.softmax(-1), logits.argmax()
-features = logit_features(logits, token, judge.features, probs)
+features = logit_features(logits, token, judge.features, probs) if judge.features else None
 parts = {"judgement": lambda: judge(hidden, logits, token, probs),
-         "features": lambda: logit_features(logits, token, judge.features, probs),
          "blocks and output": lambda: head_state(hidden, features, projection, blocks, accept_weight) @ accept_weight
          + accept_bias}
+if judge.features:  # a head of the hidden state alone computes none
+    parts["features"] = lambda: logit_features(logits, token, judge.features, probs)
 verifier = CachedModel(target)
 seq, verified = list(range(5, 69)), list(range(5, 75))
 timed = {name: (lambda model=model: model.draft_step(seq, 1, None)) for name, model in steps.items()} | parts
