@@ -63,10 +63,11 @@ class CachedModel:
         # Sliding-window layers drop old states unless told that we may roll back.
         self.cache.activate_past_recording()
         self.logits_kwarg = "logits_to_keep" if takes_logits_to_keep(model) else None
-        # The last hidden state is read as the output layer's input (nothing else is kept); None until
-        # checked against `output_hidden_states` on a one-token step, False if they differ.
-        self.output_layer = model.get_output_embeddings()
-        self.output_input_is_hidden = None if self.output_layer is not None else False
+        # Stepped as its base model then its output layer (the model's forward without its wrapping, a few
+        # tens of microseconds a step, and the last hidden state at hand) once the first forward has shown
+        # that they give its logits and `hidden_states[-1]`: None until then, False where they do not.
+        self.base_model, self.output_layer = model.base_model, model.get_output_embeddings()
+        self.split = None if self.base_model is not model and self.output_layer is not None else False
 
     def logits(self, seq: list[int], num_logits: int) -> torch.Tensor:
         return self.forward(seq, num_logits)[0]
@@ -76,29 +77,28 @@ class CachedModel:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` and (if
         `with_hidden_states`) the last layer's hidden state at the last position."""
         seen = self.cache.get_seq_length()
-        new_tokens = torch.tensor([seq[seen:]], device=self.device)
         # Explicit positions: models that number new tokens from the cache's own bookkeeping can miscount.
-        kwargs = {"position_ids": torch.arange(seen, len(seq), device=self.device)[None]}
+        kwargs = {"input_ids": torch.tensor([seq[seen:]], device=self.device), **cache_kwargs(self.model, self.cache),
+                  "position_ids": torch.arange(seen, len(seq), device=self.device)[None]}
+        if self.split:
+            hidden = self.base_model(**kwargs).last_hidden_state[:, -num_logits:]
+            return self.output_layer(hidden)[0], hidden[0, -1]
         if self.logits_kwarg:
             kwargs[self.logits_kwarg] = num_logits
-        if not with_hidden_states:
-            out = self.model(input_ids=new_tokens, **cache_kwargs(self.model, self.cache), **kwargs)
-            return out.logits[0, -num_logits:], None
-        check = self.output_input_is_hidden is None and new_tokens.shape[1] == 1
-        all_layers = check or self.output_input_is_hidden is False
+        if self.split is False:
+            out = self.model(**kwargs, output_hidden_states=with_hidden_states)
+            return out.logits[0, -num_logits:], out.hidden_states[-1][0, -1] if with_hidden_states else None
         captured = []
-        handle = self.output_layer.register_forward_pre_hook(lambda module, args: captured.append(args[0])) \
-            if self.output_layer is not None else None
+        handle = self.base_model.register_forward_hook(lambda module, args, out: captured.append(out))
         try:
-            out = self.model(input_ids=new_tokens, **cache_kwargs(self.model, self.cache),
-                             output_hidden_states=all_layers, **kwargs)
+            out = self.model(**kwargs, output_hidden_states=True)
         finally:
-            if handle is not None:
-                handle.remove()
-        if check:
-            self.output_input_is_hidden = bool(torch.equal(captured[-1][0, -1], out.hidden_states[-1][0, -1]))
-        state = out.hidden_states[-1][0, -1] if all_layers else captured[-1][0, -1]
-        return out.logits[0, -num_logits:], state
+            handle.remove()
+        logits, hidden = out.logits[:, -num_logits:], out.hidden_states[-1][:, -num_logits:]
+        base_hidden = getattr(captured[0], "last_hidden_state", None) if captured else None
+        self.split = base_hidden is not None and torch.equal(base_hidden[:, -num_logits:], hidden) \
+            and torch.equal(self.output_layer(hidden), logits)
+        return logits[0], hidden[0, -1]
 
     def crop(self, length: int) -> None:
         extra = self.cache.get_seq_length() - length
