@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp import __version__
 from specdecpp.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, loop_overhead_ms, pass_spread
 from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step_models, verify
 from specdecpp.engine.draft_step import DraftStep
@@ -289,7 +290,7 @@ def device_step_times(target: PreTrainedModel, draft: PreTrainedModel, head: Acc
     key = {"target": target.name_or_path, "draft": draft.name_or_path, "head": head.config,
            "device": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu",
            "dtype": str(target.dtype), "engine": "compiled" if compile else "eager",
-           "threads": torch.get_num_threads()}
+           "threads": torch.get_num_threads(), "specdecpp": __version__}
     path = Path(cache_dir or STEP_TIMES_CACHE) / (hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
                               + ".json")
     if path.exists():  # priced again from the kept medians, with today's fit
