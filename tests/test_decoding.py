@@ -155,14 +155,19 @@ def test_the_hidden_state_the_loop_reads_is_the_last_layer_output(family, tiny_p
     `hidden_states[-1]`), at the prefill and at every step after it, whether it steps the base model and the
     output layer or the model whole."""
     model = tiny_pair[1] if family == "llama" else tiny_family_model(family, seed=1)
-    cached, seq = CachedModel(model), prompts(1, seed=4)[0][0].tolist()
+    cached, whole, seq = CachedModel(model), CachedModel(model), prompts(1, seed=4)[0][0].tolist()
+    whole.split = False  # the model's own forward at every step
     with torch.inference_mode():
-        for _ in range(4):
-            logits, state = cached.forward(seq, num_logits=1, with_hidden_states=True)
+        # The prefill, then a draft step, a verification of two drafted tokens and another step.
+        for fed in ([], [7], [9, 3, 5], [11]):
+            seq, num_logits = seq + fed, max(len(fed), 1)
+            logits, state = cached.forward(seq, num_logits=num_logits, with_hidden_states=True)
             full = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
             torch.testing.assert_close(state, full.hidden_states[-1][0, -1])
-            torch.testing.assert_close(logits[0], full.logits[0, -1])
-            seq = seq + [int(logits[0].argmax())]
+            torch.testing.assert_close(logits, full.logits[0, -num_logits:])
+            # Bit for bit what the model's own forward on the same cache gives.
+            whole_logits, whole_state = whole.forward(seq, num_logits=num_logits, with_hidden_states=True)
+            assert torch.equal(logits, whole_logits) and torch.equal(state, whole_state)
     # OPT's causal LM runs its base model's decoder, not the base model: it is stepped whole.
     assert cached.split is (family != "opt")
 
