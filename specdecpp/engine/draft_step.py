@@ -63,9 +63,9 @@ class CachedModel:
         # Sliding-window layers drop old states unless told that we may roll back.
         self.cache.activate_past_recording()
         self.logits_kwarg = "logits_to_keep" if takes_logits_to_keep(model) else None
-        # Stepped as its base model then its output layer (the model's forward without its wrapping, a few
-        # tens of microseconds a step, and the last hidden state at hand) once the first forward has shown
-        # that they give its logits and `hidden_states[-1]`: None until then, False where they do not.
+        # Stepped as its base model then its output layer (the model's forward without its wrapping, with the
+        # last hidden state at hand) once the first forward has shown that they give its logits and
+        # `hidden_states[-1]`: None until then, False where they do not.
         self.base_model, self.output_layer = model.base_model, model.get_output_embeddings()
         self.split = None if self.base_model is not model and self.output_layer is not None else False
 
