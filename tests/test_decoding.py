@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import HIDDEN, VOCAB, perturbed_copy, randomized, tiny_llama, tiny_recurrent
 from scipy.stats import chisquare
-from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, GPTNeoXConfig, OPTConfig, Qwen2Config
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.costs import StepTimes
@@ -135,11 +135,15 @@ def tiny_family_model(family: str, seed: int):
                                      intermediate_size=64, initializer_range=0.3, **common),
         "opt": lambda: OPTConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
                                  word_embed_proj_dim=HIDDEN, init_std=0.3, **common),
+        # Soft-capped logits, and a sliding window shorter than the prompts.
+        "gemma2": lambda: Gemma2Config(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=HIDDEN // 4, intermediate_size=64, sliding_window=8,
+                                       final_logit_softcapping=2.0, initializer_range=0.3, **common),
     }[family]()
     return AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "opt"])
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "opt", "gemma2"])
 def test_greedy_equal_across_model_families(family, random_head):
     target = tiny_family_model(family, seed=0)
     draft = tiny_family_model(family, seed=1)
@@ -149,7 +153,7 @@ def test_greedy_equal_across_model_families(family, random_head):
         assert torch.equal(out.sequences, target_greedy(target, prompt, 20)), (family, schedule)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "qwen2", "opt"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "qwen2", "opt", "gemma2"])
 def test_the_hidden_state_the_loop_reads_is_the_last_layer_output(family, tiny_pair):
     """The loop's logits are the model's and the state it reads is the model's last hidden state (training's
     `hidden_states[-1]`), at the prefill and at every step after it, whether it steps the base model and the
@@ -168,8 +172,8 @@ def test_the_hidden_state_the_loop_reads_is_the_last_layer_output(family, tiny_p
             # Bit for bit what the model's own forward on the same cache gives.
             whole_logits, whole_state = whole.forward(seq, num_logits=num_logits, with_hidden_states=True)
             assert torch.equal(logits, whole_logits) and torch.equal(state, whole_state)
-    # OPT's causal LM runs its base model's decoder, not the base model: it is stepped whole.
-    assert cached.split is (family != "opt")
+    # Stepped whole: OPT's causal LM runs its base model's decoder, not the base model; Gemma 2 caps its logits.
+    assert cached.split is (family not in ("opt", "gemma2"))
 
 
 def test_eos_inside_a_draft_run_stops_where_the_target_stops(tiny_pair):
