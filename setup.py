@@ -22,6 +22,7 @@ setup(
         "tqdm",
         "matplotlib",
         "numpy",
+        "packaging",
         "pyyaml",
         "scipy",
         "scikit-learn",

@@ -7,7 +7,7 @@ import os
 import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from specdecpp.compat import has_recurrent_state
+from specdecpp.compat import SLIDING_WINDOW_ROLLS_BACK, TRANSFORMERS_VERSION, has_recurrent_state, has_sliding_window
 
 
 def vocab_size(model: PreTrainedModel) -> int:
@@ -32,11 +32,16 @@ def check_same_vocab(target_vocab: int, draft_vocab: int) -> None:
 
 
 def check_can_roll_back(model: PreTrainedModel, role: str = "model") -> None:
-    """ValueError for a model whose cache cannot be cut back (recurrent layers); `role` names it."""
+    """ValueError for a model whose cache cannot be cut back (recurrent layers, or sliding windows before transformers
+    5.18); `role` names it."""
     if has_recurrent_state(model):
         raise ValueError(f"{role} ({type(model).__name__}) has recurrent layers (state-space or linear attention) whose "
                          "state cannot be rolled back after a rejected draft token: speculative decoding needs models "
                          "whose cache can be cropped (attention-only architectures)")
+    if not SLIDING_WINDOW_ROLLS_BACK and has_sliding_window(model):
+        raise ValueError(f"{role} ({type(model).__name__}) has sliding-window attention, whose cache transformers "
+                         f"{TRANSFORMERS_VERSION} cannot roll back after a rejected draft token: install transformers "
+                         ">= 5.18 to decode it")
 
 
 def hidden_size(config: PretrainedConfig) -> int:

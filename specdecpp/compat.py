@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import transformers
+from packaging.version import Version
 from transformers import (DynamicCache, DynamicLayer, GenerationConfig, GenerationMixin, LogitsProcessorList,
                           PreTrainedModel, StaticLayer, StoppingCriteriaList)
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
@@ -87,6 +88,16 @@ def special_layers(cache: Any) -> list:
 
 def is_sliding(layer: Any) -> bool:
     return bool(getattr(layer, "is_sliding", False))
+
+
+# Sliding-window caches roll back from transformers 5.18: 5.14 cannot crop them past the window, 5.15-5.17 crop
+# them but then build attention masks of the wrong size.
+SLIDING_WINDOW_ROLLS_BACK = Version(TRANSFORMERS_VERSION).release >= (5, 18)
+
+
+def has_sliding_window(model: PreTrainedModel) -> bool:
+    """Whether `model`'s cache has sliding-window layers."""
+    return any(is_sliding(layer) for layer in DynamicCache(config=model.config).layers)
 
 
 def has_recurrent_state(model: PreTrainedModel) -> bool:
