@@ -90,8 +90,7 @@ def is_sliding(layer: Any) -> bool:
     return bool(getattr(layer, "is_sliding", False))
 
 
-# Sliding-window caches roll back from transformers 5.18: 5.14 cannot crop them past the window, 5.15-5.17 crop
-# them but then build attention masks of the wrong size.
+# Sliding-window caches roll back from transformers 5.18 (5.14 cannot crop them, 5.15-5.17 mis-size the masks).
 SLIDING_WINDOW_ROLLS_BACK = Version(TRANSFORMERS_VERSION).release >= (5, 18)
 
 

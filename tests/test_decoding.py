@@ -3,6 +3,7 @@ target), the stats add up, EOS and length limits, bounds, clear errors."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -13,10 +14,12 @@ from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, GPTNeoX
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.compat import SLIDING_WINDOW_ROLLS_BACK
 from specdecpp.costs import StepTimes
-from specdecpp.engine.draft_step import CachedModel
+from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.online import OnlineAcceptanceEstimator
+from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.sampling import make_warpers, widened
 from specdecpp.engine.schedules import SCHEDULES, VerifyBudget
+from specdecpp.head.model import LeanJudge
 
 
 
@@ -179,6 +182,20 @@ def test_the_hidden_state_the_loop_reads_is_the_last_layer_output(family, tiny_p
             assert torch.equal(logits, whole_logits) and torch.equal(state, whole_state)
     # Stepped whole: OPT's causal LM runs its base model's decoder, not the base model; Gemma 2 caps its logits.
     assert cached.split is (family not in ("opt", "gemma2"))
+
+
+def test_a_greedy_step_judged_by_a_head_of_the_state_alone_computes_no_distribution(tiny_pair):
+    """Nothing reads the draft's distribution there; a plain step (`dynamic` reads its token's probability) and
+    a step judged by a head of logit features compute it; the token is the draft's argmax either way."""
+    draft, seq = tiny_pair[1], prompts(1, seed=4)[0][0].tolist()
+    heads = {features: AcceptancePredictionHead(HIDDEN, num_layers=1, alignment="proposer", features=list(features))
+             for features in ((), ("log_q",))}
+    with torch.inference_mode():
+        expected = int(draft(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+        for judge, computes in ((None, True), (LeanJudge(heads[()]), False), (LeanJudge(heads[("log_q",)]), True)):
+            step = EagerDraft(draft, sampling_only(False), judge).draft_step(seq, 1, None)
+            assert (step.probs is not None, math.isnan(step.token_prob)) == (computes, not computes)
+            assert step.token == expected and (step.accept_prob is None) == (judge is None)
 
 
 def test_eos_inside_a_draft_run_stops_where_the_target_stops(tiny_pair):

@@ -3,6 +3,7 @@ models through (`Draft`, `Target`) and the eager engine's models (`CachedModel`,
 """
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -21,15 +22,16 @@ def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tenso
     given `judge`, its P(accept); one host sync."""
     logits = widened(logits)
     processed = processing.logits(tokens, logits[None])[0]
-    probs = processed.softmax(-1)
-    noise = draft_noise(probs.shape[-1], probs.device, generator) if processing.do_sample else None
+    # A greedy step judged by a head of the state alone reads no probability (token_prob NaN).
+    probs = processed.softmax(-1) if processing.do_sample or judge is None or judge.features else None
+    noise = draft_noise(processed.shape[-1], processed.device, generator) if processing.do_sample else None
     token = proposed_token(processed, probs, noise)
-    values = [token.double(), probs[token].double()]
+    values = [token.double()] + ([probs[token].double()] if probs is not None else [])
     if judge is not None:
         values.append(judge(hidden, logits, token, None if processing.changes_logits else probs).double())
-    token, token_prob, *judged = torch.stack(values).tolist()
-    return DraftStep(num_drafted, token_prob, hidden, int(token), logits, probs, warped=processing.changes_logits,
-                     accept_prob=judged[0] if judged else None)
+    token, *read = torch.stack(values).tolist()
+    return DraftStep(num_drafted, read.pop(0) if probs is not None else math.nan, hidden, int(token), logits, probs,
+                     warped=processing.changes_logits, accept_prob=read[0] if read else None)
 
 
 class Draft(Protocol):
