@@ -30,8 +30,8 @@ def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tenso
     if judge is not None:
         values.append(judge(hidden, logits, token, None if processing.changes_logits else probs).double())
     token, *read = torch.stack(values).tolist()
-    return DraftStep(num_drafted, read.pop(0) if probs is not None else math.nan, hidden, int(token), logits, probs,
-                     warped=processing.changes_logits, accept_prob=read[0] if read else None)
+    return DraftStep(num_drafted, read[0] if probs is not None else math.nan, hidden, int(token), logits, probs,
+                     warped=processing.changes_logits, accept_prob=read[-1] if judge is not None else None)
 
 
 class Draft(Protocol):
