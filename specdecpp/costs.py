@@ -11,6 +11,7 @@ MEASURED_COST = "measured cost/tok (target-alone steps)"
 FLAT_UNIT = "target verifications per token: (target calls + c x draft calls) / token, c = draft step / target " \
             "verification of 4 tokens (every verification priced alike, as on a GPU)"
 BUSY_SPREAD = 0.25  # the `pass_spread` above which step times are not trusted
+ONE_LENGTH_OUTLIER = 0.1  # how far one verification length's time departs from both nearest ones before it is ignored
 
 
 def cost_per_token(spent: float, tokens: float, unit: float = 1.0) -> float:
@@ -43,21 +44,20 @@ def verify_slope(verify_ms: list[float]) -> float:
     return max(statistics.median(slopes), 0.0) if slopes else 0.0
 
 
-def fit_verify_ms(verify_ms: list[float], window: int = 5) -> list[float]:
-    """Verification times fitted for pricing: for `k >= 1` the Theil-Sen line plus the running median
-    (over `window` lengths) of the medians' departures from it, so one slow length is ignored and a
-    change of cost spanning several lengths is kept, within the measured times' range; `k = 0` capped by
-    the fitted `k = 1`."""
-    if len(verify_ms) < 2:
-        return list(verify_ms)
-    slope = verify_slope(verify_ms)
-    intercept = statistics.median(v - slope * k for k, v in enumerate(verify_ms) if k >= 1)
-    line = [intercept + slope * k for k in range(1, len(verify_ms))]
-    departures = [v - fitted for v, fitted in zip(verify_ms[1:], line)]
-    half = window // 2
-    fitted = [at + statistics.median(departures[max(0, i - half): i + half + 1]) for i, at in enumerate(line)]
-    fitted = [min(max(at, min(verify_ms[1:])), max(verify_ms[1:])) for at in fitted]  # a few noisy lengths
-    return [min(verify_ms[0], fitted[0])] + fitted
+def fit_verify_ms(verify_ms: list[float]) -> list[float]:
+    """Verification times for pricing: each length's median, except that a length `k >= 1` above (or below) both of
+    its two nearest lengths by more than `ONE_LENGTH_OUTLIER` takes the value of their line there, so one slow length
+    is ignored and a change of cost that lasts two lengths or more is kept; `k = 0` at most `k = 1`."""
+    rest = list(verify_ms[1:])
+    fitted = []
+    for k, ms in enumerate(rest):
+        if len(rest) >= 3:
+            i, j = (k - 1, k + 1) if 0 < k < len(rest) - 1 else (1, 2) if k == 0 else (k - 1, k - 2)
+            if all(ms > rest[n] * (1 + ONE_LENGTH_OUTLIER) for n in (i, j)) \
+                    or all(ms < rest[n] * (1 - ONE_LENGTH_OUTLIER) for n in (i, j)):
+                ms = min(max(rest[i] + (rest[j] - rest[i]) * (k - i) / (j - i), min(rest)), max(rest))
+        fitted.append(ms)
+    return [min(verify_ms[0], fitted[0])] + fitted if fitted else list(verify_ms)
 
 
 def pass_spread(per_pass_ms: list[list[float]]) -> float:
