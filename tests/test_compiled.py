@@ -118,6 +118,28 @@ def test_compiled_eos_inside_a_round_and_the_length_limit_mid_round(tiny_pair):
             assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens, eos_token_id=None))
 
 
+@needs_static_crop
+def test_a_draft_left_behind_by_rounds_drafting_nothing_catches_up_through_its_graph(tiny_pair, monkeypatch):
+    """The oracle drafts nothing where the draft is wrong. After two such rounds the draft is three tokens behind
+    and feeds the oldest through its step graph; only the prompt is fed eagerly, before the draft's first step."""
+    target, _ = tiny_pair
+    draft, prompt = perturbed_copy(target, 0.03), prompts(4, seed=6)[3]  # wrong at every other token or so
+    compiled_generate(target, draft, prompt, schedule="oracle", max_new_tokens=60)  # engines built and warmed up
+    fed_eagerly, feed = [], compiled.StaticModel._feed
+
+    def counted_feed(model, tokens):
+        if isinstance(model, compiled.CompiledDraft) and len(tokens) > model.length:
+            fed_eagerly.append(len(tokens) - model.length)
+        feed(model, tokens)
+
+    monkeypatch.setattr(compiled.StaticModel, "_feed", counted_feed)
+    out = compiled_generate(target, draft, prompt, schedule="oracle", max_new_tokens=60, eos_token_id=[])
+    assert torch.equal(out.sequences, target_greedy(target, prompt, 60, eos_token_id=None))
+    lengths = out.stats.draft_lengths
+    assert any(a == b == 0 for a, b in zip(lengths, lengths[1:]))
+    assert len(fed_eagerly) == 1 and fed_eagerly[0] >= prompt.shape[1] - 1  # the prompt (and rounds before the first)
+
+
 @pytest.mark.slow  # compiles every family
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "opt"])
 @needs_static_crop

@@ -129,14 +129,10 @@ class StaticModel:
         self.cuda_graphs = uses_cuda_graphs(self.device)
         self.length = self.warmed_lengths = 0
         self.compiled_for = NotImplemented  # the guarded state its graphs were warmed up for: none yet
-        self._allocate()
-        self.build_graphs()
-
-    def _allocate(self) -> None:
-        """Allocate the cache now, not in a warm-up's inference mode, so that `crop` may change it in any mode."""
-        with torch.no_grad():
+        with torch.no_grad():  # allocated now, outside inference mode, so that `crop` may change it in any mode
             self._feed([0])
         self.reset()
+        self.build_graphs()
 
     def build_graphs(self) -> None:
         """New compiled graphs (compiled on their first call)."""
@@ -199,8 +195,13 @@ class StaticModel:
             self._logits(self._ids(tokens[self.length:]))
             self.length = len(tokens)
 
-    def _new_ids(self, tokens: list[int]) -> torch.Tensor:
-        """A draft graph's input after `tokens`: the one or two unseen last tokens, earlier ones fed first."""
+    def _new_ids(self, tokens: list[int], *inputs) -> torch.Tensor:
+        """A draft graph's input after `tokens`: the one or two unseen last tokens, earlier ones fed first: up to six
+        that rounds drafting nothing left behind through the graph itself (with `inputs`), more (a prompt) eagerly."""
+        while 3 <= len(tokens) - self.length <= 8:
+            ids = self._ids(tokens[self.length:min(self.length + 2, len(tokens) - 2)])
+            self._run(self.step_graph, ids, *inputs)
+            self.length += ids.shape[1]
         new = tokens[-2:] if len(tokens) - self.length == 2 else tokens[-1:]
         self._feed(tokens[:-len(new)])
         return self._ids(new)
@@ -244,7 +245,7 @@ class CompiledDraft(StaticModel):
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         """The proposal after `tokens`: one graph over the unseen last one or two tokens."""
         noise = None if self.warpers is None else draft_noise(self.vocab, self.device, generator)
-        values, probs = self._run(self.step_graph, self._new_ids(tokens), noise)
+        values, probs = self._run(self.step_graph, self._new_ids(tokens, noise), noise)
         self.length = len(tokens)
         token, token_prob, *judged = values.tolist()
         return DraftStep(num_drafted, token_prob, token=int(token), probs=probs, warped=self.warpers is not None,
@@ -328,8 +329,7 @@ class ProcessedDraft:
 
 
 def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:
-    """ValueError unless every layer of `cache` is a full-attention `StaticLayer` (others do not crop
-    by a counter)."""
+    """ValueError unless every layer of `cache` is a full-attention `StaticLayer` (others do not crop by a counter)."""
     if layers := special_layers(cache):
         kind = "a sliding-window layer" if is_sliding(layers[0]) else "a layer"
         raise ValueError(f"compile=True: {model.config.model_type} gets {kind} ({type(layers[0]).__name__}) in its "
