@@ -1,9 +1,9 @@
-"""Where `ada`, `dynamic` and constant K spend decoding time, draft steps and verifications apart, beside what one
-StepProbe per method (with the head for `ada`) predicts for the rounds each drafted, each prompt's prefill (inside
+"""Where `ada`, `dynamic`, constant K and the oracle spend decoding time, draft steps and verifications apart, beside
+what one StepProbe per method (with the head for `ada`) predicts for the rounds each drafted, each prompt's prefill (inside
 its first round) timed on its own as `time_breakdown.py` does; zoo pair, held-out stdlib functions 1-12 (0 a
 warm-up), 128 tokens, greedy, one engine, methods interleaved. From the repository root:
 
-    python results/zoo-head-retrained/draft_verify_split.py --compile
+    PYTHONPATH=benchmarks python results/verify-steps/draft_verify_split.py --compile --stop_threshold 0.25
 """
 import argparse
 import statistics

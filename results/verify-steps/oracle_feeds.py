@@ -1,3 +1,8 @@
+"""The compiled draft's eager catch-up forwards (`StaticModel._feed` over tokens it has not seen) during the oracle's
+and `dynamic`@0.4's generations, held-out stdlib functions 1-6 (0 a warm-up), 128 tokens. From the repository root:
+
+    PYTHONPATH=benchmarks python results/verify-steps/oracle_feeds.py
+"""
 import sys, time
 import torch
 from specdecpp import speculative_generate

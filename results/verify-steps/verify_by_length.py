@@ -1,4 +1,9 @@
-"""Compiled verifications timed per round by length in real decoding vs the probe's verify_ms (fit and measured)."""
+"""Compiled verifications of real generations timed by length (`dynamic`@0.4, constant K=3, `ada`@0.25, held-out
+stdlib functions 1-12, 128 tokens, interleaved), beside one StepProbe's price and median for each length. From the
+repository root:
+
+    PYTHONPATH=benchmarks python results/verify-steps/verify_by_length.py
+"""
 import statistics, sys, time
 from collections import defaultdict
 import torch
