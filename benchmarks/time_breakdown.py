@@ -37,13 +37,14 @@ from specdecpp.engine.settings import DecodingSettings
 from specdecpp.measuring.step_timing import StepProbe, auto_step_times, measure_round_overhead, prefill_extra_ms
 
 
-def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: list[str]) -> dict[str, dict]:
-    """The schedules compared: target alone, constant K, our `dynamic` at three confidences, `ada`
+def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: list[str],
+            confidences: tuple[float, ...] = (0.3, 0.4, 0.5)) -> dict[str, dict]:
+    """The schedules compared: target alone, constant K, our `dynamic` at `confidences`, `ada`
     at `thresholds` (`auto`: the head's, chosen for the engine it runs on), and the oracle."""
     table = {"target alone": dict(schedule="none")}
     table.update({f"constant K={k}": dict(schedule="constant", num_assistant_tokens=k) for k in (2, 3, 4)})
     table.update({f"dynamic@{c:g}": dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=c)
-                  for c in (0.3, 0.4, 0.5)})
+                  for c in confidences})
     for threshold in thresholds:
         threshold = threshold if threshold == "auto" else float(threshold)
         table[f"ada@{threshold}"] = dict(schedule="ada", head=head, stop_threshold=threshold, bound=bound)
@@ -201,6 +202,8 @@ def main() -> None:
     parser.add_argument("--bound", type=int, nargs=2, default=None, help="ada's bound (default: the head's stored one)")
     parser.add_argument("--stop_threshold", nargs="+", default=["auto"],
                         help="ada's thresholds ('auto': the head's, chosen again with each engine's step times here)")
+    parser.add_argument("--confidence", type=float, nargs="+", default=[0.3, 0.4, 0.5],
+                        help="dynamic's assistant_confidence_threshold values")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--engine", nargs="+", choices=("eager", "compiled"), default=["eager"],
                         help="engines to run, side by side in one run (compiled: static caches, compiled steps)")
@@ -211,7 +214,7 @@ def main() -> None:
     target, draft, head = load_pair(args.target, args.draft, args.head)
     prompts = load_prompt_ids(args.data_path, args.target, args.n_begin, args.n_end)
     bound = head_bound(head, args.bound)
-    result = breakdown(target, draft, head, prompts, methods(head, bound, args.stop_threshold),
+    result = breakdown(target, draft, head, prompts, methods(head, bound, args.stop_threshold, args.confidence),
                        list(dict.fromkeys(args.engine)), args.max_new_tokens, bound)
     print(f"{len(prompts) - 1} prompts of {args.data_path} (after one warm-up), {args.max_new_tokens} new tokens, "
           f"greedy; ada bound {bound}; compiling took {result['compile_seconds']:.1f} s (not timed)")
