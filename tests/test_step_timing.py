@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 
 from specdecpp.engine.decoding import GenerationStats, draft_round
-from specdecpp.engine.draft_step import EagerDraft
+from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.schedules import HeadJudge
 from specdecpp import speculative_generate
@@ -76,6 +77,23 @@ def test_the_probe_times_the_loops_own_draft_round_and_verify(tiny_pair, monkeyp
     assert calls == {"draft_round": [0, 1, 2, 3] * 2, "verify": 2 * (4 + 4)}
     times = probe.times()
     assert len(times.draft_ms) == 3 and len(times.verify_ms) == 4 and times.judge_ms > 0 and times.repeats == 2
+
+
+def test_the_probe_leaves_the_rollback_after_a_verification_untimed(tiny_pair, monkeypatch):
+    """The loop times a verification without the rollback after it (that is the loop's own time, priced as round
+    overhead), and so does the probe: a rollback made 20 ms slow moves no step time."""
+    target, draft = tiny_pair
+
+    def slow_crop(model, length):
+        time.sleep(0.02)
+        crop(model, length)
+
+    crop = CachedModel.crop
+    monkeypatch.setattr(CachedModel, "crop", slow_crop)
+    probe = StepProbe(target, draft, torch.tensor([[5, 9, 17, 3]]), max_draft=2, warmup=0)
+    probe.sample(2)
+    times = probe.times()
+    assert times.target_alone_ms < 20 and max(times.verify_ms_measured) < 20 and max(times.draft_ms) < 20
 
 
 def test_cost_ratio_is_measured_on_cached_steps(tiny_pair):

@@ -93,11 +93,11 @@ class StepProbe:
     def _pass(self) -> tuple[list[float], list[list[float]], list[list[float]], list[float]]:
         seq, processing, generator = self.seq, self.processing, self.generator
         alone, drafts, verified, judged = [], [[] for _ in range(self.max_draft)], [], []
-        for _ in range(self.max_draft + 1):  # target-alone steps, back to back as in a target-alone decode
+        for _ in range(self.max_draft + 1):  # target-alone steps back to back; each rollback untimed, as in the loop
             start = time.perf_counter()
             verify(self.target_model, seq, [], [], processing, generator)
-            self.target_model.crop(len(seq) - 1)
             alone.append(1000 * (time.perf_counter() - start))
+            self.target_model.crop(len(seq) - 1)
         for k in range(self.max_draft + 1):
             stats = GenerationStats()
             policy = TimedRound(k, self.judge, stats)
@@ -108,9 +108,9 @@ class StepProbe:
                 judged.append(judge_ms)
             start = time.perf_counter()
             verify(self.target_model, seq, drafted, draft_probs, processing, generator)
+            verified.append([1000 * (time.perf_counter() - start)])
             self.target_model.crop(len(seq) - 1)
             self.draft_model.crop(len(seq) - 1)
-            verified.append([1000 * (time.perf_counter() - start)])
         return alone, drafts, verified, judged
 
 
