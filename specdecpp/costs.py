@@ -48,15 +48,15 @@ def fit_verify_ms(verify_ms: list[float]) -> list[float]:
     """Verification times for pricing: each length's median, except that a length `k >= 1` above (or below) both of
     its two nearest lengths by more than `ONE_LENGTH_OUTLIER` takes the value of their line there, so one slow length
     is ignored and a change of cost that lasts two lengths or more is kept; `k = 0` at most `k = 1`."""
-    rest = list(verify_ms[1:])
-    fitted = []
-    for k, ms in enumerate(rest):
-        if len(rest) >= 3:
+    rest = fitted = list(verify_ms[1:])
+    if len(rest) >= 3:
+        fitted = []
+        for k, ms in enumerate(rest):
             i, j = (k - 1, k + 1) if 0 < k < len(rest) - 1 else (1, 2) if k == 0 else (k - 1, k - 2)
             if all(ms > rest[n] * (1 + ONE_LENGTH_OUTLIER) for n in (i, j)) \
                     or all(ms < rest[n] * (1 - ONE_LENGTH_OUTLIER) for n in (i, j)):
                 ms = min(max(rest[i] + (rest[j] - rest[i]) * (k - i) / (j - i), min(rest)), max(rest))
-        fitted.append(ms)
+            fitted.append(ms)
     return [min(verify_ms[0], fitted[0])] + fitted if fitted else list(verify_ms)
 
 
