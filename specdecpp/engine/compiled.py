@@ -127,6 +127,7 @@ class StaticModel:
         _check_full_attention(self.cache, model)
         self.model_kwargs = cache_kwargs(model, self.cache)
         self.cuda_graphs = uses_cuda_graphs(self.device)
+        self.warm_up_calls = 2 if self.cuda_graphs else 1  # CUDA graph trees record a size's second call
         self.length = self.warmed_lengths = 0
         self.compiled_for = NotImplemented  # the guarded state its graphs were warmed up for: none yet
         with torch.no_grad():  # allocated now, outside inference mode, so that `crop` may change it in any mode
@@ -161,16 +162,16 @@ class StaticModel:
         self.warm_lengths(3)
 
     def warm_lengths(self, longest: int) -> float:
-        """Run the verification for every length up to `longest` tokens not run since the warm-up,
-        so that no CUDA graph (one per length of the dynamic graph) is recorded mid-generation;
-        on other devices only the first warm-up runs. Returns the seconds spent."""
+        """Run the verification for every length up to `longest` tokens not run since the warm-up, until
+        its CUDA graph (one per length of the dynamic graph) is recorded, so that none is recorded
+        mid-generation; on other devices only the first warm-up runs. Returns the seconds spent."""
         lengths = range(self.warmed_lengths + 1, longest + 1) if self.cuda_graphs or not self.warmed_lengths else ()
         if not lengths:
             return 0.0
         start = time.perf_counter()
         with torch.inference_mode():
             self._feed([0])
-            for length in lengths:
+            for length in (length for length in lengths for _ in range(self.warm_up_calls)):
                 self.logits([0] * (1 + length), num_logits=length)
                 self.crop(1)
         self.reset()
@@ -254,7 +255,7 @@ class CompiledDraft(StaticModel):
     def warm_up(self) -> None:
         generator = torch.Generator(self.device).manual_seed(0)  # the user's generator is not drawn from
         with torch.inference_mode():
-            for tokens in ([0, 0], [0, 0, 0]):
+            for tokens in ([0, 0], [0, 0, 0]) * self.warm_up_calls:  # a step of one token and of two
                 self._feed([0])
                 self.draft_step(tokens, 1, generator)
                 self.reset()
@@ -280,8 +281,7 @@ class CompiledDraft(StaticModel):
 
 class DraftForward(StaticModel):
     """The draft's forward alone as one graph (last logits and, `with_hidden_states`, the head's state),
-    for processors that read the prefix; shared across generations, each drafting through a
-    `ProcessedDraft`."""
+    for processors that read the prefix; shared across generations, each drafting through a `ProcessedDraft`."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, with_hidden_states: bool):
         self.with_hidden_states = with_hidden_states
@@ -301,7 +301,7 @@ class DraftForward(StaticModel):
 
     def warm_up(self) -> None:
         with torch.inference_mode():
-            for tokens in ([0, 0], [0, 0, 0]):
+            for tokens in ([0, 0], [0, 0, 0]) * self.warm_up_calls:
                 self._feed([0])
                 self.step(tokens)
                 self.reset()

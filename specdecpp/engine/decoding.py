@@ -1,8 +1,7 @@
 """The speculative decoding loop (Leviathan et al. 2023; Chen et al. 2023): the draft proposes
 `y_1..y_k` (the schedule decides `k`), the target scores them in one forward, the accepted prefix
 and one target token are kept and both caches are cropped. Greedy output is the target's; sampled
-output follows the target's distribution.
-"""
+output follows the target's distribution."""
 from __future__ import annotations
 
 import inspect
