@@ -169,18 +169,25 @@ def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str
     return report
 
 
-class CudaGraphWarnings(logging.Handler):
-    """Inductor's CUDA-graph warnings (a graph run without CUDA graphs and why, or recorded for too
-    many input sizes), with their counts."""
+class CudaGraphLog(logging.Handler):
+    """Inductor's CUDA-graph log: its warnings (a graph run without CUDA graphs and why, or recorded for too
+    many input sizes) with their counts, and when (`time.perf_counter`) each CUDA graph was recorded."""
 
     def __init__(self):
         super().__init__()
         self.reasons: dict[str, int] = {}
+        self.recorded_at: list[float] = []
         torch._logging.set_logs(cudagraphs=True)
-        logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs").addHandler(self)
+        for module in ("cudagraph_utils", "cudagraph_trees"):
+            logging.getLogger(f"torch._inductor.{module}.__cudagraphs").addHandler(self)
 
     def emit(self, record: logging.LogRecord) -> None:
-        reason = record.getMessage().splitlines()[0][:300]
+        message = record.getMessage()
+        if record.name.startswith("torch._inductor.cudagraph_trees"):
+            if "Recording function=" in message:
+                self.recorded_at.append(time.perf_counter())
+            return
+        reason = message.splitlines()[0][:300]
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
 
 
@@ -230,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
                f"Command: `python benchmarks/gpu_check.py {' '.join(sys.argv[1:] if argv is None else argv)}`"]
     summary += [f"- needs: {need}" for need in env["needs"]]
     written = {"environment": env}
-    cudagraph_warnings = CudaGraphWarnings()
+    cudagraph_log = CudaGraphLog()
 
     def section(name: str, run, expected: int) -> None:
         elapsed = time.perf_counter() - started
@@ -247,21 +254,23 @@ def main(argv: list[str] | None = None) -> dict:
             written[name] = data
             (out / f"{name.split()[0].lower()}.json").write_text(json.dumps(written[name], indent=1, default=str) + "\n")
         env["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-        env["cudagraph_warnings"] = cudagraph_warnings.reasons
+        env["cudagraph_warnings"] = cudagraph_log.reasons
         (out / "summary.md").write_text("\n".join(summary + [
             "", f"## CUDA graphs: {env['cudagraph_skips']} graph(s) run without them; inductor's warnings", "",
-            json.dumps(cudagraph_warnings.reasons, indent=1)]) + "\n")
+            json.dumps(cudagraph_log.reasons, indent=1)]) + "\n")
         print(summary[-1], flush=True)
 
     for dtype in args.dtypes or ["float32"]:
         def zoo(dtype=dtype):
             result = zoo_section(dtype, args.device, prompts, max_new_tokens, engines, args.quick,
                                  args.ada_thresholds or (["auto"] if args.quick else ["auto", "0.2", "0.35"]), args.head)
+            result["cudagraphs_recorded_while_timed"] = sum(t >= result["timed_from"] for t in cudagraph_log.recorded_at)
             lines = [f"{prompts - 1} stdlib-heldout prompts after a warm-up, {max_new_tokens} tokens, greedy, EOS off; "
                      f"ada bound {result['bound']}; compiling took {result['compile_seconds']:.1f} s; reference: "
                      "`target.generate`, interleaved with the methods; the head's stored threshold "
                      f"{result['stored_threshold']}, chosen again for this device's {engines[-1]} step times: "
-                     f"{result['device_threshold']} (`ada@device`)", "",
+                     f"{result['device_threshold']} (`ada@device`); CUDA graphs recorded while methods were timed: "
+                     f"{result['cudagraphs_recorded_while_timed']}", "",
                      "| method | identical | near-ties | failures |", "| --- | ---: | ---: | ---: |"]
             lines += [f"| {name} | {r['identical']}/{r['of']} | {len(r['near_ties'])} | {len(r['failures'])} |"
                       for name, r in result["identity"].items()]

@@ -186,6 +186,25 @@ def check_gpu_check(tmp_path, engines: list[str]) -> dict:
     return written
 
 
+def test_gpu_check_log_keeps_inductors_warnings_and_when_each_cuda_graph_was_recorded():
+    """Warnings are counted by their first line; a recording is kept as its time, not as a warning."""
+    import logging
+
+    from torch._inductor import cudagraph_trees
+    log = load_benchmark("gpu_check").CudaGraphLog()
+    trees, utils = cudagraph_trees.log, logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
+    try:
+        trees.debug("[3/1] Recording function=partition_0, cuda_graph_id=39, inputs: ...")
+        trees.debug("[3/1] Running warmup function=partition_0")
+        utils.warning("skipping cudagraphs due to mutated inputs\nmore")
+        utils.warning("skipping cudagraphs due to mutated inputs")
+        assert len(log.recorded_at) == 1
+        assert log.reasons == {"skipping cudagraphs due to mutated inputs": 2}
+    finally:
+        for logger in (trees, utils):
+            logger.removeHandler(log)
+
+
 @pytest.mark.slow  # every section of the check, about half a minute
 def test_gpu_check_quick_mode_runs_every_section_on_the_cpu(tmp_path):
     check_gpu_check(tmp_path, ["eager"])
@@ -199,6 +218,7 @@ def test_gpu_check_quick_mode_with_the_compiled_engine(tmp_path):
     assert profiled["engine"] == "compiled" and "TorchDynamo Cache Lookup" in profiled["graph_entry_ms_per_token"]
     assert profiled["verify_ms_per_call"] > 0 and len(probe["verify_ms"]) == 5
     assert written["environment"]["cudagraph_warnings"] == {}  # the CPU takes no CUDA graphs: no warning
+    assert written["zoo-float32 pair"]["cudagraphs_recorded_while_timed"] == 0
     busy = written["shapes-tiny pair"]["compiled_busy_ms"]
     assert set(busy) == {"draft step", "target alone", "verify 4 drafted"}
     assert all(wall > 0 and gpu == 0 for wall, gpu in busy.values())  # no GPU: all of it the host's
