@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -188,8 +189,6 @@ def check_gpu_check(tmp_path, engines: list[str]) -> dict:
 
 def test_gpu_check_log_keeps_inductors_warnings_and_when_each_cuda_graph_was_recorded():
     """Warnings are counted by their first line; a recording is kept as its time, not as a warning."""
-    import logging
-
     from torch._inductor import cudagraph_trees
     log = load_benchmark("gpu_check").CudaGraphLog()
     trees, utils = cudagraph_trees.log, logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
