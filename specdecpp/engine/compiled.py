@@ -171,9 +171,10 @@ class StaticModel:
         start = time.perf_counter()
         with torch.inference_mode():
             self._feed([0])
-            for length in (length for length in lengths for _ in range(self.warm_up_calls)):
-                self.logits([0] * (1 + length), num_logits=length)
-                self.crop(1)
+            for length in lengths:
+                for _ in range(self.warm_up_calls):
+                    self.logits([0] * (1 + length), num_logits=length)
+                    self.crop(1)
         self.reset()
         self.warmed_lengths = longest
         return time.perf_counter() - start
@@ -195,6 +196,14 @@ class StaticModel:
         if len(tokens) > self.length:
             self._logits(self._ids(tokens[self.length:]))
             self.length = len(tokens)
+
+    def _warm_up_steps(self, step) -> None:
+        """Run `step(tokens)` after one unseen token and after two until both CUDA graphs are recorded."""
+        with torch.inference_mode():
+            for tokens in ([0, 0], [0, 0, 0]) * self.warm_up_calls:
+                self._feed([0])
+                step(tokens)
+                self.reset()
 
     def _new_ids(self, tokens: list[int], *inputs) -> torch.Tensor:
         """A draft graph's input after `tokens`: the one or two unseen last tokens, earlier ones fed first: up to six
@@ -254,11 +263,7 @@ class CompiledDraft(StaticModel):
 
     def warm_up(self) -> None:
         generator = torch.Generator(self.device).manual_seed(0)  # the user's generator is not drawn from
-        with torch.inference_mode():
-            for tokens in ([0, 0], [0, 0, 0]) * self.warm_up_calls:  # a step of one token and of two
-                self._feed([0])
-                self.draft_step(tokens, 1, generator)
-                self.reset()
+        self._warm_up_steps(lambda tokens: self.draft_step(tokens, 1, generator))
 
     def _step(self, input_ids: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
@@ -300,11 +305,7 @@ class DraftForward(StaticModel):
         return logits, state if self.with_hidden_states else None
 
     def warm_up(self) -> None:
-        with torch.inference_mode():
-            for tokens in ([0, 0], [0, 0, 0]) * self.warm_up_calls:
-                self._feed([0])
-                self.step(tokens)
-                self.reset()
+        self._warm_up_steps(self.step)
 
     def _step(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
