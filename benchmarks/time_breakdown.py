@@ -10,7 +10,8 @@ length, each judgement, the round overhead, and each prompt's prefill timed on i
 ratio, and the counts behind the prediction. Greedy, no EOS (every method generates the same
 number of tokens), one torch thread unless `--threads`. `--engine eager compiled` runs every method
 on both engines, interleaved, and adds each compiled method's gain over its eager self; graphs are
-compiled before anything is timed.
+compiled before anything is timed. Last, per engine, `ada`'s tokens/s over the fastest `dynamic`'s, with the
+interval 90% of resamples of the prompts give: how much the prompt set alone moves it.
 
     python benchmarks/time_breakdown.py                                  # zoo pair, stdlib-heldout 0-12
     python benchmarks/time_breakdown.py --engine eager compiled          # the compiled engine beside the eager one
@@ -148,6 +149,7 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
                "stop_decision_ms_per_draft_step": 1000 * total["schedule_time"] / total["draft_calls"]
                if total["draft_calls"] else None,
                "loop_ms_per_round": own_ms[engine, name] / total["target_calls"],
+               "wall_ms_by_prompt": [1000 * stats.wall_time for stats in measured[engine, name]],
                # draft length -> rounds, so that a run can be priced again offline
                "rounds_by_draft_length": dict(sorted(Counter(k for stats in measured[engine, name]
                                                              for k in stats.draft_lengths).items()))}
@@ -191,7 +193,39 @@ def format_breakdown(result: dict) -> str:
                      f"{row['predicted_ms_per_token']:.3f} | {row['ratio']:.3f} | {row['speedup']:.2f}x {over}| {gain} | "
                      f"{row['target_calls_per_token']:.3f} | {row['draft_calls_per_token']:.3f} | {decision} | "
                      f"{row['loop_ms_per_round']:.3f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + ada_over_dynamic(result["rows"]))
+
+
+def ada_over_dynamic(rows: list[dict]) -> list[str]:
+    """Per engine, each `ada` method's tokens/s over the fastest `dynamic`'s, measured and predicted, with the
+    interval that 90% of resamples of the prompts give (how far the prompt set alone moves the measured ratio)."""
+    lines = []
+    for engine in dict.fromkeys(row["engine"] for row in rows):
+        of_engine = [row for row in rows if row["engine"] == engine]
+        dynamic = [row for row in of_engine if row["method"].startswith("dynamic@")]
+        if not dynamic:
+            continue
+        fastest = min(dynamic, key=lambda row: row["measured_ms_per_token"])
+        predicted = min(row["predicted_ms_per_token"] for row in dynamic)
+        for ada in (row for row in of_engine if row["method"].startswith("ada@")):
+            low, high = prompt_interval(ada["wall_ms_by_prompt"], fastest["wall_ms_by_prompt"])
+            lines.append(f"{engine}: {ada['method']} tokens/s over the fastest dynamic ({fastest['method']}) "
+                         f"{fastest['measured_ms_per_token'] / ada['measured_ms_per_token']:.3f}x (90% of prompt "
+                         f"resamples {low:.3f}-{high:.3f}x); its counts predict "
+                         f"{predicted / ada['predicted_ms_per_token']:.3f}x")
+    return lines
+
+
+def prompt_interval(ms: list[float], baseline_ms: list[float], coverage: float = 0.9, draws: int = 2000,
+                    seed: int = 0) -> tuple[float, float]:
+    """The central `coverage` interval of `sum(baseline_ms) / sum(ms)` over the same prompts drawn with
+    replacement (a bootstrap over prompts; each prompt's two times stay paired)."""
+    pairs = torch.tensor([ms, baseline_ms], dtype=torch.float64)
+    picks = torch.randint(pairs.shape[1], (draws, pairs.shape[1]), generator=torch.Generator().manual_seed(seed))
+    resampled = pairs[:, picks].sum(-1)
+    ratios = resampled[1] / resampled[0]
+    tail = (1 - coverage) / 2
+    return ratios.quantile(tail).item(), ratios.quantile(1 - tail).item()
 
 
 def main() -> None:

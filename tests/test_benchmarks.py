@@ -58,6 +58,23 @@ def test_processing_overhead_tabulates_medians_ratios_and_per_step_times():
     assert lines[-1] == "| ada | 3.00 | 3.60 | 1.100 | 0.500 → 0.400 | 1.000 → 1.200 | 4.000 → 4.000 | 1.000 → 1.000 |"
 
 
+def test_time_breakdown_names_the_fastest_dynamic_and_how_far_resampling_the_prompts_moves_the_ratio():
+    benchmark = load_benchmark("time_breakdown")
+    # Paired per-prompt times: ada is 10% faster on every prompt, so every resample gives 1.1x.
+    assert benchmark.prompt_interval([1.0, 2.0, 3.0], [1.1, 2.2, 3.3]) == pytest.approx((1.1, 1.1))
+    low, high = benchmark.prompt_interval([1.0, 1.0, 1.0, 1.0], [0.9, 1.0, 1.1, 1.4])
+    assert 0.9 < low < 1.1 < high < 1.4
+
+    def row(method, measured, predicted, wall):
+        return dict(engine="eager", method=method, measured_ms_per_token=measured, predicted_ms_per_token=predicted,
+                    wall_ms_by_prompt=wall)
+    rows = [row("target alone", 3.0, 3.0, [3.0, 3.0]), row("dynamic@0.4", 2.0, 2.1, [2.0, 2.0]),
+            row("dynamic@0.5", 2.2, 2.0, [2.2, 2.2]), row("ada@auto", 1.6, 1.6, [1.6, 1.6])]
+    assert benchmark.ada_over_dynamic(rows) == [
+        "eager: ada@auto tokens/s over the fastest dynamic (dynamic@0.4) 1.250x (90% of prompt resamples "
+        "1.250-1.250x); its counts predict 1.250x"]
+
+
 def test_results_tables_pool_seeds_by_summing_counts():
     """Two seeds of one evaluation pool into one run: calls summed over tokens, the cost at the
     given c, the median speedup; runs of other methods are refused."""
