@@ -122,17 +122,24 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     # Counts and wall times pooled per method (`harness.summed`), beside what the step times predict.
     measured = {method: [] for method in grid}
     predicted, judged, own_ms = dict.fromkeys(grid, 0.0), dict.fromkeys(grid, 0), dict.fromkeys(grid, 0.0)
+    predicted_parts = {method: [0.0, 0.0] for method in grid}  # (drafting, verifying), prefill included
     prefills = {}
     for engine, name, prompt, stats in runs:
         alone, is_ada = table[name]["schedule"] == "none", table[name]["schedule"] == "ada"
         plain, judged_times = times[engine]
         key = (engine, id(prompt), alone)
         if key not in prefills:
-            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain, compile=compiled[engine])
+            prefills[key] = prefill_parts(target, None if alone else draft, prompt, plain, compiled[engine])
         step_times = judged_times if is_ada else plain
         count = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
         predicted[engine, name] += step_times.predicted_ms(stats.draft_lengths, count, with_draft=not alone) \
-            + prefills[key]
+            + sum(prefills[key])
+        parts = predicted_parts[engine, name]
+        parts[0] += sum(step_times.round_ms(k, 0, 0) - step_times.round_ms(0) for k in stats.draft_lengths) \
+            + prefills[key][1]
+        parts[1] += (len(stats.draft_lengths) * step_times.target_alone_ms if alone else
+                     sum(step_times.verify_ms[min(k, len(step_times.verify_ms) - 1)] for k in stats.draft_lengths)) \
+            + prefills[key][0]
         judged[engine, name] += count
         own_ms[engine, name] += loop_overhead_ms(stats) * stats.target_calls
         measured[engine, name].append(stats)
@@ -149,6 +156,10 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
                "stop_decision_ms_per_draft_step": 1000 * total["schedule_time"] / total["draft_calls"]
                if total["draft_calls"] else None,
                "loop_ms_per_round": own_ms[engine, name] / total["target_calls"],
+               "draft_ms_per_token": 1000 * per_token(total, "draft_time"),
+               "predicted_draft_ms_per_token": predicted_parts[engine, name][0] / tokens,
+               "verify_ms_per_token": 1000 * per_token(total, "verify_time"),
+               "predicted_verify_ms_per_token": predicted_parts[engine, name][1] / tokens,
                "wall_ms_by_prompt": [1000 * stats.wall_time for stats in measured[engine, name]],
                # draft length -> rounds, so that a run can be priced again offline
                "rounds_by_draft_length": dict(sorted(Counter(k for stats in measured[engine, name]
@@ -166,6 +177,16 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
             "reference_ms_per_token": reference_ms[0] / reference_ms[1] if reference else None}
 
 
+def prefill_parts(target, draft, prompt: torch.Tensor, times, compile: bool) -> tuple[float, float]:
+    """What reading `prompt` adds (ms) to the first verification (the first target-alone step when `draft` is
+    None) and to the first draft step, each prefill timed once."""
+    first_target_step = times.target_alone_ms if draft is None else times.verify_ms[0]
+    to_target = prefill_extra_ms(target, None, prompt, times, compile) + times.target_alone_ms - first_target_step
+    if draft is None:
+        return to_target, 0.0
+    return to_target, prefill_extra_ms(draft, None, prompt, times, compile) + times.target_alone_ms - times.draft_ms[0]
+
+
 def format_breakdown(result: dict) -> str:
     """The step times and the table of `breakdown`'s `result`, in Markdown."""
     lines = []
@@ -179,11 +200,12 @@ def format_breakdown(result: dict) -> str:
     reference = result["reference_ms_per_token"] is not None
     lines += ["", "| engine | method | measured ms/tok | predicted ms/tok | measured / predicted | speedup "
               + ("| over reference " if reference else "") + "| eager / this | target calls/tok | draft calls/tok "
-              "| stop decision ms/draft step | loop's own ms/round |",
+              "| drafting ms/tok (predicted) | verifying ms/tok (predicted) | stop decision ms/draft step "
+              "| loop's own ms/round |",
               "| --- | --- | ---: | ---: | ---: | ---: " + ("| ---: " if reference else "") + "| ---: | ---: | ---: "
-              "| ---: | ---: |"]
+              "| ---: | ---: | ---: | ---: |"]
     if reference:
-        lines.append(f"| - | reference | {result['reference_ms_per_token']:.3f} | | | | 1.00x | | 1.000 | | | |")
+        lines.append(f"| - | reference | {result['reference_ms_per_token']:.3f} | | | | 1.00x | | 1.000 | | | | | |")
     for row in result["rows"]:
         decision = "-" if row["stop_decision_ms_per_draft_step"] is None else f"{row['stop_decision_ms_per_draft_step']:.3f}"
         gain = "-" if row["eager_over_this"] is None else f"{row['eager_over_this']:.2f}x"
@@ -191,7 +213,9 @@ def format_breakdown(result: dict) -> str:
         method = f"{row['method']} ({row['stop_threshold']:g})" if row["method"].endswith("@auto") else row["method"]
         lines.append(f"| {row['engine']} | {method} | {row['measured_ms_per_token']:.3f} | "
                      f"{row['predicted_ms_per_token']:.3f} | {row['ratio']:.3f} | {row['speedup']:.2f}x {over}| {gain} | "
-                     f"{row['target_calls_per_token']:.3f} | {row['draft_calls_per_token']:.3f} | {decision} | "
+                     f"{row['target_calls_per_token']:.3f} | {row['draft_calls_per_token']:.3f} | "
+                     f"{row['draft_ms_per_token']:.3f} ({row['predicted_draft_ms_per_token']:.3f}) | "
+                     f"{row['verify_ms_per_token']:.3f} ({row['predicted_verify_ms_per_token']:.3f}) | {decision} | "
                      f"{row['loop_ms_per_round']:.3f} |")
     return "\n".join(lines + [""] + ada_over_dynamic(result["rows"]))
 

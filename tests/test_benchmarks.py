@@ -201,6 +201,12 @@ def check_gpu_check(tmp_path, engines: list[str]) -> dict:
     assert {f"{engine} {name}" for engine in engines for name in ("target alone", "dynamic@0.4", "ada@auto")} \
         <= set(identity)
     assert all(r["identical"] == r["of"] for r in identity.values()), identity
+    for row in written["zoo-float32 pair"]["rows"]:  # drafting and verifying are parts of each time, prefill included
+        alone = row["method"] == "target alone"
+        assert (row["draft_ms_per_token"] == 0) == (row["predicted_draft_ms_per_token"] == 0) == alone, row
+        assert 0 < row["verify_ms_per_token"] + row["draft_ms_per_token"] < row["measured_ms_per_token"], row
+        parts = row["predicted_verify_ms_per_token"] + row["predicted_draft_ms_per_token"]  # the rest: round overheads
+        assert parts == pytest.approx(row["predicted_ms_per_token"]) if alone else 0 < parts < row["predicted_ms_per_token"]
     return written
 
 
