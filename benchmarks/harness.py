@@ -16,6 +16,7 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedModel
 
+from specdecpp.engine.compiled import longest_per_capacity
 from specdecpp.engine.decoding import GenerationStats
 from specdecpp.evaluation.settings import PromptSource, load_eval_prompts
 from specdecpp.head.model import AcceptancePredictionHead
@@ -56,11 +57,11 @@ def warm_up(run: Callable[[Method, torch.Tensor, int], GenerationStats], methods
             prompts: list[torch.Tensor], max_new_tokens: int, tokens: int = 8, compile: bool = False) -> float:
     """Run each method once, untimed, as the evaluation warms up: `run(method, prompt,
     max_new_tokens)` for `tokens` tokens of the first prompt or, when `compile`, for all
-    `max_new_tokens` of the longest prompt (so that the compiled engine builds its graphs, and
-    caches holding every prompt, here rather than in a timed run). Returns the seconds spent compiling."""
+    `max_new_tokens` of the longest prompt of each engine capacity the prompts need (so that the compiled
+    engine builds its graphs and caches here rather than in a timed run). Returns the seconds spent compiling."""
     if compile:
-        longest = max(prompts, key=lambda prompt: prompt.shape[1])
-        return sum(run(method, longest, max_new_tokens).compile_time for method in methods)
+        longest = longest_per_capacity(prompts, lambda prompt: prompt.shape[1] + max_new_tokens)
+        return sum(run(method, prompt, max_new_tokens).compile_time for prompt in longest for method in methods)
     for method in methods:
         run(method, prompts[0], min(tokens, max_new_tokens))
     return 0.0

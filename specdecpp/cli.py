@@ -21,18 +21,9 @@ COMMANDS = {
 }
 
 # The common flags and the reference's spellings; a command adds `--data_path` / `--output_dir` where it used them.
-ALIASES = {
-    "target": ["--model_name"],
-    "draft": ["--assistant_name", "--model_name_or_path"],
-    "head": ["--assist_acc_head_dir"],
-    "prompts": [],
-    "prompts_split": ["--data_split"],
-    "records": [],
-    "eval_records": ["--eval_data_path"],
-    "seed": ["--random_seed"],
-    "output": ["--save_path"],
-    "device": [],
-}
+ALIASES = {"target": ["--model_name"], "draft": ["--assistant_name", "--model_name_or_path"],
+           "head": ["--assist_acc_head_dir"], "prompts": [], "prompts_split": ["--data_split"], "records": [],
+           "eval_records": ["--eval_data_path"], "seed": ["--random_seed"], "output": ["--save_path"], "device": []}
 
 
 def common_field(name: str, *, aliases: tuple[str, ...] = (), **kwargs: Any) -> Field:

@@ -40,6 +40,25 @@ def test_compiled_greedy_equals_target_generate(tiny_pair, schedule):
         assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens)), (schedule, prompt)
 
 
+def test_warm_ups_generate_the_longest_of_each_capacity():
+    lengths = [10, 300, 200, 600, 250, 257]  # capacities 256, 512, 256, 1024, 256, 512
+    assert [compiled.capacity_for(n) for n in (1, 256, 257, 600)] == [256, 256, 512, 1024]
+    assert compiled.longest_per_capacity(lengths, lambda n: n) == [250, 300, 600]
+
+
+@needs_static_crop
+def test_a_generation_runs_on_the_engine_of_its_own_capacity(tiny_pair, monkeypatch):
+    """A short generation after a long one builds its own 256-token engine rather than take the 512-token one:
+    each step's attention reads the whole cache."""
+    monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
+    target, draft = tiny_pair
+    long_prompt = torch.arange(250)[None] % 60 + 2
+    for prompt, max_new_tokens in ((long_prompt, 10), (prompts(1)[0], 10)):
+        out = compiled_generate(target, draft, prompt, max_new_tokens=max_new_tokens)
+        assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens))
+    assert sorted(capacity for _, capacity in compiled._engines[target]) == [256, 512]
+
+
 @pytest.mark.parametrize("schedule", ["verify-budget", "ada-budget"])
 @needs_static_crop
 def test_compiled_budget_rounds_verify_what_the_eager_ones_verify(tiny_pair, schedule):

@@ -41,8 +41,7 @@ class CalibrationArguments:
         "help": "the head's training weight w: undo it (w s / (1 - s + w s)) before comparing with the labels; "
                 "1 judges the raw predictions"})
     plot_path: str = field(default="reliability.png", metadata={"help": "where the reliability diagram goes"})
-    output: str | None = common_field("output", default=None, help=(
-        "also write the report as JSON here"))
+    output: str | None = common_field("output", default=None, help="also write the report as JSON here")
     choose_threshold: bool = field(default=False, metadata={"help": (
         "also choose the head's stop threshold by replaying rounds on these records (greedy, or expected over "
         "p_acc for sampled records: choose on data of the mode you decode in) with the pair's measured costs "

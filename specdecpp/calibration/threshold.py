@@ -209,10 +209,8 @@ def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Calla
     return {
         "online_cost_per_token": {f"{t:g}": cost(f"online@{t:g}", online_length(
             OnlineAcceptanceEstimator(bound[1]), t, bound[0]), plain, features) for t in thresholds},
-        "ada_online_cost_per_token": [
-            cost(f"ada-online@{t:g}", online_length(OnlineAcceptanceEstimator.recalibration(bound[1]), t, bound[0]),
-                 judged, head_logits)
-            for t in thresholds],
+        "ada_online_cost_per_token": [cost(f"ada-online@{t:g}", online_length(OnlineAcceptanceEstimator.recalibration(
+            bound[1]), t, bound[0]), judged, head_logits) for t in thresholds],
         "verify_budget_cost_per_token": {str(k): cost(f"verify-budget@K={k}", budget_length(
             k, plain, estimator=OnlineAcceptanceEstimator(bound[1])), plain, features) for k in BUDGET_KS},
         "ada_budget_cost_per_token": {str(k): cost(f"ada-budget@K={k}", budget_length(k, judged, judged=True), judged)

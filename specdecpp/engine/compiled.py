@@ -7,6 +7,7 @@ import contextlib
 import time
 import types
 import weakref
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel, StaticCache
@@ -20,6 +21,18 @@ from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, 
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
+
+
+def capacity_for(max_length: int) -> int:
+    """The cache capacity of the engine a generation of `max_length` tokens runs on: attention reads all of it."""
+    return max(MIN_CAPACITY, 1 << (max_length - 1).bit_length())
+
+
+def longest_per_capacity(items: list, max_length: Callable) -> list:
+    """The longest of `items` by `max_length(item)` for each engine capacity they need: what a warm-up generates so
+    that no engine compiles later."""
+    return list({capacity_for(max_length(item)): item for item in sorted(items, key=max_length)}.values())
+
 
 # model -> {(role, settings..., capacity): its engine}; an engine lives as long as its model.
 _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -71,18 +84,15 @@ def head_shape(head: AcceptancePredictionHead | None) -> tuple | None:
 
 
 def _engine(model: PreTrainedModel, key: tuple, max_length: int, build) -> tuple[StaticModel, float]:
-    """The smallest engine for `model` and `key` holding `max_length` tokens, reset, else one built by
-    `build(capacity)`; warmed up when new or when the state its graphs guard on changed. Returns it and
-    the seconds spent compiling."""
+    """The engine for `model` and `key` of `capacity_for(max_length)` (never a larger one: each step's attention reads
+    the whole cache), reset, else one built by `build(capacity)`; warmed up when new or when the state its graphs
+    guard on changed. Returns it and the seconds spent compiling."""
     key = (*key, model.dtype, model.device)  # the graphs do not check the parameters: a cast model gets new ones
-    engines = _engines.setdefault(model, {})
-    fitting = [capacity for (k, capacity) in engines if k == key and capacity >= max_length]
+    engines, capacity = _engines.setdefault(model, {}), capacity_for(max_length)
     start = time.perf_counter()
-    if fitting:
-        engine = engines[key, min(fitting)]
+    if (engine := engines.get((key, capacity))) is not None:
         engine.reset()
     else:
-        capacity = max(MIN_CAPACITY, 1 << (max_length - 1).bit_length())
         with torch.inference_mode(False):  # lasting state, changed in place in any mode: no inference tensors
             engine = engines[key, capacity] = build(capacity)
     if engine.compiled_for == (state := compile_guarded_state()):

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecpp.data.io import write_json
+from specdecpp.engine.compiled import longest_per_capacity
 from specdecpp.engine.schedules import SCHEDULES
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
@@ -41,12 +42,12 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
 
 
 def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int, compile: bool = False) -> float:
-    """Run each method once untimed (over the longest prompt when `compile`) and restart it; returns the seconds
-    spent compiling."""
+    """Run each method once untimed (when `compile`, over the longest prompt of each engine capacity the prompts
+    need) and restart it; returns the seconds spent compiling."""
     seconds = 0.0
     if compile:
-        longest = max(prompts, key=lambda prompt: len(prompt.ids) + prompt.max_new_tokens)
-        seconds = sum(method.generate(longest, seed).compile_time for method in methods)
+        seconds = sum(method.generate(prompt, seed).compile_time for prompt in longest_per_capacity(
+            prompts, lambda prompt: len(prompt.ids) + prompt.max_new_tokens) for method in methods)
     elif tokens > 0:
         short = Prompt(prompts[0].id, prompts[0].text, prompts[0].ids, min(tokens, prompts[0].max_new_tokens))
         for method in methods:
