@@ -129,7 +129,7 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
         plain, judged_times = times[engine]
         key = (engine, id(prompt), alone)
         if key not in prefills:
-            prefills[key] = prefill_parts(target, None if alone else draft, prompt, plain, compiled[engine])
+            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain, compile=compiled[engine])
         step_times = judged_times if is_ada else plain
         count = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
         predicted[engine, name] += step_times.predicted_ms(stats.draft_lengths, count, with_draft=not alone) \
@@ -175,16 +175,6 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
             "judged_step_times": {engine: judged.as_dict() for engine, (_, judged) in times.items()},
             "compile_seconds": compile_seconds, "context_tokens": context.shape[1], "outputs": outputs, "timed_from": timed_from,
             "reference_ms_per_token": reference_ms[0] / reference_ms[1] if reference else None}
-
-
-def prefill_parts(target, draft, prompt: torch.Tensor, times, compile: bool) -> tuple[float, float]:
-    """What reading `prompt` adds (ms) to the first verification (the first target-alone step when `draft` is
-    None) and to the first draft step, each prefill timed once."""
-    first_target_step = times.target_alone_ms if draft is None else times.verify_ms[0]
-    to_target = prefill_extra_ms(target, None, prompt, times, compile) + times.target_alone_ms - first_target_step
-    if draft is None:
-        return to_target, 0.0
-    return to_target, prefill_extra_ms(draft, None, prompt, times, compile) + times.target_alone_ms - times.draft_ms[0]
 
 
 def format_breakdown(result: dict) -> str:

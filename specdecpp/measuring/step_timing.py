@@ -192,14 +192,12 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 
 def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
-                     times: StepTimes, compile: bool = False) -> float:
-    """What reading the prompt adds (ms) to a generation's first round (`draft=None`: the target alone)."""
-    if draft is None:
-        return _prefill_ms(target, input_ids, compile) - times.target_alone_ms
-    extra = _prefill_ms(target, input_ids, compile) - times.verify_ms[0]
-    if times.draft_ms:
-        extra += _prefill_ms(draft, input_ids, compile) - times.draft_ms[0]
-    return extra
+                     times: StepTimes, compile: bool = False) -> tuple[float, float]:
+    """What reading the prompt adds (ms) to a generation's first verification and to its first draft step
+    (`draft=None`: to the target alone's first step, and 0)."""
+    first_target_step = times.target_alone_ms if draft is None else times.verify_ms[0]
+    to_draft = _prefill_ms(draft, input_ids, compile) - times.draft_ms[0] if draft is not None and times.draft_ms else 0.0
+    return _prefill_ms(target, input_ids, compile) - first_target_step, to_draft
 
 
 def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool) -> float:
