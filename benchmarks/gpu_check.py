@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> dict:
         def zoo(dtype=dtype):
             result = zoo_section(dtype, args.device, prompts, max_new_tokens, engines, args.quick,
                                  args.ada_thresholds or (["auto"] if args.quick else ["auto", "0.2", "0.35"]), args.head)
-            result["cudagraphs_recorded_while_timed"] = sum(t >= result["timed_from"] for t in cudagraph_log.recorded_at)
+            result["cudagraphs_recorded_while_timed"] = sum(
+                result["timed_from"] <= t <= result["timed_until"] for t in cudagraph_log.recorded_at)
             lines = [f"{prompts - 1} stdlib-heldout prompts after a warm-up, {max_new_tokens} tokens, greedy, EOS off; "
                      f"ada bound {result['bound']}; compiling took {result['compile_seconds']:.1f} s; reference: "
                      "`target.generate`, interleaved with the methods; the head's stored threshold "

@@ -94,7 +94,7 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
                                         head=head if kind == "ada" else None, compile=compiled[engine])
               for engine in engines for kind in ("plain", "ada")}
     runs, overheads, reference_ms = [], {engine: [] for engine in engines}, [0.0, 0]
-    timed_from = math.inf  # when the first timed prompt began (`time.perf_counter`)
+    timed_from = math.inf  # when the first timed prompt began (`time.perf_counter`); `timed_until`: the last ended
     for i, prompt in enumerate(prompts):
         if i == 1:
             timed_from = time.perf_counter()
@@ -114,6 +114,7 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
             probe.sample()
         for engine in engines:
             overheads[engine].append(measure_round_overhead(target, draft, context, runs=1, compile=compiled[engine]))
+    timed_until = time.perf_counter()
     times = {}
     for engine in engines:
         plain = replace(probes[engine, "plain"].times(), round_overhead_ms=statistics.median(overheads[engine]))
@@ -174,6 +175,7 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     return {"rows": rows, "step_times": {engine: plain.as_dict() for engine, (plain, _) in times.items()},
             "judged_step_times": {engine: judged.as_dict() for engine, (_, judged) in times.items()},
             "compile_seconds": compile_seconds, "context_tokens": context.shape[1], "outputs": outputs, "timed_from": timed_from,
+            "timed_until": timed_until,
             "reference_ms_per_token": reference_ms[0] / reference_ms[1] if reference else None}
 
 

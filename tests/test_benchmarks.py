@@ -240,7 +240,9 @@ def test_gpu_check_quick_mode_with_the_compiled_engine(tmp_path):
     assert profiled["engine"] == "compiled" and "TorchDynamo Cache Lookup" in profiled["graph_entry_ms_per_token"]
     assert profiled["verify_ms_per_call"] > 0 and len(probe["verify_ms"]) == 5
     assert written["environment"]["cudagraph_warnings"] == {}  # the CPU takes no CUDA graphs: no warning
-    assert written["zoo-float32 pair"]["cudagraphs_recorded_while_timed"] == 0
+    zoo = written["zoo-float32 pair"]
+    assert zoo["cudagraphs_recorded_while_timed"] == 0
+    assert zoo["timed_from"] < zoo["timed_until"]  # the window the count covers: the timed prompts only
     busy = written["shapes-tiny pair"]["compiled_busy_ms"]
     assert set(busy) == {"draft step", "target alone", "verify 4 drafted"}
     assert all(wall > 0 and gpu == 0 for wall, gpu in busy.values())  # no GPU: all of it the host's
