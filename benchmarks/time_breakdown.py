@@ -1,9 +1,10 @@
 """Where does decoding time go? Measured time per token beside the time each method's own counts
 predict, for every schedule on one prompt set.
 
-The step times come from `specdecpp.measuring.step_timing.measure_costs` (the loop's own steps, timed in rounds as
+The step times come from `specdecpp.measuring.step_timing.StepProbe` (the loop's own steps, timed in rounds as
 the loop takes them, without and with the head's judgement) on the context a generation sees
-halfway: the prompt nearest the mean length and the first half of the target's continuation. Then every method decodes every prompt,
+halfway: the prompt nearest the mean length and the first half of the target's continuation; compiled, one
+such context per engine capacity the prompts take, each generation priced at its own capacity's times. Then every method decodes every prompt,
 methods interleaved prompt by prompt (the first one rotating), the first prompt a warm-up. For each method it prints:
 measured ms/token (total time over total tokens), predicted ms/token (each round priced at its
 length, each judgement, the round overhead, and each prompt's prefill timed on its own), their
@@ -34,6 +35,7 @@ from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, per_token, 
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.costs import judged_tokens, loop_overhead_ms
+from specdecpp.engine.compiled import capacity_for
 from specdecpp.engine.decoding import GenerationStats
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.measuring.step_timing import StepProbe, auto_step_times, measure_round_overhead, prefill_extra_ms
@@ -63,11 +65,20 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     more method, named "reference"; steps are timed in rounds of up to `probe_length` tokens, by
     default `bound`'s longest, longer rounds priced at the last). Returns the rows, the step times, the compile seconds, the
     context length and each method's output sequences per prompt (the warm-up prompt's included)."""
-    mean_length = sum(p.shape[1] for p in prompts) / len(prompts)
-    typical = min(prompts, key=lambda p: abs(p.shape[1] - mean_length))
-    context = speculative_generate(target, None, typical, max_new_tokens=max_new_tokens // 2,
-                                   eos_token_id=[]).sequences
     compiled = {engine: engine == "compiled" for engine in engines}
+
+    def capacity_of(engine: str, prompt: torch.Tensor) -> int | None:
+        """The cache capacity of `prompt`'s compiled engines (None: the eager engine's cache grows)."""
+        return capacity_for(prompt.shape[1] + max_new_tokens) if compiled[engine] else None
+
+    groups = {}  # (engine, capacity) -> the timed prompts generated on it
+    for engine in engines:
+        for prompt in prompts[1:] or prompts:
+            groups.setdefault((engine, capacity_of(engine, prompt)), []).append(prompt)
+    contexts = {group: typical_context(target, of_group, max_new_tokens) for group, of_group in groups.items()}
+    main = {engine: max((group for group in groups if group[0] == engine), key=lambda group: len(groups[group]))
+            for engine in engines}
+    context = contexts[main[engines[0]]]
     grid = [(engine, name) for name in table for engine in engines]
     outputs = {method: [] for method in grid}
     # `auto` chooses with the step times of the engine it runs on, as the evaluation and `generate` do.
@@ -90,9 +101,10 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
         if "compiled" in engines else 0.0
     for method in outputs:
         outputs[method].clear()
-    probes = {(engine, kind): StepProbe(target, draft, context, probe_length or bound[1],
-                                        head=head if kind == "ada" else None, compile=compiled[engine])
-              for engine in engines for kind in ("plain", "ada")}
+    probes = {(group, kind): StepProbe(target, draft, contexts[group], probe_length or bound[1],
+                                       head=head if kind == "ada" else None, compile=compiled[group[0]],
+                                       max_length=group[1])
+              for group in groups for kind in ("plain", "ada")}
     runs, overheads, reference_ms = [], {engine: [] for engine in engines}, [0.0, 0]
     timed_from = math.inf  # when the first timed prompt began (`time.perf_counter`); `timed_until`: the last ended
     for i, prompt in enumerate(prompts):
@@ -113,12 +125,13 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
         for probe in probes.values():
             probe.sample()
         for engine in engines:
-            overheads[engine].append(measure_round_overhead(target, draft, context, runs=1, compile=compiled[engine]))
+            overheads[engine].append(measure_round_overhead(target, draft, contexts[main[engine]], runs=1,
+                                                            compile=compiled[engine]))
     timed_until = time.perf_counter()
-    times = {}
-    for engine in engines:
-        plain = replace(probes[engine, "plain"].times(), round_overhead_ms=statistics.median(overheads[engine]))
-        times[engine] = plain, replace(probes[engine, "ada"].times(), round_overhead_ms=plain.round_overhead_ms)
+    times = {}  # (engine, capacity) -> (plain, judged) step times
+    for group in groups:
+        plain = replace(probes[group, "plain"].times(), round_overhead_ms=statistics.median(overheads[group[0]]))
+        times[group] = plain, replace(probes[group, "ada"].times(), round_overhead_ms=plain.round_overhead_ms)
 
     # Counts and wall times pooled per method (`harness.summed`), beside what the step times predict.
     measured = {method: [] for method in grid}
@@ -127,10 +140,11 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     prefills = {}
     for engine, name, prompt, stats in runs:
         alone, is_ada = table[name]["schedule"] == "none", table[name]["schedule"] == "ada"
-        plain, judged_times = times[engine]
+        plain, judged_times = times[engine, capacity_of(engine, prompt)]
         key = (engine, id(prompt), alone)
         if key not in prefills:
-            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain, compile=compiled[engine])
+            prefills[key] = prefill_extra_ms(target, None if alone else draft, prompt, plain, compile=compiled[engine],
+                                             max_length=prompt.shape[1] + max_new_tokens)
         step_times = judged_times if is_ada else plain
         count = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
         predicted[engine, name] += step_times.predicted_ms(stats.draft_lengths, count, with_draft=not alone) \
@@ -172,11 +186,24 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
         eager = totals.get(("eager", name))
         row["eager_over_this"] = 1000 * per_token(eager, "wall_time") / ms_per_token if eager else None
         rows.append(row)
-    return {"rows": rows, "step_times": {engine: plain.as_dict() for engine, (plain, _) in times.items()},
-            "judged_step_times": {engine: judged.as_dict() for engine, (_, judged) in times.items()},
-            "compile_seconds": compile_seconds, "context_tokens": context.shape[1], "outputs": outputs, "timed_from": timed_from,
-            "timed_until": timed_until,
+    others = {engine: {str(group[1]): {"prompts": len(groups[group]), "context_tokens": contexts[group].shape[1],
+                                       "plain": times[group][0].as_dict(), "judged": times[group][1].as_dict()}
+                       for group in groups if group[0] == engine and group != main[engine]} for engine in engines}
+    return {"rows": rows, "step_times": {engine: times[main[engine]][0].as_dict() for engine in engines},
+            "judged_step_times": {engine: times[main[engine]][1].as_dict() for engine in engines},
+            "capacity": {engine: main[engine][1] for engine in engines},
+            "step_times_at_other_capacities": {engine: other for engine, other in others.items() if other},
+            "compile_seconds": compile_seconds, "context_tokens": context.shape[1], "outputs": outputs,
+            "timed_from": timed_from, "timed_until": timed_until,
             "reference_ms_per_token": reference_ms[0] / reference_ms[1] if reference else None}
+
+
+def typical_context(target, prompts: list[torch.Tensor], max_new_tokens: int) -> torch.Tensor:
+    """The context a generation of `prompts` sees halfway: the prompt nearest their mean length and the first half
+    of the target's continuation."""
+    mean_length = sum(p.shape[1] for p in prompts) / len(prompts)
+    typical = min(prompts, key=lambda p: abs(p.shape[1] - mean_length))
+    return speculative_generate(target, None, typical, max_new_tokens=max_new_tokens // 2, eos_token_id=[]).sequences
 
 
 def format_breakdown(result: dict) -> str:
@@ -189,6 +216,13 @@ def format_breakdown(result: dict) -> str:
                          f"{t['judge_ms']:.3f}; round overhead {t['round_overhead_ms']:.3f}\n  draft step "
                          f"j=1..{len(t['draft_ms'])}: " + " ".join(f"{v:.2f}" for v in t["draft_ms"])
                          + f"\n  verify k=0..{len(t['verify_ms']) - 1}: " + " ".join(f"{v:.2f}" for v in t["verify_ms"]))
+        for capacity, other in result.get("step_times_at_other_capacities", {}).get(engine, {}).items():
+            t, judged = other["plain"], other["judged"]
+            lines.append(f"{engine} step times on {capacity}-token engines ({other['prompts']} prompts, context "
+                         f"{other['context_tokens']} tokens): target alone {t['target_alone_ms']:.2f}; draft step "
+                         f"j=1, last {t['draft_ms'][0]:.2f} {t['draft_ms'][-1]:.2f} (judged {judged['draft_ms'][0]:.2f} "
+                         f"{judged['draft_ms'][-1]:.2f})"
+                         f"\n  verify k=0..{len(t['verify_ms']) - 1}: " + " ".join(f"{v:.2f}" for v in t["verify_ms"]))
     reference = result["reference_ms_per_token"] is not None
     lines += ["", "| engine | method | measured ms/tok | predicted ms/tok | measured / predicted | speedup "
               + ("| over reference " if reference else "") + "| eager / this | target calls/tok | draft calls/tok "

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdecpp import AcceptancePredictionHead
 from specdecpp.engine import compiled
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -246,3 +247,21 @@ def test_gpu_check_quick_mode_with_the_compiled_engine(tmp_path):
     busy = written["shapes-tiny pair"]["compiled_busy_ms"]
     assert set(busy) == {"draft step", "target alone", "verify 4 drafted"}
     assert all(wall > 0 and gpu == 0 for wall, gpu in busy.values())  # no GPU: all of it the host's
+
+
+@pytest.mark.slow  # compiles the tiny pair's graphs on two capacities
+@pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
+def test_time_breakdown_prices_each_compiled_generation_at_its_own_capacity(tiny_pair):
+    """Prompts of two engine capacities get step times probed on each: the capacity most prompts take is the
+    main one, the other is kept beside it, each with its prompts and context."""
+    target, draft = tiny_pair
+    head = AcceptancePredictionHead(32, num_layers=0, alignment="proposer").double()
+    short, long = (torch.arange(n)[None] % 60 + 2 for n in (10, 252))  # with 8 new tokens: 256 and 512
+    table = {"target alone": dict(schedule="none"), "constant K=2": dict(schedule="constant", num_assistant_tokens=2)}
+    result = load_benchmark("time_breakdown").breakdown(target, draft, head, [short, short, short, long], table,
+                                                        ["compiled"], 8, (1, 3))
+    assert result["capacity"] == {"compiled": 256}
+    other = result["step_times_at_other_capacities"]["compiled"]["512"]
+    assert other["prompts"] == 1 and other["context_tokens"] == 252 + 4
+    assert other["plain"]["engine"] == "compiled" and len(other["plain"]["verify_ms"]) == 4
+    assert {row["method"] for row in result["rows"]} == set(table)

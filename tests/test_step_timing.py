@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from specdecpp.engine import compiled
 from specdecpp.engine.decoding import GenerationStats, draft_round
 from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.processing import sampling_only
@@ -149,3 +150,17 @@ def test_a_threshold_set_by_hand_is_used_as_it_is_without_a_warning(tiny_pair, r
                                  bound=(1, 4), max_new_tokens=6).stats
     assert stats.stop_threshold == 0.5 and stats.threshold_step_times is None
     assert not [w for w in recwarn if "priced" in str(w.message)]
+
+
+@pytest.mark.slow  # compiles the tiny pair's graphs
+@pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
+def test_probe_and_prefill_time_the_engines_of_the_generations_they_price(tiny_pair, monkeypatch):
+    """Given `max_length`, the probe and the prefill run on the compiled engines of generations that long (512
+    tokens here), not on those their own short context would take (256)."""
+    monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
+    target, draft = tiny_pair
+    context = torch.tensor([[5, 9, 17, 3]])
+    probe = StepProbe(target, draft, context, max_draft=2, warmup=0, compile=True, max_length=300)
+    probe.sample()
+    step_timing.prefill_extra_ms(target, draft, context, probe.times(), compile=True, max_length=300)
+    assert {capacity for model in (target, draft) for _, capacity in compiled._engines[model]} == {512}

@@ -44,11 +44,12 @@ def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: to
 
 
 class StepProbe:
-    """Times target-alone steps and rounds of every length `0..max_draft` on a fixed context, a pass per `sample`."""
+    """Times target-alone steps and rounds of every length `0..max_draft` on a fixed context, a pass per `sample`, on
+    the engines of generations of `max_length` tokens (default: the context and one round)."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                  head: AcceptancePredictionHead | None = None, do_sample: bool = False, warmup: int = 2,
-                 compile: bool = False):
+                 compile: bool = False, max_length: int | None = None):
         self.seq, self.max_draft, self.has_head = input_ids[0].tolist(), max_draft, head is not None
         self.device, self.engine = str(target.device), "compiled" if compile else "eager"
         self.processing = sampling_only(do_sample)
@@ -56,7 +57,7 @@ class StepProbe:
         self.judge = HeadJudge(head) if head is not None else None
         self.models = lambda: step_models(target, draft, DecodingSettings(
             schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile),
-            self.processing, len(self.seq) + max_draft + 1)[:2]
+            self.processing, max(max_length or 0, len(self.seq) + max_draft + 1))[:2]
         self.drafts = [[] for _ in range(max_draft)]
         self.verified = [[] for _ in range(max_draft + 1)]
         self.alone, self.judged, self.passes = [], [], 0
@@ -192,17 +193,19 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 
 def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
-                     times: StepTimes, compile: bool = False) -> tuple[float, float]:
+                     times: StepTimes, compile: bool = False, max_length: int | None = None) -> tuple[float, float]:
     """What reading the prompt adds (ms) to a generation's first verification and to its first draft step
-    (`draft=None`: to the target alone's first step, and 0)."""
+    (`draft=None`: to the target alone's first step, and 0), on the engines of generations of `max_length` tokens."""
     first_target_step = times.target_alone_ms if draft is None else times.verify_ms[0]
-    to_draft = _prefill_ms(draft, input_ids, compile) - times.draft_ms[0] if draft is not None and times.draft_ms else 0.0
-    return _prefill_ms(target, input_ids, compile) - first_target_step, to_draft
+    to_draft = _prefill_ms(draft, input_ids, compile, max_length) - times.draft_ms[0] \
+        if draft is not None and times.draft_ms else 0.0
+    return _prefill_ms(target, input_ids, compile, max_length) - first_target_step, to_draft
 
 
-def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool) -> float:
+def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool, max_length: int | None) -> float:
     seq = input_ids[0].tolist()
-    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False), len(seq))
+    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False),
+                               max(max_length or 0, len(seq)))
     with torch.inference_mode():
         start = time.perf_counter()
         cached.logits(seq, num_logits=1)
