@@ -7,7 +7,9 @@
 2. Where a compiled round's time goes: a profiler summary of `ada` and `dynamic` generations (the
    top operators, the host syncs per generated token, a verification's ms in the generation) and of
    one pass of the step probe that prices `auto` (its verifications' ms beside the generations').
-3. Step times, compile seconds and GPU busy time of random-weight pairs of real shapes, compiled
+3. Which compiled draft steps of real generations run over the step probe's price: each timed by its place
+   in the round and the tokens it feeds the draft (two after a round accepted whole).
+4. Step times, compile seconds and GPU busy time of random-weight pairs of real shapes, compiled
    (`compiled_steps.time_pair`: a SmolLM2-135M-shaped draft with a 1.7B-shaped target and, asked,
    an 8B-shaped one).
 
@@ -24,6 +26,7 @@ import argparse
 import json
 import logging
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -32,11 +35,12 @@ from pathlib import Path
 
 import compiled_steps
 import torch
-from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids
-from time_breakdown import breakdown, format_breakdown, head_bound, methods
+from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, rotated
+from time_breakdown import breakdown, format_breakdown, head_bound, methods, typical_context
 
 from specdecpp import speculative_generate
 from specdecpp.compat import COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION
+from specdecpp.engine import compiled
 from specdecpp.measuring.step_timing import StepProbe, device_step_times
 from specdecpp.measuring.metrics import NEAR_TIE_MARGIN
 
@@ -116,7 +120,7 @@ def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, en
 
 
 # About what each section takes on one H200 (results/gpu-check-h200-2, -3; the 8B-shaped pair's a guess).
-SECTION_SECONDS = {"zoo": 170, "profile": 20, "shapes-1.7b": 200, "shapes-8b": 300, "shapes-tiny": 0}
+SECTION_SECONDS = {"zoo": 170, "profile": 20, "draft-steps": 30, "shapes-1.7b": 200, "shapes-8b": 300, "shapes-tiny": 0}
 PROFILED = (("float32", "compiled", "ada@auto"), ("float32", "compiled", "dynamic@0.4"))
 
 
@@ -167,6 +171,67 @@ def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str
             "syncs_per_pass": {e.key: e.count for e in events if e.key in SYNC_EVENTS + LAUNCH_EVENTS},
             "table": events.table(sort_by="self_cpu_time_total", row_limit=15)}
     return report
+
+
+DRAFT_STEP_METHODS = ("constant K=3", "dynamic@0.4", "ada@auto")
+
+
+def draft_steps_section(device: str, n_prompts: int, max_new_tokens: int, head_path: str = HEAD,
+                        names: tuple[str, ...] = DRAFT_STEP_METHODS) -> dict:
+    """Section 3: every compiled draft step of real generations of `names`, timed one by one, by its place in the
+    round (`j`) and the tokens it feeds the draft (two after a round accepted whole), beside the step probe's price
+    for that place: which steps run over what the probe charges."""
+    target, draft, head = (model.to(device) for model in load_pair(TARGET, DRAFT, head_path, "float32"))
+    prompts = [p.to(device) for p in load_prompt_ids("stdlib-heldout", TARGET, 0, n_prompts)]
+    bound = head_bound(head, None)
+    table = {name: methods(head, bound, ["auto"])[name] for name in names}
+    steps = []  # (method, j, tokens fed, ms)
+    method = [None]
+    original = compiled.CompiledDraft.draft_step
+
+    def timed_step(self, tokens, num_drafted, generator):
+        fed, start = len(tokens) - self.length, time.perf_counter()
+        step = original(self, tokens, num_drafted, generator)
+        if method[0] is not None:
+            steps.append((method[0], num_drafted, fed, 1000 * (time.perf_counter() - start)))
+        return step
+
+    def generate(name, prompt):
+        return speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, eos_token_id=[],
+                                    compile=True, **table[name])
+
+    compiled.CompiledDraft.draft_step = timed_step
+    try:
+        for prompt in compiled.longest_per_capacity(prompts, lambda p: p.shape[1] + max_new_tokens):
+            for name in names:
+                generate(name, prompt)
+        context = typical_context(target, prompts[1:] or prompts, max_new_tokens)
+        probes = {kind: StepProbe(target, draft, context, bound[1], head=head if kind == "judged" else None,
+                                  compile=True, max_length=context.shape[1] + max_new_tokens)
+                  for kind in ("plain", "judged")}
+        for i, prompt in enumerate(prompts[1:]):
+            for name in rotated(list(names), i):
+                method[0] = name
+                generate(name, prompt)
+                method[0] = None
+            for probe in probes.values():
+                probe.sample()
+    finally:
+        compiled.CompiledDraft.draft_step = original
+    prices = {kind: probe.times().draft_ms for kind, probe in probes.items()}
+    report = {}
+    for name in names:
+        price = prices["judged" if table[name]["schedule"] == "ada" else "plain"]
+        mine = [(j, fed, ms) for m, j, fed, ms in steps if m == name]
+        groups = {"j=1, one token fed": [(j, ms) for j, fed, ms in mine if j == 1 and fed == 1],
+                  "j=1, two fed": [(j, ms) for j, fed, ms in mine if j == 1 and fed == 2],
+                  "j=1, three or more fed (the prompt, or a draft left behind)": [(j, ms) for j, fed, ms in mine if j == 1 and fed > 2],
+                  "j=2": [(j, ms) for j, fed, ms in mine if j == 2],
+                  "j>=3": [(j, ms) for j, fed, ms in mine if j >= 3]}
+        report[name] = {group: {"steps": len(rows), "median_ms": statistics.median(ms for _, ms in rows),
+                                "probe_ms": statistics.median(price[min(j, len(price)) - 1] for j, _ in rows)}
+                        for group, rows in groups.items() if rows}
+    return {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "probe_draft_ms": prices, "by_method": report}
 
 
 class CudaGraphLog(logging.Handler):
@@ -295,6 +360,16 @@ def main(argv: list[str] | None = None) -> dict:
                         for name, r in report.items() if "tokens" not in r)
         return text, report
     section("profile of a round", profiled, SECTION_SECONDS["profile"])
+
+    if "compiled" in engines:
+        def draft_steps():
+            report = draft_steps_section(args.device, prompts, max_new_tokens, args.head,
+                                         ("dynamic@0.4", "ada@auto") if args.quick else DRAFT_STEP_METHODS)
+            lines = ["| method | draft step | steps | median ms | probe's price |", "| --- | --- | ---: | ---: | ---: |"]
+            lines += [f"| {name} | {group} | {row['steps']} | {row['median_ms']:.3f} | {row['probe_ms']:.3f} |"
+                      for name, groups in report["by_method"].items() for group, row in groups.items()]
+            return "\n".join(lines), report
+        section("draft steps in generations", draft_steps, SECTION_SECONDS["draft-steps"])
 
     # Real shapes compiled only (eager, ten times slower, is in results/gpu-check-h200-*), unless quick.
     shape_engines = tuple(engines) if args.quick or "compiled" not in engines else ("compiled",)

@@ -244,6 +244,11 @@ def test_gpu_check_quick_mode_with_the_compiled_engine(tmp_path):
     zoo = written["zoo-float32 pair"]
     assert zoo["cudagraphs_recorded_while_timed"] == 0
     assert zoo["timed_from"] < zoo["timed_until"]  # the window the count covers: the timed prompts only
+    drafts = written["draft steps in generations"]["by_method"]  # each method's steps by place, beside the probe's
+    assert set(drafts) == {"dynamic@0.4", "ada@auto"}
+    for groups in drafts.values():
+        assert groups["j=1, one token fed"]["steps"] > 0 and "j=2" in groups
+        assert all(row["median_ms"] > 0 and row["probe_ms"] > 0 for row in groups.values())
     busy = written["shapes-tiny pair"]["compiled_busy_ms"]
     assert set(busy) == {"draft step", "target alone", "verify 4 drafted"}
     assert all(wall > 0 and gpu == 0 for wall, gpu in busy.values())  # no GPU: all of it the host's
