@@ -17,7 +17,8 @@ Sections run in that order and each is written as soon as it ends; one that woul
 `--budget_s` (at the seconds it took on one H200, `SECTION_SECONDS`) is skipped and says so. It needs transformers >= 5.24 for the compiled engine (older:
 the eager engine alone, and the summary says which wheel to carry).
 
-    python benchmarks/gpu_check.py --out results/gpu-check              # one H100/H200, 6-7 minutes
+    python benchmarks/gpu_check.py --out results/gpu-check              # one H100/H200, at most 6 minutes
+    python benchmarks/gpu_check.py --out DIR --budget_s 600             # the 1.7B-shaped pair too
     python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu  # the CPU smoke run (the tests')
 """
 from __future__ import annotations
@@ -119,8 +120,8 @@ def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, en
             "device_step_times": device_times.as_dict() if device_times else None, "identity": identity, **result}
 
 
-# About what each section takes on one H200 (results/gpu-check-h200-2, -3; the 8B-shaped pair's a guess).
-SECTION_SECONDS = {"zoo": 170, "profile": 20, "draft-steps": 30, "shapes-1.7b": 200, "shapes-8b": 300, "shapes-tiny": 0}
+# About what each section takes on one H200 (results/gpu-check-h200-4, -5; the 8B-shaped pair's a guess).
+SECTION_SECONDS = {"zoo": 230, "profile": 20, "draft-steps": 30, "shapes-1.7b": 200, "shapes-8b": 300, "shapes-tiny": 0}
 PROFILED = (("float32", "compiled", "ada@auto"), ("float32", "compiled", "dynamic@0.4"))
 
 
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="ada's thresholds beside ada@device (default auto 0.2 0.35; quick auto)")
     parser.add_argument("--engines", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
     parser.add_argument("--head", default=HEAD, help="the zoo draft's head that ada judges with")
-    parser.add_argument("--budget_s", type=float, default=400.0,
+    parser.add_argument("--budget_s", type=float, default=360.0,
                         help="no section starts that would end after this many seconds")
     args = parser.parse_args(argv)
     started = time.perf_counter()
