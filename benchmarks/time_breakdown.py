@@ -63,8 +63,8 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     """Every method of `table` on every engine of `engines` over `prompts` (see the module
     docstring; `reference(prompt, max_new_tokens)`, when given, runs in the same rotation as one
     more method, named "reference"; steps are timed in rounds of up to `probe_length` tokens, by
-    default `bound`'s longest, longer rounds priced at the last). Returns the rows, the step times, the compile seconds, the
-    context length and each method's output sequences per prompt (the warm-up prompt's included)."""
+    default `bound`'s longest, longer rounds priced at the last). Returns the rows, the step times, the compile seconds, each
+    engine's context length and each method's output sequences per prompt (the warm-up prompt's included)."""
     compiled = {engine: engine == "compiled" for engine in engines}
 
     def capacity_of(engine: str, prompt: torch.Tensor) -> int | None:
@@ -78,7 +78,6 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
     contexts = {group: typical_context(target, of_group, max_new_tokens) for group, of_group in groups.items()}
     main = {engine: max((group for group in groups if group[0] == engine), key=lambda group: len(groups[group]))
             for engine in engines}
-    context = contexts[main[engines[0]]]
     grid = [(engine, name) for name in table for engine in engines]
     outputs = {method: [] for method in grid}
     # `auto` chooses with the step times of the engine it runs on, as the evaluation and `generate` do.
@@ -193,7 +192,8 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
             "judged_step_times": {engine: times[main[engine]][1].as_dict() for engine in engines},
             "capacity": {engine: main[engine][1] for engine in engines},
             "step_times_at_other_capacities": {engine: other for engine, other in others.items() if other},
-            "compile_seconds": compile_seconds, "context_tokens": context.shape[1], "outputs": outputs,
+            "compile_seconds": compile_seconds,
+            "context_tokens": {engine: contexts[main[engine]].shape[1] for engine in engines}, "outputs": outputs,
             "timed_from": timed_from, "timed_until": timed_until,
             "reference_ms_per_token": reference_ms[0] / reference_ms[1] if reference else None}
 
@@ -212,7 +212,7 @@ def format_breakdown(result: dict) -> str:
     for engine, plain in result["step_times"].items():
         for label, t in (("without a head", plain), ("ada with the head", result["judged_step_times"][engine])):
             lines.append(f"{engine} step times {label} (ms, {t['device']}, {t['threads']} thread(s), context "
-                         f"{result['context_tokens']} tokens): target alone {t['target_alone_ms']:.2f}; judgement "
+                         f"{result['context_tokens'][engine]} tokens): target alone {t['target_alone_ms']:.2f}; judgement "
                          f"{t['judge_ms']:.3f}; round overhead {t['round_overhead_ms']:.3f}\n  draft step "
                          f"j=1..{len(t['draft_ms'])}: " + " ".join(f"{v:.2f}" for v in t["draft_ms"])
                          + f"\n  verify k=0..{len(t['verify_ms']) - 1}: " + " ".join(f"{v:.2f}" for v in t["verify_ms"]))

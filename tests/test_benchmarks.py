@@ -265,7 +265,7 @@ def test_time_breakdown_prices_each_compiled_generation_at_its_own_capacity(tiny
     table = {"target alone": dict(schedule="none"), "constant K=2": dict(schedule="constant", num_assistant_tokens=2)}
     result = load_benchmark("time_breakdown").breakdown(target, draft, head, [short, short, short, long], table,
                                                         ["compiled"], 8, (1, 3))
-    assert result["capacity"] == {"compiled": 256}
+    assert result["capacity"] == {"compiled": 256} and result["context_tokens"] == {"compiled": 10 + 4}
     other = result["step_times_at_other_capacities"]["compiled"]["512"]
     assert other["prompts"] == 1 and other["context_tokens"] == 252 + 4
     assert other["plain"]["engine"] == "compiled" and len(other["plain"]["verify_ms"]) == 4
