@@ -3,21 +3,12 @@
 
     python results/verify-steps/excess/context.py
 """
-import sys
-from pathlib import Path
+from zoo import continued, zoo
 
-import torch
+from specdecpp.measuring.step_timing import StepProbe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from harness import HEAD, load_pair, load_prompt_ids  # noqa: E402
-
-from specdecpp import speculative_generate  # noqa: E402
-from specdecpp.measuring.step_timing import StepProbe  # noqa: E402
-
-torch.set_num_threads(1)
-target, draft, _ = load_pair(head=HEAD)
-prompt = load_prompt_ids("stdlib-heldout", n_begin=3, n_end=4)[0]
-seq = speculative_generate(target, None, prompt, max_new_tokens=200, eos_token_id=[]).sequences
+target, draft, _, (prompt,) = zoo(3, 4)
+seq = continued(target, prompt, 200)
 probes = {n: StepProbe(target, draft, seq[:, :n], 5, compile=True, max_length=256) for n in (40, 80, 120, 160, 200, 230)}
 for _ in range(8):
     for probe in probes.values():

@@ -4,23 +4,15 @@ drafting parts (one thread).
 
     python results/verify-steps/excess/engines_alive.py
 """
-import sys
-from pathlib import Path
+from zoo import zoo
 
-import torch
+from specdecpp import speculative_generate
+from specdecpp.engine import compiled
+from specdecpp.engine.decoding import step_models
+from specdecpp.engine.processing import sampling_only
+from specdecpp.engine.settings import DecodingSettings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from harness import HEAD, load_pair, load_prompt_ids  # noqa: E402
-
-from specdecpp import speculative_generate  # noqa: E402
-from specdecpp.engine import compiled  # noqa: E402
-from specdecpp.engine.decoding import step_models  # noqa: E402
-from specdecpp.engine.processing import sampling_only  # noqa: E402
-from specdecpp.engine.settings import DecodingSettings  # noqa: E402
-
-torch.set_num_threads(1)
-target, draft, _ = load_pair(head=HEAD)
-prompts = load_prompt_ids("stdlib-heldout", n_end=7)
+target, draft, _, prompts = zoo(0, 7)
 knobs = dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4)
 
 

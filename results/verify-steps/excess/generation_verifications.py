@@ -4,32 +4,22 @@ time breakdown samples it). `--methods` interleaves constant K=3 and `ada`@0.25 
 
     python results/verify-steps/excess/generation_verifications.py [--methods]
 """
-import argparse
 import statistics
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
-import torch
+from zoo import continued, zoo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from harness import HEAD, load_pair, load_prompt_ids  # noqa: E402
+import specdecpp.engine.decoding as decoding
+from specdecpp import speculative_generate
+from specdecpp.measuring.step_timing import StepProbe
 
-import specdecpp.engine.decoding as decoding  # noqa: E402
-from specdecpp import speculative_generate  # noqa: E402
-from specdecpp.measuring.step_timing import StepProbe  # noqa: E402
-
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-parser.add_argument("--methods", action="store_true")
-args = parser.parse_args()
-torch.set_num_threads(1)
-target, draft, head = load_pair(head=HEAD)
-prompts = load_prompt_ids("stdlib-heldout", n_end=9)
+target, draft, head, prompts = zoo(0, 9)
 methods = {"dynamic@0.4": dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4),
            "constant K=3": dict(schedule="constant", num_assistant_tokens=3),
            "ada@0.25": dict(schedule="ada", head=head, stop_threshold=0.25, bound=(1, 20))}
-names = list(methods) if args.methods else ["dynamic@0.4"]
+names = list(methods) if "--methods" in sys.argv[1:] else ["dynamic@0.4"]
 verify, timed_now, record = decoding.verify, [False], defaultdict(list)
 
 
@@ -46,7 +36,7 @@ def timed_verify(target_model, seq, drafted, *rest):
 
 
 decoding.verify = timed_verify
-context = speculative_generate(target, None, prompts[3], max_new_tokens=64, eos_token_id=[]).sequences
+context = continued(target, prompts[3], 64)
 probe = StepProbe(target, draft, context, 20, compile=True)
 for i, prompt in enumerate(prompts):
     timed_now[0] = False

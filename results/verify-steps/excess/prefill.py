@@ -4,22 +4,15 @@ also reads the prompt, beside its price as the time breakdown sets it: the verif
 
     python results/verify-steps/excess/prefill.py
 """
-import sys
 import time
-from pathlib import Path
 
-import torch
+from zoo import continued, zoo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from harness import HEAD, load_pair, load_prompt_ids  # noqa: E402
+import specdecpp.engine.decoding as decoding
+from specdecpp import speculative_generate
+from specdecpp.measuring.step_timing import StepProbe, prefill_extra_ms
 
-import specdecpp.engine.decoding as decoding  # noqa: E402
-from specdecpp import speculative_generate  # noqa: E402
-from specdecpp.measuring.step_timing import StepProbe, prefill_extra_ms  # noqa: E402
-
-torch.set_num_threads(1)
-target, draft, _ = load_pair(head=HEAD)
-prompts = load_prompt_ids("stdlib-heldout", n_end=25)
+target, draft, _, prompts = zoo(0, 25)
 knobs = dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4)
 verify, first = decoding.verify, []
 
@@ -38,7 +31,7 @@ for prompt in prompts:
     speculative_generate(target, draft, prompt, max_new_tokens=128, eos_token_id=[], compile=True, **knobs)
     rows.append((prompt, *first[0]))
 decoding.verify = verify
-context = speculative_generate(target, None, prompts[3], max_new_tokens=64, eos_token_id=[]).sequences
+context = continued(target, prompts[3], 64)
 probe = StepProbe(target, draft, context, 20, compile=True)
 for _ in range(4):
     probe.sample()
