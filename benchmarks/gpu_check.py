@@ -36,7 +36,7 @@ from pathlib import Path
 
 import compiled_steps
 import torch
-from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, rotated
+from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, rotated, warm_up
 from time_breakdown import breakdown, format_breakdown, head_bound, methods, typical_context
 
 from specdecpp import speculative_generate
@@ -203,9 +203,8 @@ def draft_steps_section(device: str, n_prompts: int, max_new_tokens: int, head_p
 
     compiled.CompiledDraft.draft_step = timed_step
     try:
-        for prompt in compiled.longest_per_capacity(prompts, lambda p: p.shape[1] + max_new_tokens):
-            for name in names:
-                generate(name, prompt)
+        warm_up(lambda name, prompt, tokens: generate(name, prompt).stats, list(names), prompts, max_new_tokens,
+                compile=True)
         context = typical_context(target, prompts[1:] or prompts, max_new_tokens)
         probes = {kind: StepProbe(target, draft, context, bound[1], head=head if kind == "judged" else None,
                                   compile=True, max_length=context.shape[1] + max_new_tokens)
@@ -223,16 +222,21 @@ def draft_steps_section(device: str, n_prompts: int, max_new_tokens: int, head_p
     report = {}
     for name in names:
         price = prices["judged" if table[name]["schedule"] == "ada" else "plain"]
-        mine = [(j, fed, ms) for m, j, fed, ms in steps if m == name]
-        groups = {"j=1, one token fed": [(j, ms) for j, fed, ms in mine if j == 1 and fed == 1],
-                  "j=1, two fed": [(j, ms) for j, fed, ms in mine if j == 1 and fed == 2],
-                  "j=1, three or more fed (the prompt, or a draft left behind)": [(j, ms) for j, fed, ms in mine if j == 1 and fed > 2],
-                  "j=2": [(j, ms) for j, fed, ms in mine if j == 2],
-                  "j>=3": [(j, ms) for j, fed, ms in mine if j >= 3]}
+        groups = {}  # a step's place -> its (j, ms)
+        for _, j, fed, ms in (step for step in steps if step[0] == name):
+            groups.setdefault(draft_step_place(j, fed), []).append((j, ms))
         report[name] = {group: {"steps": len(rows), "median_ms": statistics.median(ms for _, ms in rows),
                                 "probe_ms": statistics.median(price[min(j, len(price)) - 1] for j, _ in rows)}
-                        for group, rows in groups.items() if rows}
+                        for group, rows in sorted(groups.items())}
     return {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "probe_draft_ms": prices, "by_method": report}
+
+
+def draft_step_place(j: int, fed: int) -> str:
+    """Where a draft step stands: its place `j` in the round and, first in a round, the tokens it feeds the draft."""
+    if j > 1:
+        return "j=2" if j == 2 else "j>=3"
+    return {1: "j=1, one token fed", 2: "j=1, two fed"}.get(fed, "j=1, three or more fed (the prompt, or a draft "
+                                                                 "left behind)")
 
 
 class CudaGraphLog(logging.Handler):
