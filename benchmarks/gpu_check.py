@@ -8,7 +8,8 @@
    top operators, the host syncs per generated token, a verification's ms in the generation) and of
    one pass of the step probe that prices `auto` (its verifications' ms beside the generations').
 3. Which compiled draft steps of real generations run over the step probe's price: each timed by its place
-   in the round and the tokens it feeds the draft (two after a round accepted whole).
+   in the round and the tokens it feeds the draft (two after a round accepted whole); draft steps and
+   verifications by their round's place in the generation.
 4. Step times, compile seconds and GPU busy time of random-weight pairs of real shapes, compiled
    (`compiled_steps.time_pair`: a SmolLM2-135M-shaped draft with a 1.7B-shaped target and, asked,
    an 8B-shaped one).
@@ -41,7 +42,7 @@ from time_breakdown import breakdown, format_breakdown, head_bound, methods, typ
 
 from specdecpp import speculative_generate
 from specdecpp.compat import COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION
-from specdecpp.engine import compiled
+from specdecpp.engine import compiled, decoding
 from specdecpp.measuring.step_timing import StepProbe, device_step_times
 from specdecpp.measuring.metrics import NEAR_TIE_MARGIN
 
@@ -175,33 +176,44 @@ def profile_section(device: str, max_new_tokens: int, runs: tuple[tuple[str, str
 
 
 DRAFT_STEP_METHODS = ("constant K=3", "dynamic@0.4", "ada@auto")
+ROUND_SPANS = ((1, 5), (6, 10), (11, 20), (21, math.inf))  # rounds by their place in the generation, the first 0
 
 
 def draft_steps_section(device: str, n_prompts: int, max_new_tokens: int, head_path: str = HEAD,
                         names: tuple[str, ...] = DRAFT_STEP_METHODS) -> dict:
-    """Section 3: every compiled draft step of real generations of `names`, timed one by one, by its place in the
-    round (`j`) and the tokens it feeds the draft (two after a round accepted whole), beside the step probe's price
-    for that place: which steps run over what the probe charges."""
+    """Section 3: every compiled draft step and verification of real generations of `names`, timed one by one,
+    beside the step probe's price: the draft steps by their place in the round (`j`) and the tokens they feed the
+    draft (two after a round accepted whole), both by their round's place in the generation (right after reading the
+    prompt a CPU runs slower than the probe's prices, results/verify-steps/excess/): which steps run over."""
     target, draft, head = (model.to(device) for model in load_pair(TARGET, DRAFT, head_path, "float32"))
     prompts = [p.to(device) for p in load_prompt_ids("stdlib-heldout", TARGET, 0, n_prompts)]
     bound = head_bound(head, None)
     table = {name: methods(head, bound, ["auto"])[name] for name in names}
-    steps = []  # (method, j, tokens fed, ms)
-    method = [None]
-    original = compiled.CompiledDraft.draft_step
+    steps, verifications = [], []  # (method, round, j, tokens fed, ms) and (method, round, drafted, ms)
+    method, round_index = [None], [0]
+    original_step, original_verify = compiled.CompiledDraft.draft_step, decoding.verify
 
     def timed_step(self, tokens, num_drafted, generator):
         fed, start = len(tokens) - self.length, time.perf_counter()
-        step = original(self, tokens, num_drafted, generator)
+        step = original_step(self, tokens, num_drafted, generator)
         if method[0] is not None:
-            steps.append((method[0], num_drafted, fed, 1000 * (time.perf_counter() - start)))
+            steps.append((method[0], round_index[0], num_drafted, fed, 1000 * (time.perf_counter() - start)))
         return step
 
+    def timed_verify(target_model, seq, drafted, *rest):
+        start = time.perf_counter()
+        out = original_verify(target_model, seq, drafted, *rest)
+        if method[0] is not None:
+            verifications.append((method[0], round_index[0], len(drafted), 1000 * (time.perf_counter() - start)))
+        round_index[0] += 1
+        return out
+
     def generate(name, prompt):
+        round_index[0] = 0
         return speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, eos_token_id=[],
                                     compile=True, **table[name])
 
-    compiled.CompiledDraft.draft_step = timed_step
+    compiled.CompiledDraft.draft_step, decoding.verify = timed_step, timed_verify
     try:
         warm_up(lambda name, prompt, tokens: generate(name, prompt).stats, list(names), prompts, max_new_tokens,
                 compile=True)
@@ -217,18 +229,34 @@ def draft_steps_section(device: str, n_prompts: int, max_new_tokens: int, head_p
             for probe in probes.values():
                 probe.sample()
     finally:
-        compiled.CompiledDraft.draft_step = original
-    prices = {kind: probe.times().draft_ms for kind, probe in probes.items()}
-    report = {}
+        compiled.CompiledDraft.draft_step, decoding.verify = original_step, original_verify
+    times = {kind: probe.times() for kind, probe in probes.items()}
+    report, by_round = {}, {}
     for name in names:
-        price = prices["judged" if table[name]["schedule"] == "ada" else "plain"]
+        price = times["judged" if table[name]["schedule"] == "ada" else "plain"]
         groups = {}  # a step's place -> its (j, ms)
-        for _, j, fed, ms in (step for step in steps if step[0] == name):
+        for _, _, j, fed, ms in (step for step in steps if step[0] == name):
             groups.setdefault(draft_step_place(j, fed), []).append((j, ms))
         report[name] = {group: {"steps": len(rows), "median_ms": statistics.median(ms for _, ms in rows),
-                                "probe_ms": statistics.median(price[min(j, len(price)) - 1] for j, _ in rows)}
+                                "probe_ms": statistics.median(clamped(price.draft_ms, j - 1) for j, _ in rows)}
                         for group, rows in sorted(groups.items())}
-    return {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "probe_draft_ms": prices, "by_method": report}
+        by_round[name] = {}
+        for low, high in ROUND_SPANS:
+            drafted = [(ms, clamped(price.draft_ms, j - 1)) for m, r, j, _, ms in steps if m == name and low <= r <= high]
+            verified = [(ms, clamped(price.verify_ms, k)) for m, r, k, ms in verifications if m == name and low <= r <= high]
+            if verified:
+                by_round[name][f"{low}-{high if high < math.inf else 'end'}"] = {
+                    "rounds": len(verified), "verify_over_price": sum(m for m, _ in verified) / sum(p for _, p in verified),
+                    "draft_over_price": sum(m for m, _ in drafted) / sum(p for _, p in drafted) if drafted else None}
+    return {"prompts": n_prompts, "max_new_tokens": max_new_tokens,
+            "probe_draft_ms": {kind: t.draft_ms for kind, t in times.items()},
+            "probe_verify_ms": {kind: t.verify_ms for kind, t in times.items()}, "by_method": report,
+            "by_round": by_round}
+
+
+def clamped(prices: list[float], index: int) -> float:
+    """`prices[index]`, the last price for an index past them (a round longer than the probe's)."""
+    return prices[min(index, len(prices) - 1)]
 
 
 def draft_step_place(j: int, fed: int) -> str:
@@ -373,6 +401,12 @@ def main(argv: list[str] | None = None) -> dict:
             lines = ["| method | draft step | steps | median ms | probe's price |", "| --- | --- | ---: | ---: | ---: |"]
             lines += [f"| {name} | {group} | {row['steps']} | {row['median_ms']:.3f} | {row['probe_ms']:.3f} |"
                       for name, groups in report["by_method"].items() for group, row in groups.items()]
+            lines += ["", "| method | rounds (the first reads the prompt) | verifications | draft steps, measured / "
+                      "priced | verifications, measured / priced |", "| --- | --- | ---: | ---: | ---: |"]
+            lines += [f"| {name} | {span} | {row['rounds']} | "
+                      + ("-" if row["draft_over_price"] is None else f"{row['draft_over_price']:.3f}")
+                      + f" | {row['verify_over_price']:.3f} |"
+                      for name, spans in report["by_round"].items() for span, row in spans.items()]
             return "\n".join(lines), report
         section("draft steps in generations", draft_steps, SECTION_SECONDS["draft-steps"])
 

@@ -249,6 +249,10 @@ def test_gpu_check_quick_mode_with_the_compiled_engine(tmp_path):
     for groups in drafts.values():
         assert groups["j=1, one token fed"]["steps"] > 0 and "j=2" in groups
         assert all(row["median_ms"] > 0 and row["probe_ms"] > 0 for row in groups.values())
+    by_round = written["draft steps in generations"]["by_round"]  # rounds by their place, the prompt's left out
+    for spans in by_round.values():
+        assert "1-5" in spans and spans["1-5"]["rounds"] > 0
+        assert all(row["verify_over_price"] > 0 for row in spans.values())
     busy = written["shapes-tiny pair"]["compiled_busy_ms"]
     assert set(busy) == {"draft step", "target alone", "verify 4 drafted"}
     assert all(wall > 0 and gpu == 0 for wall, gpu in busy.values())  # no GPU: all of it the host's
