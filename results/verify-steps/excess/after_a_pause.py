@@ -10,12 +10,12 @@ import time
 from collections import defaultdict
 
 import torch
-from zoo import continued, zoo
+from zoo import continued, round_ms, zoo
 
-from specdecpp.engine.decoding import GenerationStats, draft_round, step_models, verify
+from specdecpp.engine.decoding import step_models, verify
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.measuring.step_timing import TimedRound, loaded_models
+from specdecpp.measuring.step_timing import loaded_models
 
 target, draft, head, prompts = zoo(0, 6)
 context = continued(target, prompts[3], 64)
@@ -23,17 +23,6 @@ seq, processing = context[0].tolist(), sampling_only(False)
 target_model, draft_model = loaded_models(
     lambda: step_models(target, draft, DecodingSettings(compile=True), processing, 256)[:2], seq)
 ROUNDS, SHOWN = 24, (1, 2, 3, 4, 6, 8, 12, 16, 24)
-
-
-def round_ms() -> float:
-    stats = GenerationStats()
-    drafted = draft_round(draft_model, seq, TimedRound(2, None, stats), 2, False, None, stats)[0]
-    start = time.perf_counter()
-    verify(target_model, seq, drafted, [], processing, None)
-    ms = 1000 * (time.perf_counter() - start)
-    target_model.crop(len(seq) - 1)
-    draft_model.crop(len(seq) - 1)
-    return ms
 
 
 def read_context() -> None:
@@ -81,13 +70,13 @@ before = {
 curves = defaultdict(list)
 with torch.inference_mode():
     for _ in range(30):
-        round_ms()
+        round_ms(target_model, draft_model, seq, 2)
     for _ in range(10):
         for name, disturb in before.items():
             for _ in range(ROUNDS):
-                round_ms()
+                round_ms(target_model, draft_model, seq, 2)
             disturb()
-            curves[name].append([round_ms() for _ in range(ROUNDS)])
+            curves[name].append([round_ms(target_model, draft_model, seq, 2) for _ in range(ROUNDS)])
 print("verifying 2 drafted tokens, ms, by round after it (median of 10)")
 print("| after | " + " | ".join(f"round {r}" for r in SHOWN) + " |")
 print("| --- |" + " ---: |" * len(SHOWN))

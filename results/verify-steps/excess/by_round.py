@@ -7,30 +7,20 @@ between prompts), by the round's place in its generation. `dynamic`@0.4 by defau
 """
 import statistics
 import sys
-import time
 from collections import defaultdict
 
-import specdecpp.engine.decoding as decoding
+from zoo import continued, time_verifications, zoo
+
 from specdecpp import speculative_generate
 from specdecpp.measuring.step_timing import StepProbe
-from zoo import continued, zoo
 
 target, draft, head, prompts = zoo(0, 40)
 prompts = [p for p in prompts if p.shape[1] + 128 <= 256][:16]
 compile = "--eager" not in sys.argv
 schedule = dict(schedule="ada", head=head, stop_threshold=0.25, bound=(1, 20)) if "--ada" in sys.argv else \
     dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4)
-verify, timed = decoding.verify, []
-
-
-def timed_verify(target_model, seq, drafted, *rest):
-    start = time.perf_counter()
-    out = verify(target_model, seq, drafted, *rest)
-    timed.append((len(drafted), 1000 * (time.perf_counter() - start)))
-    return out
-
-
-decoding.verify = timed_verify
+timed = []
+time_verifications(timed)
 probe = StepProbe(target, draft, continued(target, prompts[3], 64), 20, compile=compile, max_length=256)
 rounds = []
 for i, prompt in enumerate(prompts):

@@ -4,9 +4,7 @@ also reads the prompt, beside its price as the time breakdown sets it: the verif
 
     python results/verify-steps/excess/prefill.py
 """
-import time
-
-from zoo import continued, zoo
+from zoo import continued, time_verifications, zoo
 
 import specdecpp.engine.decoding as decoding
 from specdecpp import speculative_generate
@@ -15,16 +13,7 @@ from specdecpp.measuring.step_timing import StepProbe, prefill_extra_ms
 target, draft, _, prompts = zoo(0, 25)
 knobs = dict(schedule="dynamic", num_assistant_tokens=20, assistant_confidence_threshold=0.4)
 verify, first = decoding.verify, []
-
-
-def timed_verify(target_model, seq, drafted, *rest):
-    start = time.perf_counter()
-    out = verify(target_model, seq, drafted, *rest)
-    first.append((len(drafted), 1000 * (time.perf_counter() - start)))
-    return out
-
-
-decoding.verify = timed_verify
+time_verifications(first)
 rows = []
 for prompt in prompts:
     first.clear()

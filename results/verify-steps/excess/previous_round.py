@@ -4,32 +4,20 @@ another length (0: a target-alone step), each pair repeated in turn, 30 times. M
     python results/verify-steps/excess/previous_round.py
 """
 import statistics
-import time
 from collections import defaultdict
 
 import torch
-from zoo import continued, zoo
+from zoo import continued, round_ms, zoo
 
-from specdecpp.engine.decoding import GenerationStats, draft_round, step_models, verify
+from specdecpp.engine.decoding import step_models
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.measuring.step_timing import TimedRound, loaded_models
+from specdecpp.measuring.step_timing import loaded_models
 
 target, draft, head, prompts = zoo(0, 6)
 seq, processing = continued(target, prompts[3], 64)[0].tolist(), sampling_only(False)
 target_model, draft_model = loaded_models(
     lambda: step_models(target, draft, DecodingSettings(compile=True), processing, 256)[:2], seq)
-
-
-def round_ms(k: int) -> float:
-    stats = GenerationStats()
-    drafted = draft_round(draft_model, seq, TimedRound(k, None, stats), k, False, None, stats)[0]
-    start = time.perf_counter()
-    verify(target_model, seq, drafted, [], processing, None)
-    ms = 1000 * (time.perf_counter() - start)
-    target_model.crop(len(seq) - 1)
-    draft_model.crop(len(seq) - 1)
-    return ms
 
 
 previous = (0, 1, 2, 3, 5, 10, 20)
@@ -38,8 +26,8 @@ with torch.inference_mode():
     for _ in range(30):
         for k in previous:
             for _ in range(3):
-                round_ms(k)
-                times[k].append(round_ms(2))
+                round_ms(target_model, draft_model, seq, k)
+                times[k].append(round_ms(target_model, draft_model, seq, 2))
 print("| previous round's drafted tokens | " + " | ".join(map(str, previous)) + " |")
 print("| --- |" + " ---: |" * len(previous))
 print("| verifying 2 drafted tokens after it (ms) | "
