@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
             lines = ["| method | draft step | steps | median ms | probe's price |", "| --- | --- | ---: | ---: | ---: |"]
             lines += [f"| {name} | {group} | {row['steps']} | {row['median_ms']:.3f} | {row['probe_ms']:.3f} |"
                       for name, groups in report["by_method"].items() for group, row in groups.items()]
-            lines += ["", "| method | rounds (the first reads the prompt) | verifications | draft steps, measured / "
+            lines += ["", "| method | rounds after the one that reads the prompt | verifications | draft steps, measured / "
                       "priced | verifications, measured / priced |", "| --- | --- | ---: | ---: | ---: |"]
             lines += [f"| {name} | {span} | {row['rounds']} | "
                       + ("-" if row["draft_over_price"] is None else f"{row['draft_over_price']:.3f}")
