@@ -231,27 +231,39 @@ def draft_steps_section(device: str, n_prompts: int, max_new_tokens: int, head_p
     finally:
         compiled.CompiledDraft.draft_step, decoding.verify = original_step, original_verify
     times = {kind: probe.times() for kind, probe in probes.items()}
+    price = {name: times["judged" if table[name]["schedule"] == "ada" else "plain"] for name in names}
+    places = {name: {} for name in names}  # method -> a step's place -> its (j, ms)
+    spans = {name: {} for name in names}  # method -> its rounds' span -> ([(draft ms, price)], [(verify ms, price)])
+    for name, r, j, fed, ms in steps:
+        places[name].setdefault(draft_step_place(j, fed), []).append((j, ms))
+        if (span := round_span(r)) is not None:
+            spans[name].setdefault(span, ([], []))[0].append((ms, clamped(price[name].draft_ms, j - 1)))
+    for name, r, k, ms in verifications:
+        if (span := round_span(r)) is not None:
+            spans[name].setdefault(span, ([], []))[1].append((ms, clamped(price[name].verify_ms, k)))
     report, by_round = {}, {}
     for name in names:
-        price = times["judged" if table[name]["schedule"] == "ada" else "plain"]
-        groups = {}  # a step's place -> its (j, ms)
-        for _, _, j, fed, ms in (step for step in steps if step[0] == name):
-            groups.setdefault(draft_step_place(j, fed), []).append((j, ms))
         report[name] = {group: {"steps": len(rows), "median_ms": statistics.median(ms for _, ms in rows),
-                                "probe_ms": statistics.median(clamped(price.draft_ms, j - 1) for j, _ in rows)}
-                        for group, rows in sorted(groups.items())}
-        by_round[name] = {}
-        for low, high in ROUND_SPANS:
-            drafted = [(ms, clamped(price.draft_ms, j - 1)) for m, r, j, _, ms in steps if m == name and low <= r <= high]
-            verified = [(ms, clamped(price.verify_ms, k)) for m, r, k, ms in verifications if m == name and low <= r <= high]
-            if verified:
-                by_round[name][f"{low}-{high if high < math.inf else 'end'}"] = {
-                    "rounds": len(verified), "verify_over_price": sum(m for m, _ in verified) / sum(p for _, p in verified),
-                    "draft_over_price": sum(m for m, _ in drafted) / sum(p for _, p in drafted) if drafted else None}
+                                "probe_ms": statistics.median(clamped(price[name].draft_ms, j - 1) for j, _ in rows)}
+                        for group, rows in sorted(places[name].items())}
+        by_round[name] = {f"{low}-{high if high < math.inf else 'end'}": {
+            "rounds": len(verified), "verify_over_price": over_price(verified),
+            "draft_over_price": over_price(drafted) if drafted else None}
+            for (low, high), (drafted, verified) in sorted(spans[name].items()) if verified}
     return {"prompts": n_prompts, "max_new_tokens": max_new_tokens,
             "probe_draft_ms": {kind: t.draft_ms for kind, t in times.items()},
             "probe_verify_ms": {kind: t.verify_ms for kind, t in times.items()}, "by_method": report,
             "by_round": by_round}
+
+
+def round_span(place: int) -> tuple[int, float] | None:
+    """The span of `ROUND_SPANS` a round's place in its generation falls in (None: the first, which reads the prompt)."""
+    return next((span for span in ROUND_SPANS if span[0] <= place <= span[1]), None)
+
+
+def over_price(timed: list[tuple[float, float]]) -> float:
+    """Measured over priced, both summed, of `(ms, price)` pairs."""
+    return sum(ms for ms, _ in timed) / sum(price for _, price in timed)
 
 
 def clamped(prices: list[float], index: int) -> float:
