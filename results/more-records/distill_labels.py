@@ -6,6 +6,7 @@ root:
 """
 import sys
 
+import numpy as np
 import torch
 
 from specdecpp.data.io import read_records, write_records
@@ -18,16 +19,12 @@ def main(teacher: str, path: str, output: str, keep: float = 0.0) -> None:
     records = read_records(path)
     draft = load_model("checkpoints/zoo/draft", torch_dtype=torch.float32)
     labels, predictions = predict(load_head(teacher), draft, records, batch_size=16)
-    start = 0
-    for record in records:
-        n = len(record["p_acc"])
-        assert list(labels[start:start + n]) == [float(p) for p in record["p_acc"]], "labels out of order"
-        record["p_acc"] = [keep * float(p) + (1 - keep) * float(s)
-                           for p, s in zip(record["p_acc"], predictions[start:start + n])]
-        start += n
-    assert start == len(labels)
+    own = [np.asarray(record["p_acc"], dtype=np.float64) for record in records]
+    assert np.allclose(labels, np.concatenate(own)), "predict returned the positions in another order"
+    for record, label, taught in zip(records, own, np.split(predictions, np.cumsum([len(x) for x in own])[:-1])):
+        record["p_acc"] = (keep * label + (1 - keep) * taught).tolist()
     write_records(output, records)
-    print(f"{len(records)} records, {start} labels ({keep:g} own, {1 - keep:g} {teacher}) -> {output}")
+    print(f"{len(records)} records, {len(labels)} labels ({keep:g} own, {1 - keep:g} {teacher}) -> {output}")
 
 
 if __name__ == "__main__":
