@@ -24,7 +24,13 @@
 #   sed -n '1,800p;951,6338p' data/generated/stdlib-train-all.jsonl > data/generated/stdlib-train-train6188.jsonl
 #   sed -n '801,950p' data/generated/stdlib-train-all.jsonl > data/generated/stdlib-train-dev.jsonl
 # Every head is priced with the same step times (results/learning-curve/step_times.json, measured on a
-# quiet machine), so that load on the machine cannot reorder them.
+# quiet machine), so that load on the machine cannot reorder them; STEP_TIMES may also name a head folder (its
+# stored step times). Other records and heads (results/more-records/README.md):
+#   TRAIN    the records file whose first N records train (default: the DATA set's train records)
+#   NAME     the heads' folder name before -N, instead of [DATA-]SET
+#   WIDTH    the hidden sets' block width (64, 128; the zoo recipe's teacher: 256)
+#   HELDOUT  records also replayed, on a copy of the head, into calibration-heldout.json (the copy, so that the
+#            held-out replay does not choose the stored threshold)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SET=$1
@@ -38,9 +44,9 @@ case $SET in
             LR=${LR:-3e-3} EPOCHS=${EPOCHS:-10} ;;  # margin, trained longer (results/narrow-head)
   margin64) INPUTS="--head_features log_q entropy margin --head_width 64"
             LR=${LR:-1e-2} EPOCHS=${EPOCHS:-10} ;;  # the narrow net trains best fast and long (results/narrow-head)
-  hidden64) INPUTS="--head_features none --head_width 64"
+  hidden64) INPUTS="--head_features none --head_width ${WIDTH:-64}"
             LR=${LR:-1e-2} EPOCHS=${EPOCHS:-10} ;;  # the proposer's state determines its logits, so its token too
-  hidden128) INPUTS="--head_features none --head_width 128"
+  hidden128) INPUTS="--head_features none --head_width ${WIDTH:-128}"
              LR=${LR:-5e-3} EPOCHS=${EPOCHS:-10} ;;
   hidden10) INPUTS="--head_features none"
             LR=${LR:-3e-3} EPOCHS=${EPOCHS:-10} ;;
@@ -50,14 +56,23 @@ case $SET in
   *) echo "unknown SET $SET (v2, margin, margin1, margin10, margin64, hidden64, hidden128, hidden10, logits, rank)"; exit 2 ;;
 esac
 RECORDS_PREFIX=data/generated/stdlib-train${DATA:+-$DATA}
-if [ -n "${DATA:-}" ]; then TRAIN=$RECORDS_PREFIX-train.jsonl; else TRAIN=$RECORDS_PREFIX-train6188.jsonl; fi
+if [ -n "${DATA:-}" ]; then DEFAULT_TRAIN=$RECORDS_PREFIX-train.jsonl; else DEFAULT_TRAIN=$RECORDS_PREFIX-train6188.jsonl; fi
+TRAIN=${TRAIN:-$DEFAULT_TRAIN}
+RECORDS_STEM=outputs/curve/data/${NAME:+$NAME-}${DATA:+$DATA-}train  # each head's first N records go to STEM-N.jsonl
+NAME=${NAME:-${DATA:+$DATA-}$SET}
 STEP_TIMES=${STEP_TIMES:-results/learning-curve/step_times.json}
 export OMP_NUM_THREADS=1
+score() {  # score HEAD on RECORDS and replay its rounds into REPORT, choosing HEAD's stored threshold
+  python -m specdecpp.calibration.report --head "$1" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \
+    --torch_dtype float32 --data_path "$2" --choose_threshold --bound 1 20 \
+    --batch_size 16 --plot_path "$1/reliability.png" --threshold_plot_path "$1/threshold.png" \
+    --output "$3" --step_times_from "$STEP_TIMES"
+}
 for N in $SIZES; do
-  OUT=outputs/curve/${DATA:+$DATA-}$SET-$N
+  OUT=outputs/curve/$NAME-$N
   if [ -f "$OUT/calibration.json" ]; then echo "$OUT done, skipping"; continue; fi
   mkdir -p outputs/curve/data
-  RECORDS=outputs/curve/data/${DATA:+$DATA-}train-$N.jsonl
+  RECORDS=$RECORDS_STEM-$N.jsonl
   head -n "$N" "$TRAIN" > "$RECORDS"
   python -m specdecpp.train --model_name_or_path checkpoints/zoo/draft --target checkpoints/zoo/target \
     --torch_dtype float32 --data_path "$RECORDS" --eval_data_path "$RECORDS_PREFIX-dev.jsonl" \
@@ -65,8 +80,10 @@ for N in $SIZES; do
     --num_train_epochs ${EPOCHS:-3} --lr_scheduler_type cosine --learning_rate ${LR:-1e-3} --warmup_steps 0.03 --weight_decay 0.0 \
     --per_device_train_batch_size 8 --per_device_eval_batch_size 16 --eval_strategy no --save_strategy no \
     --logging_steps 50 --report_to none --seed 42
-  python -m specdecpp.calibration.report --head "$OUT" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \
-    --torch_dtype float32 --data_path "$RECORDS_PREFIX-dev.jsonl" --choose_threshold --bound 1 20 \
-    --batch_size 16 --plot_path "$OUT/reliability.png" --threshold_plot_path "$OUT/threshold.png" \
-    --output "$OUT/calibration.json" --step_times_from "$STEP_TIMES"
+  score "$OUT" "$RECORDS_PREFIX-dev.jsonl" "$OUT/calibration.json"
+  if [ -n "${HELDOUT:-}" ]; then
+    rm -rf "$OUT-heldout" && cp -r "$OUT" "$OUT-heldout"
+    score "$OUT-heldout" "$HELDOUT" "$OUT/calibration-heldout.json"
+    rm -rf "$OUT-heldout"
+  fi
 done
