@@ -91,6 +91,7 @@ class StepTimes:
     judge_ms: float = 0.0
     round_overhead_ms: float = 0.0
     device: str = "cpu"
+    processor: str = ""  # the CPU's model and instruction set, or the GPU's name ("": not recorded)
     threads: int = 1
     repeats: int = 0
     engine: str = "eager"  # or "compiled"

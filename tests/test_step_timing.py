@@ -113,15 +113,29 @@ def head_with_rounds(draft_hidden: int, stored: dict) -> AcceptancePredictionHea
                                      "judged_step_times": stored})
 
 
+def test_a_processor_is_named_by_its_model_and_the_instruction_set_torch_uses():
+    name = step_timing.processor_name(torch.device("cpu"))
+    assert name.endswith(f" ({torch.backends.cpu.get_cpu_capability()})") and len(name) > len(" (X)")
+    assert step_timing.processor_name(torch.device("meta")) == "meta"
+
+
 def test_auto_prices_the_device_it_runs_on_once_and_keeps_the_times(tiny_pair, tmp_path, monkeypatch):
     target, draft = tiny_pair
-    here = {"device": "cpu", "engine": "eager", "threads": torch.get_num_threads()}
+    here = {"device": "cpu", "processor": step_timing.processor_name(torch.device("cpu")), "engine": "eager",
+            "threads": torch.get_num_threads()}
     assert step_timing.auto_step_times(head_with_rounds(draft.config.hidden_size, here), target, draft) is None
+    monkeypatch.setattr(step_timing, "device_step_times", lambda *args, **kwargs: "timed here")
+    for elsewhere in ({**here, "processor": "Other CPU (AVX512)"}, {k: v for k, v in here.items() if k != "processor"}):
+        # another CPU model, or times that do not say which: a CPU's prices are its own
+        assert step_timing.auto_step_times(head_with_rounds(draft.config.hidden_size, elsewhere), target, draft) \
+            == "timed here"
+    monkeypatch.undo()
 
     head = head_with_rounds(draft.config.hidden_size, {**here, "device": "cuda:0"})
     monkeypatch.setattr(step_timing, "STEP_TIMES_CACHE", tmp_path)
     times = step_timing.auto_step_times(head, target, draft)
-    assert times.device == "cpu" and times.judge_ms > 0 and len(list(tmp_path.glob("*.json"))) == 1
+    assert times.device == "cpu" and times.processor == here["processor"] and times.judge_ms > 0
+    assert len(list(tmp_path.glob("*.json"))) == 1
     monkeypatch.setattr(step_timing, "measure_costs", lambda *args, **kwargs: pytest.fail("timed twice"))
     assert step_timing.auto_step_times(head, target, draft) == times  # read back, not timed again
     [kept] = tmp_path.glob("*.json")

@@ -245,7 +245,8 @@ def _priced_on(settings: DecodingSettings) -> str | None:
     else:
         times, source = (settings.head.threshold_selection or {}).get("judged_step_times") or {}, "stored with the head"
     threads = f", {times.get('threads')} thread(s)" if times.get("device") == "cpu" else ""
-    return f"{times.get('device')} {times.get('engine', 'eager')}{threads} ({source})" if times else None
+    processor = f", {times['processor']}" if times.get("processor") else ""
+    return f"{times.get('device')} {times.get('engine', 'eager')}{threads}{processor} ({source})" if times else None
 
 
 def _check_input_ids(input_ids: torch.LongTensor) -> torch.LongTensor:

@@ -188,8 +188,9 @@ Timings depend on the machine and its load: re-run `--choose_threshold` on the m
 def _priced(times: dict) -> str:
     if not times.get("repeats"):
         return f"with given prices ({times['device']}), not timed on this machine"
-    return (f"measured through the {times.get('engine', 'eager')} engine's own steps on {times['device']} with "
-            f"{times['threads']} torch thread(s), {times['repeats']} timed passes")
+    processor = f" ({times['processor']})" if times.get("processor") else ""
+    return (f"measured through the {times.get('engine', 'eager')} engine's own steps on {times['device']}{processor} "
+            f"with {times['threads']} torch thread(s), {times['repeats']} timed passes")
 
 
 def _calibration_section(facts: dict) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -52,6 +53,7 @@ class StepProbe:
                  compile: bool = False, max_length: int | None = None):
         self.seq, self.max_draft, self.has_head = input_ids[0].tolist(), max_draft, head is not None
         self.device, self.engine = str(target.device), "compiled" if compile else "eager"
+        self.processor = processor_name(target.device)
         self.processing = sampling_only(do_sample)
         self.generator = torch.Generator(target.device).manual_seed(0) if do_sample else None
         self.judge = HeadJudge(head) if head is not None else None
@@ -87,7 +89,8 @@ class StepProbe:
         verify_ms, spread = [median(v) for v in self.verified], pass_spread(self.verified)
         return StepTimes(draft_ms=[median(t) for t in self.drafts], verify_ms=fit_verify_ms(verify_ms),
                          target_alone_ms=median(self.alone), judge_ms=median(self.judged) if self.has_head else 0.0,
-                         device=self.device, threads=torch.get_num_threads(), repeats=self.passes, engine=self.engine,
+                         device=self.device, processor=self.processor, threads=torch.get_num_threads(),
+                         repeats=self.passes, engine=self.engine,
                          verify_ms_measured=verify_ms, spread=spread,
                          busy=busy_machine(spread, f"the {self.engine} engine's steps"))
 
@@ -263,13 +266,25 @@ def timed(step: Callable[[], None]) -> float:
 STEP_TIMES_CACHE = Path(os.environ.get("SPECDECPP_CACHE", Path.home() / ".cache" / "specdecpp")) / "step_times"
 
 
+def processor_name(device: torch.device) -> str:
+    """The processor that runs `device`'s work, by which step times are kept: a GPU's name, or the CPU's model and
+    the instruction set torch's kernels use there (`AMD EPYC (AVX2)`)."""
+    if device.type != "cpu":
+        return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.machine())
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
+
+
 def auto_step_times(head: AcceptancePredictionHead, target: PreTrainedModel, draft: PreTrainedModel,
                     compile: bool = False) -> StepTimes | None:
     """The step times `stop_threshold="auto"` chooses with here: None where the stored threshold was priced here
     or set by hand (no times), or (warning) where the head stores no replayed rounds; else `device_step_times`."""
     selection = head.threshold_selection or {}
     stored = selection.get("judged_step_times") or {}
-    here = {"device": str(target.device), "engine": "compiled" if compile else "eager"}
+    here = {"device": str(target.device), "processor": processor_name(target.device),
+            "engine": "compiled" if compile else "eager"}
     if target.device.type == "cpu":
         here["threads"] = torch.get_num_threads()
     if not stored or all(stored.get(key) == value for key, value in here.items()):
@@ -289,7 +304,7 @@ def device_step_times(target: PreTrainedModel, draft: PreTrainedModel, head: Acc
     """`ada`'s step times with `head` for this pair where it runs, cached in `cache_dir` (default
     `STEP_TIMES_CACHE`); measured on a random context of `context` tokens when not cached."""
     key = {"target": target.name_or_path, "draft": draft.name_or_path, "head": head.config,
-           "device": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu",
+           "device": processor_name(target.device),
            "dtype": str(target.dtype), "engine": "compiled" if compile else "eager",
            "threads": torch.get_num_threads(), "specdecpp": __version__}
     path = Path(cache_dir or STEP_TIMES_CACHE) / (hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
