@@ -132,13 +132,8 @@ class ResBlock(nn.Module):
         return residual_block(x, self.linear.weight, self.linear.bias)
 
 
-class AcceptancePredictionHead(
-    nn.Module,
-    PyTorchModelHubMixin,
-    library_name=LIBRARY_NAME,
-    tags=TAGS,
-    paper_url=PAPER_URL,
-):
+class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIBRARY_NAME, tags=TAGS,
+                               paper_url=PAPER_URL):
     """Predicts whether the target accepts the judged token; `forward` gives logits over (reject, accept),
     `accept_prob` P(accept). Takes keyword arguments or the reference's config dict (no `alignment`: a reader), and
     loads the reference's checkpoints."""
