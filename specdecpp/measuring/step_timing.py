@@ -1,6 +1,7 @@
 """Timing the loop's steps through the engine's own step functions: `StepTimes` and the cost ratio `c`."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -266,6 +267,7 @@ def timed(step: Callable[[], None]) -> float:
 STEP_TIMES_CACHE = Path(os.environ.get("SPECDECPP_CACHE", Path.home() / ".cache" / "specdecpp")) / "step_times"
 
 
+@functools.cache  # read once per device: auto asks before every generation
 def processor_name(device: torch.device) -> str:
     """The processor that runs `device`'s work, by which step times are kept: a GPU's name, or the CPU's model and
     the instruction set torch's kernels use there (`AMD EPYC (AVX2)`)."""
