@@ -115,7 +115,7 @@ def check_tree_attention(model: PreTrainedModel, who: str) -> None:
                  for token in siblings]
     if not all(torch.allclose(widened(row), widened(single), atol=1e-4, rtol=1e-3)
                for row, single in zip(together, alone)):
-        raise ValueError(f"{who} ({type(model).__name__}, attention {model.config._attn_implementation!r}) does not "
+        raise ValueError(f"{who} ({type(model).__name__}) does not "
                          "honour a 4D attention mask with explicit positions, which a token tree needs: use a chain "
                          "schedule (ada, dynamic, ...) with it, or load it with attn_implementation='sdpa'")
     _CHECKED[model] = True
