@@ -96,18 +96,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tree_confidences", type=float, nargs="+", default=[0.5, 0.7, 0.9],
                         help="confidence-tree's stop thresholds (one method each)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--output_json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target, draft, head = load_pair(head=args.head)
+    target, draft, head = (model.to(args.device) for model in load_pair(head=args.head))
     times = stored_step_times(args.head)[1]
-    prompts = load_prompt_ids(args.prompts, n_begin=args.n_begin, n_end=args.n_end)
+    prompts = [p.to(args.device) for p in load_prompt_ids(args.prompts, n_begin=args.n_begin, n_end=args.n_end)]
     compared = methods(head, args)
 
     def run(method: Method, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0,
             expected: torch.Tensor | None = None) -> GenerationStats:
         out = speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, do_sample=args.do_sample,
-                                   step_times=times, generator=torch.Generator().manual_seed(seed), **method.settings)
+                                   step_times=times, generator=torch.Generator(args.device).manual_seed(seed),
+                                   **method.settings)
         if expected is not None and not torch.equal(out.sequences, expected):
             raise AssertionError(f"{method.name} differs from the target alone")
         return out.stats
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
         for method in rotated(compared, index):
             method.runs.append(run(method, prompt, args.max_new_tokens, index, expected))
     rows = [summary(method, times) for method in compared]
-    report = {"args": vars(args), "step_times": f"{times.device} {times.engine} {times.processor or ''} "
+    report = {"args": vars(args), "table": table(rows), "step_times": f"{times.device} {times.engine} {times.processor or ''} "
                                                 "(stored with the head)", "methods": rows}
     print(table(rows))
     if args.output_json:
