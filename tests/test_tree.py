@@ -11,6 +11,7 @@ from test_decoding import (BUDGET_TIMES, chi_square_pvalue, exact_first_two_toke
 from transformers import LlamaForCausalLM
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.costs import StepTimes
 from specdecpp.engine.decoding import GenerationStats, tree_round
 from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.processing import sampling_only
@@ -21,6 +22,7 @@ from specdecpp.engine.tree import Candidate, TokenTree, tree_attention_mask
 from specdecpp.head.model import LeanJudge
 
 TREE_SCHEDULES = ("ada-tree", "confidence-tree")
+FLAT = StepTimes(draft_ms=[0.1] * 4, verify_ms=[1.0] * 9, target_alone_ms=1.0)  # a GPU's: every length alike
 
 
 def tree_of(parents: list[int], tokens: list[int]) -> TokenTree:
@@ -172,10 +174,8 @@ def test_bad_tree_input_fails_clearly(tiny_pair, change, message):
 def test_auto_tree_nodes_grow_with_flat_verification_prices(tiny_pair):
     """Where a verification costs the same at every length (a GPU's), `auto` fills trees to the budget's width;
     where it grows steeply, it admits fewer nodes."""
-    from specdecpp.costs import StepTimes
-
     target, draft = tiny_pair
-    flat = StepTimes(draft_ms=[0.05] * 8, verify_ms=[1.0] * 9, target_alone_ms=1.0)
+    flat = FLAT
     steep = StepTimes(draft_ms=[0.05] * 8, verify_ms=[1.0 + 2.0 * k for k in range(9)], target_alone_ms=1.0)
     sizes = {}
     for name, times in (("flat", flat), ("steep", steep)):
@@ -193,3 +193,34 @@ def test_tiny_llama_in_float32_too():
         out = speculative_generate(target, draft, prompt, schedule="confidence-tree", stop_threshold=0.9,
                                    tree_nodes=8, max_new_tokens=20)
         assert torch.equal(out.sequences, target_greedy(target, prompt, 20))
+
+
+def candidates(*rows) -> list[Candidate]:
+    """Candidates from (parent, rank, score, depth) rows, valued as the schedule values them (greedy)."""
+    policy = ConfidenceTree(4, 8, 0.5, (1, 8), False)
+    drafted = []
+    for parent, rank, score, depth in rows:
+        parent_value = 1.0 if parent == ROOT else drafted[parent].path_value
+        drafted += policy.valued([Candidate(parent, rank, 100 + len(drafted), score, depth)], parent_value)
+    return drafted
+
+
+def test_selection_keeps_the_most_valuable_nodes_under_kept_parents():
+    # root -> 0 (0.9) -> 2 (0.9 * 0.8) -> 4 (0.72 * 0.5); root -> 1 (0.08) -> 3 (0.08 * 0.9)
+    drafted = candidates((ROOT, 0, 0.9, 1), (ROOT, 1, 0.08, 1), (0, 0, 0.8, 2), (1, 0, 0.9, 2), (2, 0, 0.5, 3))
+    assert ConfidenceTree(4, 3, 0.5, (1, 8), False).select(drafted, 3) == [0, 2, 4]
+    assert ConfidenceTree(4, 5, 0.5, (1, 8), False).select(drafted, 3) == [0, 2, 4, 1, 3]
+    # Steep verification: a node only while its value pays for the verification's growth at the round's rate
+    # (node 4: 0.36 x 1.9 ms < 2.62 tokens x 0.3 ms).
+    steep = StepTimes(draft_ms=[0.1] * 4, verify_ms=[1.0 + 0.3 * k for k in range(9)], target_alone_ms=1.0)
+    assert ConfidenceTree(4, "auto", 0.5, (1, 8), False, steep).select(drafted, 3) == [0, 2]
+    assert ConfidenceTree(4, "auto", 0.5, (1, 8), False, FLAT).select(drafted, 3) == [0, 2, 4, 1, 3]
+
+
+def test_sampled_selection_values_a_sibling_by_its_chance_of_being_tried():
+    policy = ConfidenceTree(4, 2, 0.5, (1, 8), True)
+    siblings = policy.valued([Candidate(ROOT, rank, 7 + rank, score) for rank, score in enumerate((0.3, 0.9, 0.5))],
+                             1.0)
+    assert [c.value for c in siblings] == pytest.approx([1.0, 0.7, 0.07])  # not their own scores
+    assert [c.path_value for c in siblings] == pytest.approx([0.3, 0.63, 0.035])
+    assert policy.select(siblings, 1) == [0, 1]

@@ -457,7 +457,23 @@ class TreeSchedule(Schedule):
             kept.add(index)
             kept_ranks.add((candidate.parent, candidate.rank))
             expected += candidate.path_value
+        if self.auto and not self.do_sample:
+            return self._cheaper_than_its_chain(drafted, chosen, levels)
         return chosen
+
+    def _cheaper_than_its_chain(self, drafted: list, chosen: list[int], levels: int) -> list[int]:
+        """`chosen`, or the chain of first children inside it where the costs price that chain's expected tokens
+        per millisecond higher (greedy: which nodes are verified may depend on their own scores)."""
+        first_child = {drafted[i].parent: i for i in chosen if drafted[i].rank == 0}
+        chain, node = [], ROOT
+        while node in first_child:
+            node = first_child[node]
+            chain.append(node)
+
+        def rate(nodes: list[int]) -> float:
+            return (1.0 + sum(drafted[i].path_value for i in nodes)) / self.times.tree_round_ms(levels, len(nodes))
+
+        return chain if rate(chain) > rate(chosen) else chosen
 
 
 class AdaTree(TreeSchedule):
