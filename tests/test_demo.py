@@ -1,4 +1,4 @@
-"""The demo: K, confidence and thresholds chosen on tuning prompts only, then six methods on the others."""
+"""The demo: K, confidence and thresholds chosen on tuning prompts only, then seven methods on the others."""
 from __future__ import annotations
 
 import json
@@ -31,7 +31,7 @@ def flags(dirs, *extra: str) -> list[str]:
             "--no_progress", "--threads", "0", *extra]  # 0: leave the test session's threads alone
 
 
-def test_demo_tunes_on_other_prompts_then_prints_six_methods(demo_dirs, capsys):
+def test_demo_tunes_on_other_prompts_then_prints_seven_methods(demo_dirs, capsys):
     demo.main(flags(demo_dirs, "--num_prompts", "2", "--tune_prompts", "2", "--constant_ks", "1", "3",
                     "--confidence_thresholds", "0.4", "0.6", "--stop_threshold", "0.2", "0.9",
                     "--online_thresholds", "0.3", "0.7"))
@@ -45,9 +45,10 @@ def test_demo_tunes_on_other_prompts_then_prints_six_methods(demo_dirs, capsys):
     assert [row["method"] for row in tuning] == ["target", "specdecpp:constant@K=1", "specdecpp:constant@K=3",
                                                  "specdecpp:dynamic@0.4", "specdecpp:dynamic@0.6",
                                                  "specdecpp:online@0.3", "specdecpp:online@0.7",
-                                                 "specdecpp:ada@0.2", "specdecpp:ada@0.9"]
+                                                 "specdecpp:ada@0.2", "specdecpp:ada@0.9",
+                                                 "specdecpp:ada-tree@0.2,nodes=16", "specdecpp:ada-tree@0.9,nodes=16"]
     for schedule, chosen in (("constant", methods[2]), ("dynamic", methods[3]), ("online", methods[4]),
-                             ("ada", methods[5])):
+                             ("ada", methods[5]), ("ada-tree", methods[6])):
         rows = [row for row in tuning if row["schedule"] == schedule]
         assert chosen == min(rows, key=lambda row: row["cost_per_token"])["method"]
     records = json.loads((demo_dirs["out"] / "results_2to4.json").read_text())
@@ -55,7 +56,8 @@ def test_demo_tunes_on_other_prompts_then_prints_six_methods(demo_dirs, capsys):
     assert f"chosen by the lowest {FLAT_COST}" in summary["chosen"] and "0-1" in summary["chosen"]
     assert summary["greedy_check"].startswith("greedy check passed")
     for line in (summary["table"], summary["chosen"], summary["greedy_check"], f"SpecDec++ ({methods[5]}): {FLAT_COST} ",
-                 "against our dynamic at its best confidence", f"against vLLM's online estimator ({methods[4]}, "):
+                 "against our dynamic at its best confidence", f"against vLLM's online estimator ({methods[4]}, ",
+                 f"The head's token tree ({methods[6]}): "):
         assert line in out
 
 

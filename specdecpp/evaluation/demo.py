@@ -38,6 +38,7 @@ class DemoArguments:
                 "the pair's costs when the head was calibrated"})
     online_thresholds: list[float] = field(default_factory=lambda: [0.5], metadata={
         "help": "stop thresholds of vLLM's online acceptance estimator (the online schedule) to choose from"})
+    tree_nodes: int = field(default=16, metadata={"help": "ada-tree's nodes per round"})
     output: str = common_field("output", default="outputs/demo", help="folder for records, summary and figures")
     seed: int = common_field("seed", default=47, help="seeds each prompt's sampling")
     threads: int = field(default=1, metadata={
@@ -57,9 +58,13 @@ def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
                                       len(demo.stop_threshold), len(demo.online_thresholds)) > 1:
         raise ValueError("choosing among several --constant_ks, --confidence_thresholds, --stop_threshold or "
                          "--online_thresholds values needs --tune_prompts >= 1")
-    grid = MethodGrid(schedule=["constant", "dynamic", "online", "ada"], num_assistant_tokens=demo.constant_ks,
+    # The token tree beside the chains, where its engine runs (trees are not compiled), at a fixed size: `auto`
+    # would need step times stored with the head.
+    trees = [] if demo.compile else ["ada-tree"]
+    grid = MethodGrid(schedule=["constant", "dynamic", "online", "ada", *trees], num_assistant_tokens=demo.constant_ks,
                       assistant_confidence_threshold=demo.confidence_thresholds, stop_threshold=demo.stop_threshold,
-                      online_threshold=demo.online_thresholds, baselines=["target", "hf:dynamic"])
+                      online_threshold=demo.online_thresholds, tree_nodes=[str(demo.tree_nodes)],
+                      baselines=["target", "hf:dynamic"])
     source = PromptSource(prompts=demo.prompts, n_end=demo.tune_prompts + demo.num_prompts)
     run = RunOptions(output=demo.output, seed=demo.seed, progress=demo.progress)
     pair.single_head()
@@ -94,7 +99,8 @@ def run_demo(demo: DemoArguments, pair: HeadPairArguments | None = None) -> dict
     tuning, evaluated = prompts[:demo.tune_prompts], prompts[demo.tune_prompts:]
     best, tuning_summary, tuning_cost = choose(run, tuning)
     by_name = {spec.name: spec for spec in run.specs}
-    final = [by_name["target"], by_name["hf:dynamic"], best["constant"], best["dynamic"], best["online"], best["ada"]]
+    final = [by_name["target"], by_name["hf:dynamic"], best["constant"], best["dynamic"], best["online"], best["ada"],
+             *([best["ada-tree"]] if "ada-tree" in best else [])]
     records, cost = run.measure(final, evaluated, save=True)
     how = how_chosen(best, tuning, evaluated, demo, tuning_cost)
     print(how)
@@ -107,7 +113,8 @@ def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: lis
                tuning_cost: dict | None) -> str:
     picked = (f"constant K = {best['constant'].num_assistant_tokens}, dynamic confidence = "
               f"{best['dynamic'].assistant_confidence_threshold:g}, online threshold = "
-              f"{best['online'].stop_threshold:g}, ada threshold = {best['ada'].name.split('@')[-1]}")
+              f"{best['online'].stop_threshold:g}, ada threshold = {best['ada'].name.split('@')[-1]}"
+              + (f", ada-tree {best['ada-tree'].name.split('@')[-1]}" if "ada-tree" in best else ""))
     if not tuning or tuning_cost is None:
         return f"{picked} (given)."
     return (f"{picked} (of K {demo.constant_ks}, confidences {demo.confidence_thresholds}, online thresholds "
@@ -126,13 +133,16 @@ def headline(summary: list[dict]) -> str:
     def change(row: dict) -> str:
         return f"{100 * (ada['cost_per_token'] / row['cost_per_token'] - 1):+.1f}%"
 
+    tree = rows.get("ada-tree")
+    tree_line = (f" The head's token tree ({tree['method']}): {FLAT_COST} {tree['cost_per_token']:.3f}, "
+                 f"the chain {change(tree)} against it; speedup {tree['speedup']:.2f}x.") if tree else ""
     return (f"SpecDec++ ({ada['method']}): {FLAT_COST} {ada['cost_per_token']:.3f}, {change(constant)} against the "
             f"best constant K ({constant['cost_per_token']:.3f}), {change(dynamic)} against our dynamic at its best "
             f"confidence ({dynamic['cost_per_token']:.3f}), {change(online)} against vLLM's online estimator "
             f"({online['method']}, {online['cost_per_token']:.3f}), Hugging Face dynamic {hf['cost_per_token']:.3f}; "
             f"speedup over the target alone {ada['speedup']:.2f}x against {constant['speedup']:.2f}x, "
             f"{dynamic['speedup']:.2f}x, {online['speedup']:.2f}x and {hf['speedup']:.2f}x (medians over prompts of "
-            "paired times, this run).")
+            "paired times, this run)." + tree_line)
 
 
 FLAGS = (HeadPairArguments, DemoArguments)  # the command's flags, in --help's order
