@@ -1,4 +1,4 @@
-"""What limits a sampling head? An offline study on sampled records, in expectation over `p_acc` (issue 26).
+"""What limits a sampling head? An offline study on sampled records, in expectation over `p_acc`.
 
 Rounds are replayed on sampled dev records (`specdecpp.calibration.threshold.replay`: each proposal accepted
 with its `p_acc = min(1, p/q)`) at flat prices: a draft step costs `c` (`--cost_ratio`) of a
@@ -21,7 +21,7 @@ and what the stop rule limits. Calibration against the soft labels: binary KL an
 
     python benchmarks/sampling_limits.py --train data/generated/stdlib-train-sampled-t1-train6188.jsonl \\
         --dev data/generated/stdlib-train-sampled-t1-dev.jsonl --heads outputs/curve/sampled-margin-6188 \\
-        --output results/sampling-limits/t1
+        --output outputs/sampling-limits/t1
 """
 from __future__ import annotations
 

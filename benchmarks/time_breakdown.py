@@ -278,7 +278,7 @@ def prompt_interval(ms: list[float], baseline_ms: list[float], coverage: float =
     return ratios.quantile(tail).item(), ratios.quantile(1 - tail).item()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=TARGET)
     parser.add_argument("--draft", default=DRAFT)
@@ -296,7 +296,7 @@ def main() -> None:
     parser.add_argument("--engine", nargs="+", choices=("eager", "compiled"), default=["eager"],
                         help="engines to run, side by side in one run (compiled: static caches, compiled steps)")
     parser.add_argument("--output_json", default=None, help="also write the table and step times here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     target, draft, head = load_pair(args.target, args.draft, args.head)
@@ -310,6 +310,7 @@ def main() -> None:
     if args.output_json:
         Path(args.output_json).write_text(json.dumps({key: value for key, value in result.items()
                                                       if key != "outputs"}, indent=2) + "\n")
+    return result
 
 
 def head_bound(head: AcceptancePredictionHead, bound: list[int] | None) -> tuple[int, int]:
