@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -325,3 +326,42 @@ def test_distill_labels_mixes_each_label_with_the_teachers_prediction(tmp_path, 
     mixed = [p for record in read_records(tmp_path / "out.jsonl") for p in record["p_acc"]]
     assert mixed == pytest.approx(0.25 * np.array([1.0, 0.0, 1.0, 1.0] * 2) + 0.75 * taught)
     assert [record["p_acc"] for record in written] == [mixed[:4], mixed[4:]]
+
+
+def test_time_breakdown_prices_rounds_judgements_and_the_target_alone():
+    from specdecpp.costs import StepTimes
+    benchmark = load_benchmark("time_breakdown")
+    times = StepTimes(draft_ms=[2.0, 1.0], verify_ms=[10.0, 12.0, 14.0], target_alone_ms=9.0, judge_ms=0.25,
+                      round_overhead_ms=0.5)
+    assert benchmark.predicted_ms(times, [2, 2, 1], judged=5) == pytest.approx((14 + 3 + 0.5) * 2 + (12 + 2 + 0.5)
+                                                                               + 5 * 0.25)
+    assert benchmark.predicted_ms(times, [0, 0], with_draft=False) == 18.0
+    assert [benchmark.judged_tokens([3, 1, 0], alignment) for alignment in ("proposer", "reader", None)] == [4, 2, 0]
+
+
+@pytest.mark.slow  # compiles the tiny pair's graphs
+@pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
+def test_time_breakdown_times_the_prefill_on_the_engines_of_the_generations_it_prices(tiny_pair, monkeypatch):
+    """Given `max_length`, the prefill runs on the compiled engines of generations that long (512 tokens here), not
+    on those its own short prompt would take (256)."""
+    from specdecpp.measuring.step_timing import StepProbe
+    monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
+    target, draft = tiny_pair
+    context = torch.tensor([[5, 9, 17, 3]])
+    probe = StepProbe(target, draft, context, max_draft=2, warmup=0, compile=True, max_length=300)
+    probe.sample()
+    monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
+    to_target, to_draft = load_benchmark("time_breakdown").prefill_extra_ms(target, draft, context, probe.times(),
+                                                                            compile=True, max_length=300)
+    assert math.isfinite(to_target) and math.isfinite(to_draft)
+    assert {capacity for model in (target, draft) for _, capacity in compiled._engines[model]} == {512}
+
+
+def test_sampling_limits_reads_each_records_proposals_features_from_the_draft(tiny_pair):
+    from specdecpp.head.model import logit_features
+    _, draft = tiny_pair
+    record = {"prefix": [1, 5, 6], "tokens": [7, 8, 9], "draft": [7, 10, 9]}
+    [features] = load_benchmark("sampling_limits").record_features(draft, [record], ["log_q", "entropy"])
+    logits = draft(input_ids=torch.tensor([[1, 5, 6, 7, 8]])).logits[0, 2:]
+    expected = logit_features(logits, torch.tensor([7, 10, 9]), ["log_q", "entropy"])
+    assert features.shape == (3, 2) and np.allclose(features, expected.detach().numpy())
