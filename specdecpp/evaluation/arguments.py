@@ -1,4 +1,4 @@
-"""Evaluation settings (also `specdecpp evaluate`'s flags), checked, with the prompts read, before any model loads."""
+"""The evaluation's arguments (`specdecpp evaluate`'s flags), checked before any model loads, and the prompts and pair they name."""
 from __future__ import annotations
 
 import itertools
