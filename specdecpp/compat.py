@@ -94,6 +94,17 @@ def is_sliding(layer: Any) -> bool:
 SLIDING_WINDOW_ROLLS_BACK = Version(TRANSFORMERS_VERSION).release >= (5, 18)
 
 
+def move_cache_positions(cache: Any, start: int, sources: list[int]) -> None:
+    """Copy the keys and values of positions `sources` of every layer of a full-attention `cache` to positions
+    `start, start + 1, ...` (a token tree's accepted path packed into place; crop afterwards)."""
+    if not sources:
+        return
+    for layer in cache.layers:
+        index = torch.tensor(sources, device=layer.keys.device)
+        for tensor in (layer.keys, layer.values):
+            tensor[:, :, start:start + len(sources)] = tensor.index_select(2, index)
+
+
 def has_sliding_window(model: PreTrainedModel) -> bool:
     """Whether `model`'s cache has sliding-window layers."""
     return any(is_sliding(layer) for layer in DynamicCache(config=model.config).layers)

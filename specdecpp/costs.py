@@ -110,6 +110,19 @@ class StepTimes:
         return self.verify_ms[min(verified, len(self.verify_ms) - 1)] + drafting + judged * self.judge_ms \
             + self.round_overhead_ms
 
+    def verify_at(self, num_drafted: int) -> float:
+        """The verification of `num_drafted` tokens (a chain's or a tree's nodes), past the timed lengths on the
+        line of their `verify_slope`."""
+        last = len(self.verify_ms) - 1
+        return self.verify_ms[min(num_drafted, last)] + max(num_drafted - last, 0) * verify_slope(self.verify_ms)
+
+    def tree_round_ms(self, levels: int, num_nodes: int) -> float:
+        """A token tree's round: `levels` draft steps (each priced as the chain's step at that place) and the
+        verification of `num_nodes` nodes."""
+        longest = len(self.draft_ms)
+        drafting = self._drafting_ms[min(levels, longest)] + max(levels - longest, 0) * (self.draft_ms or [0.0])[-1]
+        return self.verify_at(num_nodes) + drafting + self.round_overhead_ms
+
     def rounds_ms(self, round_weights: list[float], judged: bool = False) -> float:
         """The time of `round_weights[k]` rounds of `k` tokens each, every token judged when `judged`."""
         return sum(weight * self.round_ms(k, k if judged else 0) for k, weight in enumerate(round_weights) if weight)

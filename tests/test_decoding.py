@@ -19,6 +19,7 @@ from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.sampling import make_warpers, widened
 from specdecpp.engine.schedules import SCHEDULES, VerifyBudget
+from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import LeanJudge
 
 
@@ -62,11 +63,14 @@ BUDGET_TIMES = StepTimes(draft_ms=[0.2] * 8, verify_ms=[1.0 + 0.5 * k for k in r
 
 
 def with_budget_knobs(schedule: str, **knobs) -> dict:
-    """`knobs` for `schedule`, plus what a budget schedule needs in tests that run every schedule:
-    step times (`BUDGET_TIMES`) and, for `ada-budget`, a proposer head in place of `knobs`'s."""
-    if schedule == "ada-budget":
+    """`knobs` for `schedule`, plus what a budget or tree schedule needs in tests that run every schedule:
+    step times (`BUDGET_TIMES`) and, for `ada-budget` and `ada-tree`, a proposer head in place of `knobs`'s."""
+    if schedule in ("ada-budget", "ada-tree"):
         knobs["head"] = random_proposer()
-    return knobs | ({"step_times": BUDGET_TIMES} if schedule.endswith("-budget") else {})
+    if schedule.endswith("-tree"):
+        knobs.setdefault("stop_threshold", 0.5)
+    return knobs | ({"step_times": BUDGET_TIMES} if SCHEDULES[schedule].prices_rounds(DecodingSettings(schedule=schedule))
+                    else {})
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -234,7 +238,10 @@ def test_stats_add_up(tiny_pair, random_head, schedule):
         rounds = len(stats.accepted_lengths)
         assert stats.generated_length == 37 == sum(stats.accepted_lengths) + rounds
         assert stats.target_calls == rounds == len(stats.draft_lengths) == len(stats.verified_lengths)
-        assert stats.draft_calls == sum(stats.draft_lengths)
+        if SCHEDULES[schedule].grows_tree:  # a draft forward per level, over every node it expands
+            assert len(stats.draft_lengths) <= stats.draft_calls <= sum(stats.draft_lengths) + rounds
+        else:
+            assert stats.draft_calls == sum(stats.draft_lengths)
         assert stats.discarded_tokens == sum(stats.draft_lengths) - sum(stats.accepted_lengths)
         assert all(0 <= a <= v <= d for a, v, d in zip(stats.accepted_lengths, stats.verified_lengths,
                                                          stats.draft_lengths))

@@ -5,6 +5,7 @@ output follows the target's distribution."""
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
 from dataclasses import dataclass, field, fields, replace
 
@@ -19,6 +20,7 @@ from specdecpp.engine.processing import CRITERIA_FIELDS, PROCESSOR_FIELDS, Proce
 from specdecpp.engine.sampling import residual_distribution, sample
 from specdecpp.engine.schedules import Schedule, make_schedule
 from specdecpp.engine.settings import DecodingSettings, default_schedule
+from specdecpp.engine.tree import check_tree_attention, grow_tree, verify_tree
 from specdecpp.head.model import LeanJudge
 
 
@@ -88,6 +90,9 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     input_ids = _check_input_ids(input_ids)
     settings.validate()
     settings.check_models(target, draft)
+    if settings.schedule_class.grows_tree:
+        check_tree_attention(target, "the target")
+        check_tree_attention(draft, "the draft")
     _check_attention_mask(input_ids, attention_mask)
     max_new_tokens = settings.max_new_tokens
     eos = eos_ids(generation_eos(target) if settings.eos_token_id is None else settings.eos_token_id)
@@ -112,28 +117,36 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
         while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
             policy.start_round()
             # A round emits up to k + 1 tokens: never draft past the length limit.
-            drafted, draft_probs = draft_round(draft_model, seq, policy, min(policy.max_draft(), remaining - 1),
-                                               processing.do_sample, generator, stats)
-            num_drafted = len(drafted)
-            num_verified = policy.verify_length(num_drafted)
-            drafted, draft_probs = drafted[:num_verified], draft_probs[:num_verified]
-            verify_start = time.perf_counter()
-            num_accepted, next_token = verify(target_model, seq, drafted, draft_probs, processing, generator)
-            stats.verify_time += time.perf_counter() - verify_start
+            longest = min(policy.max_draft(), remaining - 1)
+            if policy.grows_tree:
+                accepted, next_token, num_drafted = tree_round(target_model, draft_model, seq, policy, longest,
+                                                               processing, generator, stats)
+                num_verified, num_accepted = num_drafted, len(accepted)
+            else:
+                drafted, draft_probs = draft_round(draft_model, seq, policy, longest, processing.do_sample, generator,
+                                                   stats)
+                num_drafted = len(drafted)
+                num_verified = policy.verify_length(num_drafted)
+                drafted, draft_probs = drafted[:num_verified], draft_probs[:num_verified]
+                verify_start = time.perf_counter()
+                num_accepted, next_token = verify(target_model, seq, drafted, draft_probs, processing, generator)
+                stats.verify_time += time.perf_counter() - verify_start
+                accepted = drafted[:num_accepted]
             stats.target_calls += 1
             stats.accepted_lengths.append(num_accepted)
             stats.draft_lengths.append(num_drafted)
             stats.verified_lengths.append(num_verified)
             stats.discarded_tokens += num_drafted - num_accepted
             policy.end_round(num_verified, num_accepted)
-            new_tokens = trim_at_eos(drafted[:num_accepted] + [next_token], eos)
+            new_tokens = trim_at_eos(accepted + [next_token], eos)
             stop = processing.stop_length(seq, new_tokens)
             new_tokens = new_tokens[:stop]
             seq += new_tokens
             # Both caches keep everything but the last token, which the next round feeds.
-            target_model.crop(len(seq) - 1)
-            if draft_model is not None:
-                draft_model.crop(len(seq) - 1)
+            if not policy.grows_tree:
+                target_model.crop(len(seq) - 1)
+                if draft_model is not None:
+                    draft_model.crop(len(seq) - 1)
             if streamer is not None:
                 streamer.put(torch.tensor(new_tokens))
             if stop is not None or new_tokens[-1] in eos:
@@ -143,6 +156,24 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     stats.generated_length = len(seq) - prompt_length
     stats.wall_time = time.perf_counter() - start
     return SpeculativeOutput(torch.tensor([seq], dtype=torch.long, device=input_ids.device), stats)
+
+
+def tree_round(target_model: CachedModel, draft_model: EagerDraft, seq: list[int], policy: Schedule, longest: int,
+               processing: Processing, generator: torch.Generator | None,
+               stats: GenerationStats) -> tuple[list[int], int, int]:
+    """A token tree's round after `seq` (at most `longest` levels): grow the tree, verify it in one target forward,
+    and pack each cache's entries of the accepted path into place after `seq` (both caches then hold `seq` and the
+    path, less the token the next round feeds). Returns the accepted tokens, the target's token and the tree's size."""
+    tree = grow_tree(draft_model, seq, policy, longest, processing, generator, stats)
+    verify_start = time.perf_counter()
+    path, next_token = verify_tree(target_model, seq, tree, processing, generator)
+    stats.verify_time += time.perf_counter() - verify_start
+    prefix, kept = len(seq), len(path)
+    target_model.keep(prefix, [prefix + node for node in path], prefix + kept)
+    fed = {node: prefix + i for i, node in enumerate(tree.fed)}
+    in_draft = [fed[node] for node in itertools.takewhile(fed.__contains__, path)]
+    draft_model.keep(prefix, in_draft, prefix + len(in_draft))
+    return [tree.tokens[node] for node in path], next_token, len(tree)
 
 
 def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,

@@ -9,7 +9,7 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdecpp.compat import cache_kwargs, takes_logits_to_keep
+from specdecpp.compat import cache_kwargs, move_cache_positions, takes_logits_to_keep
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.sampling import DraftStep, draft_noise, proposed_token, widened
 from specdecpp.head.model import LeanJudge
@@ -79,17 +79,27 @@ class CachedModel:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` and (if
         `with_hidden_states`) the last layer's hidden state at the last position."""
         seen = self.cache.get_seq_length()
+        logits, hidden = self.run(seq[seen:], list(range(seen, len(seq))), None, num_logits, with_hidden_states)
+        return logits, hidden[-1] if hidden is not None else None
+
+    def run(self, tokens: list[int], positions: list[int], attention_mask: torch.Tensor | None, num_logits: int,
+            with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed `tokens` at `positions` after the cache (`attention_mask`: a 4D mask over the cache and them, None:
+        causal); the logits `[num_logits, vocab]` of the last `num_logits` of them and (if `with_hidden_states`)
+        the last layer's hidden states there `[num_logits, hidden]`."""
         # Explicit positions: models that number new tokens from the cache's own bookkeeping can miscount.
-        kwargs = {"input_ids": torch.tensor([seq[seen:]], device=self.device), **cache_kwargs(self.model, self.cache),
-                  "position_ids": torch.arange(seen, len(seq), device=self.device)[None]}
+        kwargs = {"input_ids": torch.tensor([tokens], device=self.device), **cache_kwargs(self.model, self.cache),
+                  "position_ids": torch.tensor([positions], device=self.device)}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
         if self.split:
             hidden = self.base_model(**kwargs).last_hidden_state[:, -num_logits:]
-            return self.output_layer(hidden)[0], hidden[0, -1]
+            return self.output_layer(hidden)[0], hidden[0]
         if self.logits_kwarg:
             kwargs[self.logits_kwarg] = num_logits
         if self.split is False:
             out = self.model(**kwargs, output_hidden_states=with_hidden_states)
-            return out.logits[0, -num_logits:], out.hidden_states[-1][0, -1] if with_hidden_states else None
+            return out.logits[0, -num_logits:], out.hidden_states[-1][0, -num_logits:] if with_hidden_states else None
         captured = []
         handle = self.base_model.register_forward_hook(lambda module, args, out: captured.append(out))
         try:
@@ -100,7 +110,12 @@ class CachedModel:
         base_hidden = getattr(captured[0], "last_hidden_state", None) if captured else None
         self.split = base_hidden is not None and torch.equal(base_hidden[:, -num_logits:], hidden) \
             and torch.equal(self.output_layer(hidden), logits)
-        return logits[0], hidden[0, -1]
+        return logits[0], hidden[0]
+
+    def keep(self, start: int, sources: list[int], length: int) -> None:
+        """Move the cache's positions `sources` to `start, start + 1, ...`, then keep its first `length`."""
+        move_cache_positions(self.cache, start, sources)
+        self.crop(length)
 
     def crop(self, length: int) -> None:
         extra = self.cache.get_seq_length() - length

@@ -14,7 +14,7 @@ import torch
 from specdecpp.engine.online import (MAX_LOG_ODDS, OnlineAcceptanceEstimator, best_verify_length, clamp_log_odds,
                                      log_odds)
 from specdecpp.engine.sampling import DraftStep
-from specdecpp.head.model import AcceptancePredictionHead
+from specdecpp.head.model import AcceptancePredictionHead, LeanJudge
 from specdecpp.costs import StepTimes
 
 SCHEDULES: dict[str, type[Schedule]] = {}
@@ -31,6 +31,7 @@ class Schedule:
     needs_step_times: ClassVar[bool] = False  # prices verifications with `settings.budget_step_times()`
     recalibrates: ClassVar[bool] = False  # takes `online=True`
     knows_target: ClassVar[bool] = False  # built with the target's own output (`draft_correct`)
+    grows_tree: ClassVar[bool] = False  # drafts a token tree (`tree.grow_tree`), not a chain
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -64,6 +65,11 @@ class Schedule:
     @classmethod
     def check_head(cls, settings) -> None:
         """ValueError unless `settings.head` suits this schedule (called with a head that fits the draft)."""
+
+    @classmethod
+    def prices_rounds(cls, settings) -> bool:
+        """Whether these settings price rounds with measured step times (`settings.budget_step_times()`)."""
+        return cls.needs_step_times
 
     def start_round(self) -> None:
         """A round starts (before its `max_draft` and first `stop_after`)."""
@@ -354,6 +360,175 @@ class AdaBudget(VerifyBudget):
             # A reader head judges y_j only from the step that drafts y_{j+1}: a block's last token would go unscored.
             raise ValueError("schedule 'ada-budget' needs a proposer head, which scores every drafted token of the "
                              "block when it drafts it; this head is a reader")
+
+
+MAX_TREE_NODES = 64  # the most nodes a tree round drafts (`tree_nodes`)
+
+
+class TreeSchedule(Schedule):
+    """A token tree's policy (`tree.grow_tree` drives it): each expanded node proposes `width` children, scored by
+    `score_children` (P(accept) given that the earlier siblings were not); a level adds the `width` most valuable
+    candidates, and a node is expanded while its path's estimated acceptance keeps `1 - value <= stop_threshold`
+    (at least `min` levels, at most `max`: `bound`), in at most `tree_nodes` nodes. `tree_nodes="auto"` admits a
+    candidate only while its value pays for the verification's growth at the round's expected tokens per
+    millisecond (`times`), and expands a level only while its nodes' values pay for a draft step."""
+
+    grows_tree = True
+
+    def __init__(self, width: int, tree_nodes: int | str, stop_threshold: float, bound: tuple[int, int],
+                 do_sample: bool, times: StepTimes | None = None):
+        self.width, self.stop_threshold, self.do_sample, self.times = width, stop_threshold, do_sample, times
+        self.auto = tree_nodes == "auto"
+        self.nodes = MAX_TREE_NODES if self.auto else tree_nodes
+        self.min_draft, self.max_k = bound
+        self.levels = 0
+
+    @classmethod
+    def prices_rounds(cls, settings) -> bool:
+        return settings.tree_nodes == "auto"
+
+    @classmethod
+    def check(cls, settings, name):
+        if settings.compile:
+            raise ValueError(f"schedule {settings.schedule!r} drafts a token tree, which the compiled engine does not "
+                             f"run: decode it with {name('compile')}=False")
+
+    def start_round(self) -> None:
+        self.levels = 0
+
+    def max_draft(self) -> int:
+        return self.max_k
+
+    def max_nodes(self) -> int:
+        return self.nodes
+
+    def score_children(self, logits: torch.Tensor, probs: torch.Tensor, raw_probs: torch.Tensor | None,
+                       state: torch.Tensor | None, tokens: list[int]) -> list[float]:
+        """Each child's P(accept), given that its earlier siblings were not accepted."""
+        raise NotImplementedError
+
+    def valued(self, candidates: list, parent_value: float) -> list:
+        """`candidates` (one node's children, in draw order) with their `path_value` and `value`. Sampling ranks a
+        child by its chance of being tried, which its own token does not enter: which siblings the target sees
+        must not depend on them, or recursive rejection sampling would not follow the target's distribution."""
+        reach = parent_value
+        for candidate in candidates:
+            candidate.path_value = (reach if self.do_sample else parent_value) * candidate.score
+            candidate.value = reach if self.do_sample else candidate.path_value
+            reach *= 1.0 - candidate.score
+        return candidates
+
+    def choose(self, pool: list, tree) -> list:
+        """The candidates of `pool` this level adds to `tree`: the most valuable, at most `width` and the room
+        left, a child only after its earlier siblings when sampling."""
+        self.levels += 1
+        chosen, taken = [], set()
+        present = {(parent, rank) for parent, kids in tree.children.items() for rank in range(len(kids))}
+        expected = 1.0 + sum(tree.path_values)
+        for candidate in sorted(pool, key=lambda c: (-c.value, c.rank)):
+            if len(chosen) == min(self.width, self.nodes - len(tree)):
+                break
+            if self.do_sample and candidate.rank and (candidate.parent, candidate.rank - 1) not in present | taken:
+                continue
+            if self.auto and not self._pays(candidate.value, expected, len(tree) + len(chosen)):
+                break
+            chosen.append(candidate)
+            taken.add((candidate.parent, candidate.rank))
+            expected += candidate.path_value
+        return chosen
+
+    def expands(self, tree, node: int) -> bool:
+        value = tree.path_values[node]
+        if self.auto and not self._pays(value, 1.0 + sum(tree.path_values), len(tree), draft=True):
+            return False
+        return tree.depths[node] < self.min_draft or 1.0 - value <= self.stop_threshold
+
+    def _pays(self, value: float, expected: float, num_nodes: int, draft: bool = False) -> bool:
+        """Whether `value` expected tokens pay for one more node (or, `draft`, one more draft step) at the rate of
+        `expected` tokens over the round's price with `num_nodes` nodes."""
+        spent = self.times.tree_round_ms(self.levels, num_nodes)
+        extra = self.times.draft_ms[min(self.levels, len(self.times.draft_ms) - 1)] if draft \
+            else self.times.verify_at(num_nodes + 1) - self.times.verify_at(num_nodes)
+        return value * spent >= expected * extra
+
+
+class AdaTree(TreeSchedule):
+    """`ada-tree`: a token tree scored by a proposer head. A head of features judges each child from the
+    parent's state; a head of the state alone gives the first child its judgement and shares the rest of the
+    rejection mass among the others by their draft probabilities."""
+
+    name = "ada-tree"
+    needs_head = True
+
+    def __init__(self, head: AcceptancePredictionHead, width: int, tree_nodes: int | str, stop_threshold: float,
+                 bound: tuple[int, int], do_sample: bool, times: StepTimes | None = None):
+        super().__init__(width, tree_nodes, stop_threshold, bound, do_sample, times)
+        self.judge = LeanJudge(head)
+        self.by_features = bool(head.features)
+
+    @classmethod
+    def from_settings(cls, settings, draft_correct=None):
+        threshold = settings.head.resolve_stop_threshold(settings.stop_threshold, settings.step_times)
+        times = settings.budget_step_times() if cls.prices_rounds(settings) else None
+        return cls(settings.head, settings.tree_width, settings.tree_nodes, threshold, tuple(settings.bound),
+                   settings.do_sample, times)
+
+    @classmethod
+    def check_head(cls, settings):
+        if settings.head.alignment != "proposer":
+            raise ValueError("schedule 'ada-tree' needs a proposer head, which judges each child from the state that "
+                             "proposes it; this head is a reader")
+        settings.head.resolve_stop_threshold(settings.stop_threshold)
+
+    def score_children(self, logits, probs, raw_probs, state, tokens):
+        judge = self.judge
+        if self.by_features:
+            count = len(tokens)
+            scores = judge(state.expand(count, -1) if state is not None else None, logits.expand(count, -1),
+                           torch.tensor(tokens, device=logits.device),
+                           raw_probs.expand(count, -1) if raw_probs is not None else None)
+            return scores.tolist()
+        first = float(judge(state, logits, torch.tensor(tokens[0], device=logits.device), raw_probs))
+        rest = draft_scores(probs, tokens, self.do_sample)[1:]
+        if not self.do_sample and rest:
+            others = sum(rest)
+            rest = [(1.0 - first) * score / others if others > 0 else 0.0 for score in rest]
+        return [first] + rest
+
+
+class ConfidenceTree(TreeSchedule):
+    """`confidence-tree`: a token tree scored by the draft's own probabilities (EAGLE-2's and DySpec's rule)."""
+
+    name = "confidence-tree"
+
+    @classmethod
+    def from_settings(cls, settings, draft_correct=None):
+        times = settings.budget_step_times() if cls.prices_rounds(settings) else None
+        return cls(settings.tree_width, settings.tree_nodes, settings.stop_threshold, tuple(settings.bound),
+                   settings.do_sample, times)
+
+    @classmethod
+    def check(cls, settings, name):
+        super().check(settings, name)
+        if settings.stop_threshold == "auto":
+            raise ValueError(f"schedule 'confidence-tree' has no stored threshold: give {name('stop_threshold')} a "
+                             "number")
+
+    def score_children(self, logits, probs, raw_probs, state, tokens):
+        return draft_scores(probs, tokens, self.do_sample)
+
+
+def draft_scores(probs: torch.Tensor, tokens: list[int], do_sample: bool) -> list[float]:
+    """The draft's estimate of each child's P(accept) given that the earlier siblings were not: its probability,
+    renormalised (sampling) over what the earlier draws left."""
+    chosen = probs[tokens].double().tolist()
+    if not do_sample:
+        return chosen
+    scores, left = [], 1.0
+    for q in chosen:
+        scores.append(min(q / left, 1.0) if left > 0 else 0.0)
+        left -= q
+    return scores
 
 
 class Oracle(Schedule):

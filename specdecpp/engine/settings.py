@@ -11,7 +11,7 @@ from specdecpp.checks import check_can_roll_back, check_head_fits_draft, check_s
 from specdecpp.costs import StepTimes
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIELDS
-from specdecpp.engine.schedules import SCHEDULES, Schedule
+from specdecpp.engine.schedules import MAX_TREE_NODES, SCHEDULES, Schedule
 from specdecpp.head.model import AcceptancePredictionHead
 
 
@@ -30,6 +30,8 @@ class DecodingSettings:
     online: bool = False
     estimator: OnlineAcceptanceEstimator | None = None
     step_times: StepTimes | None = None
+    tree_nodes: int | str = "auto"
+    tree_width: int = 4
     max_new_tokens: int = 128
     do_sample: bool = False
     temperature: float = 1.0
@@ -77,6 +79,12 @@ class DecodingSettings:
                 or bound[1] < 1:
             raise ValueError(f"{name('bound')} must be (min, max) integers with 0 <= min <= max and max >= 1, "
                              f"got {tuple(bound)}")
+        if self.tree_nodes != "auto" and not (isinstance(self.tree_nodes, int) and 1 <= self.tree_nodes
+                                              <= MAX_TREE_NODES):
+            raise ValueError(f"{name('tree_nodes')} must be an int in [1, {MAX_TREE_NODES}] or 'auto', "
+                             f"got {self.tree_nodes!r}")
+        if not isinstance(self.tree_width, int) or not 1 <= self.tree_width <= MAX_TREE_NODES:
+            raise ValueError(f"{name('tree_width')} must be an int in [1, {MAX_TREE_NODES}], got {self.tree_width!r}")
         if schedule is None:
             return
         policy = self.schedule_class
@@ -111,7 +119,7 @@ class DecodingSettings:
                                  "(head=AcceptancePredictionHead...)")
             check_head_fits_draft(self.head.hidden_size, hidden_size(draft.config))
             policy.check_head(self)
-        if policy.needs_step_times:
+        if policy.prices_rounds(self):
             self.budget_step_times()
 
     def budget_step_times(self) -> StepTimes:
@@ -122,7 +130,7 @@ class DecodingSettings:
         selection = (self.head.threshold_selection if self.head is not None else None) or {}
         stored = selection.get("judged_step_times" if self.schedule_class.needs_head else "step_times")
         if stored is None:
-            raise ValueError(f"schedule {self.schedule!r} prices each verified length with measured step times, and "
+            raise ValueError(f"schedule {self.schedule!r} prices its rounds with measured step times, and "
                              "none were given: pass step_times=StepTimes(...) (specdecpp.measuring.step_timing."
                              "measure_costs times this pair; specdecpp.head.folder.stored_step_times reads those a "
                              "head folder stores), or a head whose threshold selection stores them")

@@ -1,0 +1,194 @@
+"""Token trees: the mask gives every node its path's logits, the caches keep the accepted path as if fed alone,
+a tree of width 1 is the chain, the output is the target's (greedy) or follows its distribution (sampling), and
+bad input fails clearly."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import HIDDEN, tiny_llama
+from test_decoding import (BUDGET_TIMES, chi_square_pvalue, exact_first_two_token_distribution, prompts,
+                           random_proposer, target_greedy)
+from transformers import LlamaForCausalLM
+
+from specdecpp import AcceptancePredictionHead, speculative_generate
+from specdecpp.engine.decoding import GenerationStats, tree_round
+from specdecpp.engine.draft_step import CachedModel, EagerDraft
+from specdecpp.engine.processing import sampling_only
+from specdecpp.engine.sampling import make_warpers
+from specdecpp.engine.schedules import MAX_TREE_NODES, AdaTree, ConfidenceTree
+from specdecpp.engine.tree import ROOT, Candidate, TokenTree, tree_attention_mask
+from specdecpp.head.model import LeanJudge
+
+TREE_SCHEDULES = ("ada-tree", "confidence-tree")
+
+
+def tree_of(parents: list[int], tokens: list[int]) -> TokenTree:
+    tree = TokenTree()
+    for parent, token in zip(parents, tokens):
+        tree.add(Candidate(parent, 0, token, 1.0))
+    return tree
+
+
+def test_the_mask_gives_every_node_the_logits_of_its_path_alone(tiny_pair):
+    target, _ = tiny_pair
+    seq = [5, 9, 2, 7]
+    tree = tree_of([ROOT, ROOT, 0, 0, 2, 1], [11, 12, 13, 14, 15, 16])
+    model = CachedModel(target)
+    model.forward(seq[:-1], num_logits=1)
+    prefix = len(seq)
+    mask = tree_attention_mask(tree, list(range(len(tree))), {}, prefix, prefix, target.dtype, target.device)
+    causal = torch.zeros(1, 1, 1, prefix + len(tree), dtype=target.dtype)
+    causal[..., prefix:] = torch.finfo(target.dtype).min
+    positions = [prefix - 1] + [prefix - 1 + depth for depth in tree.depths]
+    logits, _ = model.run(seq[-1:] + tree.tokens, positions, torch.cat([causal, mask], dim=2), len(tree) + 1)
+    with torch.no_grad():
+        for row, node in enumerate([None, *range(len(tree))]):
+            path = seq + (tree.path_tokens(node) if node is not None else [])
+            alone = target(input_ids=torch.tensor([path])).logits[0, -1]
+            torch.testing.assert_close(logits[row], alone, rtol=1e-9, atol=1e-9)
+
+
+def cache_tensors(model: CachedModel) -> list[torch.Tensor]:
+    return [t for layer in model.cache.layers for t in (layer.keys, layer.values)]
+
+
+@pytest.mark.parametrize("schedule", TREE_SCHEDULES)
+def test_after_a_round_each_cache_is_that_of_the_accepted_path_alone(tiny_pair, schedule):
+    target, draft = tiny_pair
+    head = random_proposer()
+    policy = ConfidenceTree(3, 8, 0.9, (1, 4), False) if schedule == "confidence-tree" \
+        else AdaTree(head, 3, 8, 0.9, (1, 4), False)
+    processing = sampling_only(False)
+    for prompt in prompts(4, seed=3):
+        seq = prompt[0].tolist()
+        target_model = CachedModel(target)
+        draft_model = EagerDraft(draft, processing, LeanJudge(head) if schedule == "ada-tree" else None)
+        policy.start_round()
+        accepted, token, size = tree_round(target_model, draft_model, seq, policy, 4, processing, None,
+                                           GenerationStats())
+        assert size >= len(accepted)
+        kept = seq + accepted
+        for stepped, model in ((target_model, target), (draft_model, draft)):
+            alone = CachedModel(model)
+            alone.forward(kept[:stepped.cache.get_seq_length()], num_logits=1)
+            assert stepped.cache.get_seq_length() >= len(seq)
+            for packed, fed in zip(cache_tensors(stepped), cache_tensors(alone)):
+                torch.testing.assert_close(packed, fed, rtol=1e-9, atol=1e-9)
+        assert target_model.cache.get_seq_length() == len(kept)
+        # Greedy: the accepted path and the added token are the target's own continuation.
+        assert kept + [token] == target_greedy(target, prompt, len(accepted) + 1)[0].tolist()
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_tree_of_width_one_drafts_the_chain_of_ada(tiny_pair, do_sample):
+    target, draft = tiny_pair
+    head = random_proposer()
+    for prompt in prompts(4, seed=1):
+        runs = []
+        for schedule in ("ada", "ada-tree"):
+            extra = dict(tree_width=1, tree_nodes=MAX_TREE_NODES) if schedule == "ada-tree" else {}
+            out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, stop_threshold=0.5,
+                                       bound=(1, 6), max_new_tokens=30, do_sample=do_sample,
+                                       generator=torch.Generator().manual_seed(7), **extra)
+            runs.append((out.sequences.tolist(), out.stats.draft_lengths, out.stats.accepted_lengths,
+                         out.stats.draft_calls))
+        assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("schedule", TREE_SCHEDULES)
+@pytest.mark.parametrize("tree_nodes,tree_width", [(6, 3), ("auto", 2), (1, 4)])
+def test_greedy_trees_equal_target_generate(tiny_pair, schedule, tree_nodes, tree_width):
+    target, draft = tiny_pair
+    head = random_proposer() if schedule == "ada-tree" else None
+    sizes = set()
+    for prompt, max_new_tokens in [(p, n) for p in prompts(5, seed=4) for n in (1, 13, 40)]:
+        out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, stop_threshold=0.6,
+                                   bound=(1, 5), tree_nodes=tree_nodes, tree_width=tree_width,
+                                   step_times=BUDGET_TIMES, max_new_tokens=max_new_tokens)
+        assert torch.equal(out.sequences, target_greedy(target, prompt, max_new_tokens)), (prompt, max_new_tokens)
+        sizes.update(out.stats.draft_lengths)
+    assert len(sizes) > 1 or tree_nodes == 1
+
+
+def features_head(seed: int = 0) -> AcceptancePredictionHead:
+    """A proposer head of features whose judgement varies with the token judged (so siblings score apart)."""
+    return random_proposer(HIDDEN, ("log_q", "margin", "log_rank"), seed=seed)
+
+
+@pytest.mark.parametrize("schedule,settings", [
+    ("ada-tree", dict(top_k=5)),
+    pytest.param("confidence-tree", dict(temperature=0.8), marks=pytest.mark.slow),
+    pytest.param("ada-tree", dict(), marks=pytest.mark.slow),
+])
+def test_sampled_trees_follow_the_target_distribution(small_vocab_pair, schedule, settings):
+    target, draft = small_vocab_pair
+    prompt = torch.tensor([[1, 4, 2]])
+    head = features_head() if schedule == "ada-tree" else None
+    generator = torch.Generator().manual_seed(0)
+    samples, sizes = [], set()
+    for _ in range(1000):
+        out = speculative_generate(target, draft, prompt, schedule=schedule, head=head, bound=(1, 3),
+                                   stop_threshold=0.8, tree_nodes=5, tree_width=3, max_new_tokens=2, do_sample=True,
+                                   generator=generator, **settings)
+        samples.append(tuple(out.sequences[0, 3:5].tolist()))
+        sizes.update(out.stats.draft_lengths)
+    assert len(sizes) > 1
+    warpers = make_warpers(**settings)
+    assert chi_square_pvalue(samples, exact_first_two_token_distribution(target, prompt, warpers)) > 1e-3
+    assert chi_square_pvalue(samples, exact_first_two_token_distribution(draft, prompt, warpers)) < 1e-6
+
+
+class IgnoresTheMask(LlamaForCausalLM):
+    """A model that drops the attention mask it is given (as one that cannot take a 4D mask would)."""
+
+    def forward(self, *args, attention_mask=None, **kwargs):
+        return super().forward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(tree_nodes=0), "tree_nodes must be an int in"),
+    (dict(tree_nodes=MAX_TREE_NODES + 1), "tree_nodes must be an int in"),
+    (dict(tree_nodes="many"), "tree_nodes must be an int in"),
+    (dict(tree_width=0), "tree_width must be an int in"),
+    (dict(compile=True), "compile=False"),
+    (dict(head=AcceptancePredictionHead(HIDDEN, 1)), "needs a proposer head"),
+    (dict(schedule="confidence-tree", stop_threshold="auto"), "confidence-tree' has no stored threshold"),
+    (dict(schedule="confidence-tree", tree_nodes="auto", step_times=None), "step_times=StepTimes"),
+    (dict(target="ignores-mask"), "does not honour a 4D attention mask"),
+])
+def test_bad_tree_input_fails_clearly(tiny_pair, change, message):
+    target, draft = tiny_pair
+    kwargs = dict(schedule="ada-tree", head=random_proposer(), stop_threshold=0.5, tree_nodes=8,
+                  step_times=BUDGET_TIMES) | change
+    if kwargs.get("target") == "ignores-mask":
+        kwargs["target"] = IgnoresTheMask(target.config).to(target.dtype).eval()
+        kwargs["target"].load_state_dict(target.state_dict())
+    with pytest.raises(ValueError, match=message):
+        speculative_generate(kwargs.pop("target", target), draft, torch.tensor([[1, 2, 3]]), max_new_tokens=4,
+                             **kwargs)
+
+
+def test_auto_tree_nodes_grow_with_flat_verification_prices(tiny_pair):
+    """Where a verification costs the same at every length (a GPU's), `auto` fills trees to the budget's width;
+    where it grows steeply, it admits fewer nodes."""
+    from specdecpp.costs import StepTimes
+
+    target, draft = tiny_pair
+    flat = StepTimes(draft_ms=[0.05] * 8, verify_ms=[1.0] * 9, target_alone_ms=1.0)
+    steep = StepTimes(draft_ms=[0.05] * 8, verify_ms=[1.0 + 2.0 * k for k in range(9)], target_alone_ms=1.0)
+    sizes = {}
+    for name, times in (("flat", flat), ("steep", steep)):
+        out = speculative_generate(target, draft, prompts(1, seed=9)[0], schedule="confidence-tree",
+                                   stop_threshold=0.9, bound=(1, 4), tree_width=3, step_times=times, max_new_tokens=30)
+        sizes[name] = sum(out.stats.draft_lengths) / len(out.stats.draft_lengths)
+    assert sizes["flat"] > sizes["steep"]
+
+
+def test_tiny_llama_in_float32_too():
+    """The float32 path (the zoo pair's dtype) keeps greedy identity."""
+    target = tiny_llama(seed=2, dtype=torch.float32)
+    draft = tiny_llama(seed=2, dtype=torch.float32, num_layers=1)
+    for prompt in prompts(3, seed=6):
+        out = speculative_generate(target, draft, prompt, schedule="confidence-tree", stop_threshold=0.9,
+                                   tree_nodes=8, max_new_tokens=20)
+        assert torch.equal(out.sequences, target_greedy(target, prompt, 20))
