@@ -344,15 +344,12 @@ def test_time_breakdown_prices_rounds_judgements_and_the_target_alone():
 def test_time_breakdown_times_the_prefill_on_the_engines_of_the_generations_it_prices(tiny_pair, monkeypatch):
     """Given `max_length`, the prefill runs on the compiled engines of generations that long (512 tokens here), not
     on those its own short prompt would take (256)."""
-    from specdecpp.measuring.step_timing import StepProbe
+    from specdecpp.costs import StepTimes
     monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
     target, draft = tiny_pair
-    context = torch.tensor([[5, 9, 17, 3]])
-    probe = StepProbe(target, draft, context, max_draft=2, warmup=0, compile=True, max_length=300)
-    probe.sample()
-    monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
-    to_target, to_draft = load_benchmark("time_breakdown").prefill_extra_ms(target, draft, context, probe.times(),
-                                                                            compile=True, max_length=300)
+    times = StepTimes(draft_ms=[1.0], verify_ms=[2.0], target_alone_ms=2.0)
+    to_target, to_draft = load_benchmark("time_breakdown").prefill_extra_ms(target, draft, torch.tensor([[5, 9, 17, 3]]),
+                                                                            times, compile=True, max_length=300)
     assert math.isfinite(to_target) and math.isfinite(to_draft)
     assert {capacity for model in (target, draft) for _, capacity in compiled._engines[model]} == {512}
 
