@@ -4,13 +4,15 @@
    `target.generate`'s (a difference where the target's top-two logits are within
    `metrics.NEAR_TIE_MARGIN` is named a near-tie), and ms/token beside what its counts predict,
    methods interleaved with `target.generate` (`time_breakdown.breakdown`).
-2. Where a compiled round's time goes: a profiler summary of `ada` and `dynamic` generations (the
+2. Token trees against chains on the zoo pair, eager (`token_tree.py`): tokens per target call and ms/token
+   beside what the counts predict.
+3. Where a compiled round's time goes: a profiler summary of `ada` and `dynamic` generations (the
    top operators, the host syncs per generated token, a verification's ms in the generation) and of
    one pass of the step probe that prices `auto` (its verifications' ms beside the generations').
-3. Which compiled draft steps of real generations run over the step probe's price: each timed by its place
+4. Which compiled draft steps of real generations run over the step probe's price: each timed by its place
    in the round and the tokens it feeds the draft (two after a round accepted whole); draft steps and
    verifications by their round's place in the generation.
-4. Step times, compile seconds and GPU busy time of random-weight pairs of real shapes, compiled
+5. Step times, compile seconds and GPU busy time of random-weight pairs of real shapes, compiled
    (`compiled_steps.time_pair`: a SmolLM2-135M-shaped draft with a 1.7B-shaped target and, asked,
    an 8B-shaped one).
 
@@ -36,6 +38,7 @@ import traceback
 from pathlib import Path
 
 import compiled_steps
+import token_tree
 import torch
 from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, rotated, warm_up
 from time_breakdown import breakdown, format_breakdown, head_bound, methods, typical_context
@@ -122,7 +125,7 @@ def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, en
 
 
 # About what each section takes on one H200 (the 8B-shaped pair's a guess).
-SECTION_SECONDS = {"zoo": 230, "profile": 20, "draft-steps": 30, "shapes-1.7b": 200, "shapes-8b": 300, "shapes-tiny": 0}
+SECTION_SECONDS = {"zoo": 230, "trees": 120, "profile": 20, "draft-steps": 30, "shapes-1.7b": 200, "shapes-8b": 300, "shapes-tiny": 0}
 PROFILED = (("float32", "compiled", "ada@auto"), ("float32", "compiled", "dynamic@0.4"))
 
 
@@ -387,6 +390,15 @@ def main(argv: list[str] | None = None) -> dict:
                       for name, r in result["identity"].items()]
             return "\n".join(lines) + "\n\n" + format_breakdown(result), result
         section(f"zoo-{dtype} pair", zoo, SECTION_SECONDS["zoo"])
+
+    def trees():
+        report = token_tree.main(["--device", args.device, "--head", args.head, "--n_begin", "1",
+                                  "--n_end", str(prompts), "--max_new_tokens", str(max_new_tokens)]
+                                 + (["--confidences", "0.4", "--constants", "3", "--tree_confidences", "0.9"]
+                                    if args.quick else []))
+        return (f"token trees against chains, eager (`benchmarks/token_tree.py`), {prompts - 1} stdlib-heldout prompts, "
+                f"{max_new_tokens} tokens, greedy, predicted at {report['step_times']}\n\n{report['table']}"), report
+    section("trees of tokens", trees, SECTION_SECONDS["trees"])
 
     def profiled():
         runs = (("float32", engines[-1], "ada@auto"),) if args.quick else PROFILED

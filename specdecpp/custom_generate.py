@@ -51,6 +51,8 @@ def hf_generate(
     online: bool = False,
     estimator: OnlineAcceptanceEstimator | None = None,
     step_times: StepTimes | None = None,
+    tree_nodes: int | str | None = None,
+    tree_width: int | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """The SpecDec++ loop as a `custom_generate` callable. `head` is a head or a folder / Hub id;
@@ -69,11 +71,13 @@ def hf_generate(
         raise ValueError("SpecDec++ needs the draft model: pass draft=... with custom_generate=hf_generate "
                          "(transformers does not hand assistant_model to a custom_generate callable), or "
                          "assistant_model=... with custom_generate=<head folder or Hub id>")
-    if stop_threshold is None and head is not None and head.stop_threshold is not None and schedule in (None, "ada"):
+    if stop_threshold is None and head is not None and head.stop_threshold is not None \
+            and schedule in (None, "ada", "ada-tree"):
         stop_threshold = "auto"
         bound = bound if bound is not None else (head.threshold_selection or {}).get("bound")
-    knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None}
-    if stop_threshold == "auto" and schedule in (None, "ada") and step_times is None:
+    knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None,
+             "tree_nodes": tree_nodes, "tree_width": tree_width}
+    if stop_threshold == "auto" and schedule in (None, "ada", "ada-tree") and step_times is None:
         step_times = auto_step_times(head, model, draft, compile)
     eos = config.eos_token_id
     settings = DecodingSettings(

@@ -25,6 +25,7 @@ def load_benchmark(name: str):
         sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as when imported: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -168,7 +169,7 @@ def check_gpu_check(tmp_path, engines: list[str]) -> dict:
                                                 "--out", str(tmp_path)])
     summary = (tmp_path / "summary.md").read_text()
     assert "failed" not in summary and "skipped" not in summary, summary
-    for section in ("zoo-float32 pair", "profile of a round", "shapes-tiny pair"):
+    for section in ("zoo-float32 pair", "trees of tokens", "profile of a round", "shapes-tiny pair"):
         assert section in written and (tmp_path / f"{section.split()[0].lower()}.json").exists()
     identity = written["zoo-float32 pair"]["identity"]
     assert {f"{engine} {name}" for engine in engines for name in ("target alone", "dynamic@0.4", "ada@auto")} \
@@ -181,6 +182,23 @@ def check_gpu_check(tmp_path, engines: list[str]) -> dict:
         parts = row["predicted_verify_ms_per_token"] + row["predicted_draft_ms_per_token"]  # the rest: round overheads
         assert parts == pytest.approx(row["predicted_ms_per_token"]) if alone else 0 < parts < row["predicted_ms_per_token"]
     return written
+
+
+def test_token_tree_compares_trees_with_chains_on_the_target_s_own_output(tmp_path):
+    """Every method's output is checked against the target alone inside the run; each row's counts add up and the
+    oracle chain needs the fewest target calls of the chains."""
+    report = load_benchmark("token_tree").main(["--n_begin", "1", "--n_end", "3", "--max_new_tokens", "16",
+                                                "--confidences", "0.4", "--constants", "3", "--tree_nodes", "4",
+                                                "--tree_confidences", "0.9", "--output_json", str(tmp_path / "t.json")])
+    rows = {row["method"]: row for row in report["methods"]}
+    assert {"oracle", "dynamic@0.4", "constant@K=3"} <= set(rows) and any(m.startswith("ada-tree") for m in rows)
+    for row in rows.values():
+        assert row["tokens"] == 32 and row["tokens_per_target_call"] >= 1 and row["predicted_ms_per_token"] > 0
+        assert row["mean_accepted"] <= row["mean_drafted"]
+    assert all(rows["oracle"]["tokens_per_target_call"] >= row["tokens_per_target_call"]
+               for name, row in rows.items() if "tree" not in name)
+    assert all(row["mean_drafted"] <= 4 for name, row in rows.items() if "tree" in name)
+    assert (tmp_path / "t.md").read_text().startswith("| method |")
 
 
 def test_gpu_check_log_keeps_inductors_warnings_and_when_each_cuda_graph_was_recorded():

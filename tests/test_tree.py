@@ -16,7 +16,8 @@ from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.sampling import make_warpers
 from specdecpp.engine.schedules import MAX_TREE_NODES, AdaTree, ConfidenceTree
-from specdecpp.engine.tree import ROOT, Candidate, TokenTree, tree_attention_mask
+from specdecpp.engine.schedules import ROOT
+from specdecpp.engine.tree import Candidate, TokenTree, tree_attention_mask
 from specdecpp.head.model import LeanJudge
 
 TREE_SCHEDULES = ("ada-tree", "confidence-tree")
@@ -36,7 +37,7 @@ def test_the_mask_gives_every_node_the_logits_of_its_path_alone(tiny_pair):
     model = CachedModel(target)
     model.forward(seq[:-1], num_logits=1)
     prefix = len(seq)
-    mask = tree_attention_mask(tree, list(range(len(tree))), {}, prefix, prefix, target.dtype, target.device)
+    mask = tree_attention_mask(tree, prefix, target.dtype, target.device)
     causal = torch.zeros(1, 1, 1, prefix + len(tree), dtype=target.dtype)
     causal[..., prefix:] = torch.finfo(target.dtype).min
     positions = [prefix - 1] + [prefix - 1 + depth for depth in tree.depths]

@@ -164,13 +164,12 @@ def tree_round(target_model: CachedModel, draft_model: EagerDraft, seq: list[int
     """A token tree's round after `seq` (at most `longest` levels): grow the tree, verify it in one target forward,
     and pack each cache's entries of the accepted path into place after `seq` (both caches then hold `seq` and the
     path, less the token the next round feeds). Returns the accepted tokens, the target's token and the tree's size."""
-    tree = grow_tree(draft_model, seq, policy, longest, processing, generator, stats)
+    tree, fed = grow_tree(draft_model, seq, policy, longest, processing, generator, stats)
     verify_start = time.perf_counter()
     path, next_token = verify_tree(target_model, seq, tree, processing, generator)
     stats.verify_time += time.perf_counter() - verify_start
     prefix, kept = len(seq), len(path)
     target_model.keep(prefix, [prefix + node for node in path], prefix + kept)
-    fed = {node: prefix + i for i, node in enumerate(tree.fed)}
     in_draft = [fed[node] for node in itertools.takewhile(fed.__contains__, path)]
     draft_model.keep(prefix, in_draft, prefix + len(in_draft))
     return [tree.tokens[node] for node in path], next_token, len(tree)

@@ -362,16 +362,18 @@ class AdaBudget(VerifyBudget):
                              "block when it drafts it; this head is a reader")
 
 
-MAX_TREE_NODES = 64  # the most nodes a tree round drafts (`tree_nodes`)
+MAX_TREE_NODES = 64  # the most nodes a tree round verifies (`tree_nodes`)
+ROOT = -1  # a token tree's root: the last verified token, parent of the first level
 
 
 class TreeSchedule(Schedule):
     """A token tree's policy (`tree.grow_tree` drives it): each expanded node proposes `width` children, scored by
-    `score_children` (P(accept) given that the earlier siblings were not); a level adds the `width` most valuable
-    candidates, and a node is expanded while its path's estimated acceptance keeps `1 - value <= stop_threshold`
-    (at least `min` levels, at most `max`: `bound`), in at most `tree_nodes` nodes. `tree_nodes="auto"` admits a
-    candidate only while its value pays for the verification's growth at the round's expected tokens per
-    millisecond (`times`), and expands a level only while its nodes' values pay for a draft step."""
+    `score_children` (P(accept) given that the earlier siblings were not); each level expands the `width` most
+    valuable of the newest candidates whose path's estimated acceptance keeps `1 - value <= stop_threshold` (at
+    least `min` levels, at most `max`: `bound`); the target verifies the most valuable candidates, at most
+    `tree_nodes`. `tree_nodes="auto"` keeps a candidate only while its value pays for the verification's growth at
+    the round's expected tokens per millisecond (`times`), and expands a level only while its values pay for a
+    draft step."""
 
     grows_tree = True
 
@@ -381,7 +383,6 @@ class TreeSchedule(Schedule):
         self.auto = tree_nodes == "auto"
         self.nodes = MAX_TREE_NODES if self.auto else tree_nodes
         self.min_draft, self.max_k = bound
-        self.levels = 0
 
     @classmethod
     def prices_rounds(cls, settings) -> bool:
@@ -393,14 +394,8 @@ class TreeSchedule(Schedule):
             raise ValueError(f"schedule {settings.schedule!r} drafts a token tree, which the compiled engine does not "
                              f"run: decode it with {name('compile')}=False")
 
-    def start_round(self) -> None:
-        self.levels = 0
-
     def max_draft(self) -> int:
         return self.max_k
-
-    def max_nodes(self) -> int:
-        return self.nodes
 
     def score_children(self, logits: torch.Tensor, probs: torch.Tensor, raw_probs: torch.Tensor | None,
                        state: torch.Tensor | None, tokens: list[int]) -> list[float]:
@@ -418,38 +413,51 @@ class TreeSchedule(Schedule):
             reach *= 1.0 - candidate.score
         return candidates
 
-    def choose(self, pool: list, tree) -> list:
-        """The candidates of `pool` this level adds to `tree`: the most valuable, at most `width` and the room
-        left, a child only after its earlier siblings when sampling."""
-        self.levels += 1
-        chosen, taken = [], set()
-        present = {(parent, rank) for parent, kids in tree.children.items() for rank in range(len(kids))}
-        expected = 1.0 + sum(tree.path_values)
-        for candidate in sorted(pool, key=lambda c: (-c.value, c.rank)):
-            if len(chosen) == min(self.width, self.nodes - len(tree)):
+    def expand(self, newest: list, drafted: list, levels: int) -> list[int]:
+        """Which of the newest level's candidates the next draft forward expands: the `width` most valuable whose
+        path value keeps the product rule going, while a node of theirs could still enter the tree (and, `auto`,
+        their values pay for the draft step)."""
+        order = sorted(range(len(newest)), key=lambda i: (-newest[i].path_value, newest[i].rank))[:self.width]
+        picked = [i for i in order if newest[i].depth < self.min_draft
+                  or 1.0 - newest[i].path_value <= self.stop_threshold]
+        if not picked:
+            return []
+        best = newest[picked[0]].path_value
+        if sum(candidate.value > best for candidate in drafted) >= self.nodes:
+            return []
+        if self.auto:
+            chosen = [drafted[i] for i in self.select(drafted, levels)]
+            expected = 1.0 + sum(candidate.path_value for candidate in chosen)
+            spent = self.times.tree_round_ms(levels, len(chosen))
+            step = self.times.draft_ms[min(levels, len(self.times.draft_ms) - 1)]
+            if sum(newest[i].path_value for i in picked) * spent < expected * step:
+                return []
+        return picked
+
+    def select(self, drafted: list, levels: int) -> list[int]:
+        """The drafted candidates the target verifies, parents first: the most valuable, each under a kept parent
+        (and, sampling, after its earlier siblings), at most `tree_nodes` (`auto`: while each pays for the
+        verification's growth at the round's expected tokens per millisecond)."""
+        order = sorted(range(len(drafted)), key=lambda i: (-drafted[i].value, drafted[i].depth, drafted[i].rank))
+        chosen, kept, kept_ranks, expected = [], set(), set(), 1.0
+        for index in order:
+            candidate = drafted[index]
+            if len(chosen) == self.nodes:
                 break
-            if self.do_sample and candidate.rank and (candidate.parent, candidate.rank - 1) not in present | taken:
+            if candidate.parent != ROOT and candidate.parent not in kept:
                 continue
-            if self.auto and not self._pays(candidate.value, expected, len(tree) + len(chosen)):
-                break
-            chosen.append(candidate)
-            taken.add((candidate.parent, candidate.rank))
+            if self.do_sample and candidate.rank and (candidate.parent, candidate.rank - 1) not in kept_ranks:
+                continue
+            if self.auto:
+                spent = self.times.tree_round_ms(levels, len(chosen))
+                extra = self.times.verify_at(len(chosen) + 1) - self.times.verify_at(len(chosen))
+                if candidate.value * spent < expected * extra:
+                    break
+            chosen.append(index)
+            kept.add(index)
+            kept_ranks.add((candidate.parent, candidate.rank))
             expected += candidate.path_value
         return chosen
-
-    def expands(self, tree, node: int) -> bool:
-        value = tree.path_values[node]
-        if self.auto and not self._pays(value, 1.0 + sum(tree.path_values), len(tree), draft=True):
-            return False
-        return tree.depths[node] < self.min_draft or 1.0 - value <= self.stop_threshold
-
-    def _pays(self, value: float, expected: float, num_nodes: int, draft: bool = False) -> bool:
-        """Whether `value` expected tokens pay for one more node (or, `draft`, one more draft step) at the rate of
-        `expected` tokens over the round's price with `num_nodes` nodes."""
-        spent = self.times.tree_round_ms(self.levels, num_nodes)
-        extra = self.times.draft_ms[min(self.levels, len(self.times.draft_ms) - 1)] if draft \
-            else self.times.verify_at(num_nodes + 1) - self.times.verify_at(num_nodes)
-        return value * spent >= expected * extra
 
 
 class AdaTree(TreeSchedule):

@@ -14,31 +14,32 @@ from transformers import PreTrainedModel
 from specdecpp.compat import has_sliding_window
 from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.processing import Processing
+from specdecpp.engine.schedules import ROOT
 from specdecpp.engine.sampling import draft_noise, residual_distribution, sample, widened
 
-ROOT = -1  # the parent of the first level: the last verified token
 
 
 @dataclass
 class Candidate:
-    """A child the draft proposes at `parent` (`rank` in its draw order): `token`, the schedule's `score` (its
-    P(accept) given that the earlier siblings were not accepted) and, set by the schedule, `value` (what ranks it
-    for a place in the tree) and `path_value` (the estimated probability that it is accepted)."""
+    """A child the draft proposes at candidate `parent` (`rank` in its draw order, at `depth`): `token`, the
+    schedule's `score` (its P(accept) given that the earlier siblings were not accepted) and, set by the schedule,
+    `value` (what ranks it for a place in the tree) and `path_value` (the estimated probability it is accepted)."""
 
     parent: int
     rank: int
     token: int
     score: float
+    depth: int = 1
     value: float = 0.0
     path_value: float = 0.0
+    probs: torch.Tensor | None = None  # sampling: the distribution it was drawn from
 
 
 @dataclass
 class TokenTree:
     """One round's tree: node `i` holds `tokens[i]` at `depths[i]` (1 for a child of the root) under `parents[i]`
     (`ROOT` or an earlier node); `children[n]` lists each expanded node's children in draw order and, when
-    sampling, `draft_probs[n]` the distribution they were drawn from; `fed` the nodes the draft's cache holds, in
-    order after the verified tokens."""
+    sampling, `draft_probs[n]` the distribution they were drawn from."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
@@ -46,7 +47,6 @@ class TokenTree:
     path_values: list[float] = field(default_factory=list)
     children: dict[int, list[int]] = field(default_factory=dict)
     draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
-    fed: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -73,21 +73,19 @@ class TokenTree:
         return [self.tokens[n] for n in self.path(node)]
 
 
-def tree_attention_mask(tree: TokenTree, nodes: list[int], slot: dict[int, int], prefix: int, past: int,
-                        dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The 4D additive mask `[1, 1, len(nodes), past + len(nodes)]` of feeding `nodes` after a cache of `past`
-    positions: each node sees the first `prefix` positions (the verified tokens), its ancestors (at cache positions
-    `slot[ancestor]`, or among the fed nodes) and itself."""
-    visible = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
+def tree_attention_mask(tree: TokenTree, prefix: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The 4D additive mask `[1, 1, nodes, prefix + nodes]` of feeding every node of `tree` after `prefix` verified
+    tokens: each node sees the verified tokens, its ancestors and itself."""
+    visible = torch.zeros(len(tree), prefix + len(tree), dtype=torch.bool)
     visible[:, :prefix] = True
-    fed_at = {node: past + i for i, node in enumerate(nodes)}
-    for row, node in enumerate(nodes):
-        ancestor = node
-        while ancestor != ROOT:
-            visible[row, fed_at[ancestor] if ancestor in fed_at else slot[ancestor]] = True
-            ancestor = tree.parents[ancestor]
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    for node in range(len(tree)):
+        visible[node, [prefix + n for n in tree.path(node)]] = True
+    return _additive(visible, dtype, device)
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A boolean `[queries, keys]` visibility as a 4D additive mask."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[None, None].to(device)
 
 
 _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -109,7 +107,7 @@ def check_tree_attention(model: PreTrainedModel, who: str) -> None:
         for rank, token in enumerate(siblings):
             tree.add(Candidate(ROOT, rank, token, 1.0))
         past = len(prompt)
-        mask = tree_attention_mask(tree, [0, 1], {}, past, past, model.dtype, model.device)
+        mask = tree_attention_mask(tree, past, model.dtype, model.device)
         together, _ = stepped.run(siblings, [past, past], mask, num_logits=2)
         alone = [model(input_ids=torch.tensor([prompt + [token]], device=model.device)).logits[0, -1]
                  for token in siblings]
@@ -143,52 +141,90 @@ def proposals(processed: torch.Tensor, width: int, do_sample: bool,
 
 
 def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, processing: Processing,
-              generator: torch.Generator | None, stats) -> TokenTree:
-    """A tree of at most `policy.max_nodes()` nodes and `max_depth` levels after `seq`: each level adds the
-    candidates `policy.choose` picks and, in one draft forward, expands those `policy.expands` (their children
-    scored by `policy.score_children`)."""
-    tree, pool = TokenTree(), []
+              generator: torch.Generator | None, stats) -> tuple[TokenTree, dict[int, int]]:
+    """A tree after `seq` of at most `max_depth` levels: each level expands, in one draft forward, the candidates
+    of the newest level `policy.expand` picks (their children scored by `policy.score_children`); then the tree
+    is the candidates `policy.select` keeps. Returns it and the draft cache's position of each node it was fed."""
+    drafted: list[Candidate] = []
+    slots: dict[int, int] = {}  # candidate -> its position in the draft's cache
     if max_depth < 1:
-        return tree
+        return TokenTree(), {}
     start = time.perf_counter()
     logits, hidden = draft.forward(seq, num_logits=1, with_hidden_states=draft.with_hidden_states)
-    prefix = len(seq)
-    expanded = [ROOT]
+    prefix, expanded, levels = len(seq), [ROOT], 0
     rows, states = logits, hidden[None] if hidden is not None else None
     while True:
-        processed = processed_rows(processing, seq, [tree.path_tokens(n) if n != ROOT else [] for n in expanded], rows)
-        for i, node in enumerate(expanded):
+        levels += 1
+        paths = [[] if n == ROOT else [drafted[a].token for a in _ancestry(drafted, n)] for n in expanded]
+        processed = processed_rows(processing, seq, paths, rows)
+        newest = []
+        for i, parent in enumerate(expanded):
             tokens, probs = proposals(processed[i], policy.width, processing.do_sample, generator)
-            if processing.do_sample:
-                tree.draft_probs[node] = probs
-            state = states[i] if states is not None else None
             raw_probs = None if processing.changes_logits else probs
-            scores = policy.score_children(widened(rows[i]), probs, raw_probs, state, tokens)
-            parent_value = 1.0 if node == ROOT else tree.path_values[node]
-            pool += policy.valued([Candidate(node, rank, token, score) for rank, (token, score)
-                                   in enumerate(zip(tokens, scores))], parent_value)
+            scores = policy.score_children(widened(rows[i]), probs, raw_probs,
+                                           states[i] if states is not None else None, tokens)
+            depth = 1 if parent == ROOT else drafted[parent].depth + 1
+            children = policy.valued([Candidate(parent, rank, token, score, depth) for rank, (token, score)
+                                      in enumerate(zip(tokens, scores))],
+                                     1.0 if parent == ROOT else drafted[parent].path_value)
+            for child in children:
+                child.probs = probs if processing.do_sample else None
+            newest += children
+        first = len(drafted)
+        drafted += newest
         drafted_at = time.perf_counter()
         stats.draft_time += drafted_at - start
         stats.draft_calls += 1
-        chosen = policy.choose(pool, tree)
-        added = [tree.add(candidate) for candidate in chosen]
-        pool = [candidate for candidate in pool if candidate not in chosen]
-        expanded = [node for node in added if tree.depths[node] < max_depth and policy.expands(tree, node)]
+        expanded = [first + i for i in policy.expand(newest, drafted, levels)
+                    if newest[i].depth < max_depth]
         stats.schedule_time += time.perf_counter() - drafted_at
-        if not expanded or len(tree) >= policy.max_nodes():
-            return tree
+        if not expanded:
+            break
         start = time.perf_counter()
-        rows, states = _expand(draft, tree, expanded, prefix)
+        rows, states = _expand(draft, drafted, expanded, slots, prefix)
+    decided = time.perf_counter()
+    tree = TokenTree()
+    node_of = {ROOT: ROOT}
+    fed = {}
+    for index in policy.select(drafted, levels):
+        candidate = drafted[index]
+        if candidate.parent not in node_of:
+            continue
+        node = tree.add(Candidate(node_of[candidate.parent], candidate.rank, candidate.token, candidate.score,
+                                  candidate.depth, candidate.value, candidate.path_value))
+        node_of[index] = node
+        if processing.do_sample:
+            tree.draft_probs[node_of[candidate.parent]] = candidate.probs
+        if index in slots:
+            fed[node] = slots[index]
+    stats.schedule_time += time.perf_counter() - decided
+    return tree, fed
 
 
-def _expand(draft: EagerDraft, tree: TokenTree, nodes: list[int], prefix: int):
-    """One draft forward over `nodes` (each after its path); their logits and, for a head, hidden states."""
-    past = prefix + len(tree.fed)
-    slot = {node: prefix + i for i, node in enumerate(tree.fed)}
-    mask = tree_attention_mask(tree, nodes, slot, prefix, past, draft.model.dtype, draft.device)
-    positions = [prefix - 1 + tree.depths[node] for node in nodes]
-    tree.fed += nodes
-    return draft.run([tree.tokens[n] for n in nodes], positions, mask, len(nodes), draft.with_hidden_states)
+def _ancestry(drafted: list[Candidate], index: int) -> list[int]:
+    """The candidates from the first level down to `index`."""
+    chain = []
+    while index != ROOT:
+        chain.append(index)
+        index = drafted[index].parent
+    return chain[::-1]
+
+
+def _expand(draft: EagerDraft, drafted: list[Candidate], nodes: list[int], slots: dict[int, int], prefix: int):
+    """One draft forward over candidates `nodes` (each after its path, its ancestors at `slots`); their logits
+    and, for a head, hidden states."""
+    past = prefix + len(slots)
+    visible = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
+    visible[:, :prefix] = True
+    for row, node in enumerate(nodes):
+        for ancestor in _ancestry(drafted, node)[:-1]:
+            visible[row, slots[ancestor]] = True
+        visible[row, past + row] = True
+    for row, node in enumerate(nodes):
+        slots[node] = past + row
+    positions = [prefix - 1 + drafted[node].depth for node in nodes]
+    return draft.run([drafted[n].token for n in nodes], positions, _additive(visible, draft.model.dtype, draft.device),
+                     len(nodes), draft.with_hidden_states)
 
 
 def verify_tree(target: CachedModel, seq: list[int], tree: TokenTree, processing: Processing,
@@ -198,13 +234,12 @@ def verify_tree(target: CachedModel, seq: list[int], tree: TokenTree, processing
     tree; sampling runs recursive rejection sampling over each node's children in their draw order."""
     seen, prefix = target.cache.get_seq_length(), len(seq)
     unseen, nodes = seq[seen:], list(range(len(tree)))
-    tree_rows = tree_attention_mask(tree, nodes, {}, prefix, prefix, target.model.dtype, target.device)
     # The verified tokens the cache has not seen yet (the last one at least) come first, causally.
-    columns = torch.arange(prefix + len(tree), device=target.device)
-    causal = columns[None] <= torch.arange(seen, prefix, device=target.device)[:, None]
-    causal_rows = torch.zeros(causal.shape, dtype=tree_rows.dtype, device=target.device).masked_fill(
-        ~causal, torch.finfo(tree_rows.dtype).min)
-    mask = torch.cat([causal_rows[None, None], tree_rows], dim=2)
+    columns = torch.arange(prefix + len(tree))
+    causal = columns[None] <= torch.arange(seen, prefix)[:, None]
+    dtype = target.model.dtype
+    mask = torch.cat([_additive(causal, dtype, target.device), tree_attention_mask(tree, prefix, dtype, target.device)],
+                     dim=2)
     positions = list(range(seen, prefix)) + [prefix - 1 + d for d in tree.depths]
     logits, _ = target.run(unseen + tree.tokens, positions, mask, num_logits=len(tree) + 1)
     paths = [[]] + [tree.path_tokens(n) for n in nodes]

@@ -48,6 +48,9 @@ class MethodGrid:
     stop_threshold: list[str] = field(default_factory=lambda: [str(default("stop_threshold"))], metadata={
         "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
                 "head that has one"})
+    tree_nodes: list[str] = field(default_factory=lambda: [str(default("tree_nodes"))], metadata={
+        "help": "ada-tree and confidence-tree: the most nodes a tree drafts (one method per value); 'auto' admits "
+                "nodes while they pay for their measured cost"})
     online: bool = field(default=False, metadata={
         "help": "ada also with online recalibration (one more method per head and threshold, 'ada-online'): "
                 "the head's logit corrected from the rounds' outcomes, one correction learning over the prompts "
@@ -78,6 +81,8 @@ class DecodingArguments:
     repetition_penalty: float = field(default=1.0, metadata={
         "help": "generate's repetition penalty (1: off), for every method, Hugging Face's baselines included; "
                 "ada's 'auto' threshold fits best when chosen on records built with the same (build_data's flag)"})
+    tree_width: int = field(default=default("tree_width"), metadata={
+        "help": "ada-tree and confidence-tree: the children each expanded node proposes"})
     compile: bool = field(default=default("compile"), metadata={
         "help": "run our methods (the target and draft alone included) on the compiled engine: static caches, "
                 "each step one torch.compile'd graph, compiled in the warm-up (its time is reported, not timed)"})
@@ -85,7 +90,8 @@ class DecodingArguments:
     def settings(self) -> DecodingSettings:
         return DecodingSettings(bound=tuple(self.bound), max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
                                 temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                repetition_penalty=self.repetition_penalty, compile=self.compile)
+                                repetition_penalty=self.repetition_penalty, tree_width=self.tree_width,
+                                compile=self.compile)
 
 
 @dataclass
@@ -149,9 +155,10 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
                          "`python -m specdecpp.calibration.report ... --choose_threshold`")
     for schedule in grid.schedule:  # a schedule with a head reads its own head's step times
         policy = SCHEDULES[schedule]
-        if policy.needs_step_times and not policy.needs_head and budget_step_times_from(
+        prices = policy.needs_step_times or (policy.grows_tree and "auto" in grid.tree_nodes)
+        if prices and not policy.needs_head and budget_step_times_from(
                 grid, schedule, pair.head or []) is None:
-            raise ValueError(f"{schedule} prices its verifications with measured step times, and no --head folder "
+            raise ValueError(f"{schedule} prices its rounds with measured step times, and no --head folder "
                              f"({', '.join(pair.head or []) or 'none given'}) stores them: pass --step_times_from a "
                              "head folder (or calibration --output file) whose threshold was chosen with timed steps")
     check_writable(run.output)
@@ -187,12 +194,21 @@ def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
     """`DecodingSettings.validate` on every schedule, K, threshold and confidence of the grid, naming flags."""
     for schedule in dict.fromkeys(["constant", *grid.schedule]):
         thresholds = grid.online_threshold if schedule == "online" else [_as_threshold(t) for t in grid.stop_threshold]
-        for k, t, c in itertools.product(grid.num_assistant_tokens, thresholds, grid.assistant_confidence_threshold):
+        policy = SCHEDULES[schedule]
+        if policy.grows_tree and not policy.needs_head:  # 'auto' is a head's threshold: a method per number only
+            thresholds = [t for t in thresholds if t != "auto"]
+        sizes = [_as_int(n) for n in grid.tree_nodes] if policy.grows_tree else [default("tree_nodes")]
+        for k, t, c, n in itertools.product(grid.num_assistant_tokens, thresholds, grid.assistant_confidence_threshold,
+                                            sizes):
             replace(decoding, schedule=schedule, stop_threshold=t, num_assistant_tokens=k,
-                    assistant_confidence_threshold=c).validate(lambda name: "--" + (
+                    assistant_confidence_threshold=c, tree_nodes=n).validate(lambda name: "--" + (
                         "online_threshold" if schedule == "online" and name == "stop_threshold" else name))
     replace(decoding, schedule="dynamic", num_assistant_tokens=grid.dynamic_num_assistant_tokens).validate(
         lambda name: "--" + ("dynamic_" + name if name == "num_assistant_tokens" else name))
+
+
+def _as_int(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
 
 
 def _as_threshold(text: str) -> float | str:

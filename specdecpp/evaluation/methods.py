@@ -28,7 +28,8 @@ class MethodSpec:
     head: str | None = None  # the ada head's folder or Hub id
     assistant_confidence_threshold: float | None = None
     online: bool = False  # ada with online recalibration
-    step_times_from: str | None = None  # verify-budget, ada-budget: where their step times are stored
+    step_times_from: str | None = None  # verify-budget, ada-budget, auto trees: where their step times are stored
+    tree_nodes: int | str | None = None  # ada-tree, confidence-tree
 
 
 @dataclass
@@ -81,6 +82,17 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
                            stop_threshold=t if t == "auto" else float(t), head=head, online=online)
                 for online in (False, True)[:1 + grid.online] for head in heads
                 for t in dict.fromkeys(grid.stop_threshold) if t != "auto" or may_store_threshold(head)]
+    if SCHEDULES[schedule].grows_tree:  # per tree size, threshold and (ada-tree) head
+        tree_heads = list(dict.fromkeys(heads)) if SCHEDULES[schedule].needs_head else [None]
+        thresholds = [t for t in dict.fromkeys(grid.stop_threshold)
+                      if t != "auto" or SCHEDULES[schedule].needs_head]
+        return [MethodSpec(f"{engine}:{schedule}" + (f"[{head_label(head)}]" if len(tree_heads) > 1 else "")
+                           + f"@{t if t == 'auto' else format(float(t), 'g')},nodes={n}", engine, schedule,
+                           stop_threshold=t if t == "auto" else float(t), head=head,
+                           tree_nodes=int(n) if n.isdigit() else n,
+                           step_times_from=budget_step_times_from(grid, schedule, heads) if n == "auto" else None)
+                for head in tree_heads for t in thresholds for n in dict.fromkeys(grid.tree_nodes)
+                if head is None or t != "auto" or may_store_threshold(head)]
     if schedule == "online":
         return [MethodSpec(f"{engine}:online@{t:g}", engine, schedule, stop_threshold=t)
                 for t in dict.fromkeys(grid.online_threshold)]
@@ -117,7 +129,8 @@ def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
     """The engine's settings for `spec`: `decoding` with the spec's schedule, knobs, head and step times."""
     knobs = {k: v for k, v in (("num_assistant_tokens", spec.num_assistant_tokens),
                                ("stop_threshold", spec.stop_threshold),
-                               ("assistant_confidence_threshold", spec.assistant_confidence_threshold)) if v is not None}
+                               ("assistant_confidence_threshold", spec.assistant_confidence_threshold),
+                               ("tree_nodes", spec.tree_nodes)) if v is not None}
     if spec.step_times_from is not None:
         plain, judged = stored_step_times(spec.step_times_from)
         knobs["step_times"] = judged if SCHEDULES[spec.schedule].needs_head else plain

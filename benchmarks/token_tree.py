@@ -1,0 +1,135 @@
+"""Token trees against chains on the same prompts: tokens per target call (the counts the clock follows on a GPU),
+draft steps per token, tree sizes, and the eager engine's wall time per token beside the time its counts predict
+at the given step times. Methods run interleaved per prompt, each output checked against the target's (greedy).
+
+    python benchmarks/token_tree.py --n_begin 100 --n_end 160 --output_json results/token-tree/greedy.json
+    python benchmarks/token_tree.py --do_sample --head checkpoints/zoo/head-sampling --output_json ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from harness import HEAD, load_pair, load_prompt_ids, rotated, warm_up
+from tqdm import tqdm
+
+from specdecpp.costs import StepTimes
+from specdecpp.engine.decoding import GenerationStats, speculative_generate
+from specdecpp.head.folder import stored_step_times
+
+
+@dataclass
+class Method:
+    """One compared method: its name and `speculative_generate`'s settings."""
+
+    name: str
+    settings: dict
+    runs: list[GenerationStats] = field(default_factory=list)
+
+
+def methods(head, args) -> list[Method]:
+    """Chains (the head's `ada`, `dynamic` per confidence, constant K, the oracle when greedy), then the trees."""
+    chain = dict(head=head, bound=(1, 20))
+    out = [Method(f"ada@{head.stop_threshold:g}", dict(chain, schedule="ada", stop_threshold="auto"))]
+    out += [Method(f"dynamic@{c:g}", dict(schedule="dynamic", assistant_confidence_threshold=c,
+                                          num_assistant_tokens=20)) for c in args.confidences]
+    out += [Method(f"constant@K={k}", dict(schedule="constant", num_assistant_tokens=k)) for k in args.constants]
+    if not args.do_sample:
+        out.append(Method("oracle", dict(schedule="oracle", bound=(1, 20))))
+    for nodes in args.tree_nodes:
+        size = int(nodes) if nodes.isdigit() else nodes
+        out += [Method(f"confidence-tree@{t:g},nodes={nodes}", dict(
+            schedule="confidence-tree", stop_threshold=t, bound=(1, 20), tree_nodes=size, tree_width=args.tree_width))
+            for t in args.tree_confidences]
+        out.append(Method(f"ada-tree@{head.stop_threshold:g},nodes={nodes}", dict(
+            chain, schedule="ada-tree", stop_threshold="auto", tree_nodes=size, tree_width=args.tree_width)))
+    return out
+
+
+def predicted_ms(stats: GenerationStats, times: StepTimes) -> float:
+    """A generation's time at `times`: each round's verification of its drafted nodes, every draft step at the
+    median step's price, and the loop's overhead per round."""
+    step = statistics.median(times.draft_ms)
+    return sum(times.verify_at(n) for n in stats.draft_lengths) + stats.draft_calls * step \
+        + len(stats.draft_lengths) * times.round_overhead_ms
+
+
+def summary(method: Method, times: StepTimes) -> dict:
+    runs = method.runs
+    tokens = sum(s.generated_length for s in runs)
+    calls = sum(s.target_calls for s in runs)
+    return {"method": method.name, "tokens_per_target_call": tokens / calls,
+            "draft_steps_per_token": sum(s.draft_calls for s in runs) / tokens,
+            "mean_drafted": statistics.mean(n for s in runs for n in s.draft_lengths),
+            "mean_accepted": statistics.mean(a for s in runs for a in s.accepted_lengths),
+            "measured_ms_per_token": 1000 * sum(s.wall_time for s in runs) / tokens,
+            "predicted_ms_per_token": sum(predicted_ms(s, times) for s in runs) / tokens,
+            "tokens": tokens}
+
+
+def table(rows: list[dict]) -> str:
+    head = "| method | tokens / target call | draft steps / token | drafted / round | accepted / round | " \
+           "measured ms / token | predicted ms / token |\n|---|---:|---:|---:|---:|---:|---:|\n"
+    return head + "\n".join(
+        f"| {r['method']} | {r['tokens_per_target_call']:.3f} | {r['draft_steps_per_token']:.3f} | "
+        f"{r['mean_drafted']:.2f} | {r['mean_accepted']:.2f} | {r['measured_ms_per_token']:.2f} | "
+        f"{r['predicted_ms_per_token']:.2f} |" for r in rows)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head", default=HEAD)
+    parser.add_argument("--prompts", default="stdlib-heldout")
+    parser.add_argument("--n_begin", type=int, default=100)
+    parser.add_argument("--n_end", type=int, default=160)
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--do_sample", action="store_true", help="sample at temperature 1 (seed = prompt index)")
+    parser.add_argument("--confidences", type=float, nargs="+", default=[0.3, 0.4, 0.5])
+    parser.add_argument("--constants", type=int, nargs="+", default=[2, 3, 4, 5])
+    parser.add_argument("--tree_nodes", nargs="+", default=["16", "auto"])
+    parser.add_argument("--tree_width", type=int, default=4)
+    parser.add_argument("--tree_confidences", type=float, nargs="+", default=[0.5, 0.7, 0.9],
+                        help="confidence-tree's stop thresholds (one method each)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--output_json", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target, draft, head = (model.to(args.device) for model in load_pair(head=args.head))
+    times = stored_step_times(args.head)[1]
+    prompts = [p.to(args.device) for p in load_prompt_ids(args.prompts, n_begin=args.n_begin, n_end=args.n_end)]
+    compared = methods(head, args)
+
+    def run(method: Method, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0,
+            expected: torch.Tensor | None = None) -> GenerationStats:
+        out = speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, do_sample=args.do_sample,
+                                   step_times=times, generator=torch.Generator(args.device).manual_seed(seed),
+                                   **method.settings)
+        if expected is not None and not torch.equal(out.sequences, expected):
+            raise AssertionError(f"{method.name} differs from the target alone")
+        return out.stats
+
+    warm_up(run, compared, prompts, args.max_new_tokens)
+    for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
+        expected = None if args.do_sample else \
+            speculative_generate(target, None, prompt, max_new_tokens=args.max_new_tokens).sequences
+        for method in rotated(compared, index):
+            method.runs.append(run(method, prompt, args.max_new_tokens, index, expected))
+    rows = [summary(method, times) for method in compared]
+    report = {"args": vars(args), "table": table(rows), "step_times": f"{times.device} {times.engine} {times.processor or ''} "
+                                                "(stored with the head)", "methods": rows}
+    print(table(rows))
+    if args.output_json:
+        Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output_json).write_text(json.dumps(report, indent=1) + "\n")
+        Path(args.output_json).with_suffix(".md").write_text(table(rows) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)
