@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The full evaluation on the embedded pair: SpecDec++ with the v2 head (its stored threshold `auto`
+# The full evaluation on the embedded pair: SpecDec++ with the zoo head (its stored threshold `auto`
 # and a grid) and with the reference-aligned head, next to the target alone, our constant K 1-6,
 # the draft-confidence `dynamic` schedule at several confidence thresholds, Hugging Face's own
 # dynamic assisted generation, and the oracle (greedy) as the ceiling, all interleaved per prompt
 # in one run. Extra flags are passed on, e.g.
 #   ./evaluate.sh --n_end 20 --max_new_tokens 64 --output outputs/quick
-#   ./evaluate.sh --prompts stdlib-heldout --output results/stdlib-heldout
-#   ./evaluate.sh --do_sample --seed 0 --schedule constant dynamic ada --output results/humaneval-sampled
+#   ./evaluate.sh --prompts stdlib-heldout --output outputs/stdlib-heldout
+#   ./evaluate.sh --do_sample --seed 0 --schedule constant dynamic ada --output outputs/humaneval-sampled
 # An --output that already holds results needs --resume (finish that run) or --overwrite (start again).
 # The reference's flag names (--model_name, --assistant_name, --assist_acc_head_dir, --data_path,
 # --save_path, --random_seed) work too.
@@ -26,5 +26,5 @@ python specdecpp/evaluate.py \
     --max_new_tokens 128 \
     --torch_dtype float32 \
     --threads 1 \
-    --output results/humaneval \
+    --output outputs/humaneval \
     "$@"

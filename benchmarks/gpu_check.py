@@ -124,7 +124,7 @@ def zoo_section(dtype: str, device: str, n_prompts: int, max_new_tokens: int, en
             "device_step_times": device_times.as_dict() if device_times else None, "identity": identity, **result}
 
 
-# About what each section takes on one H200 (results/gpu-check-h200-4, -5; the 8B-shaped pair's a guess).
+# About what each section takes on one H200 (the 8B-shaped pair's a guess).
 SECTION_SECONDS = {"zoo": 230, "trees": 120, "profile": 20, "draft-steps": 30, "shapes-1.7b": 200, "shapes-8b": 300, "shapes-tiny": 0}
 PROFILED = (("float32", "compiled", "ada@auto"), ("float32", "compiled", "dynamic@0.4"))
 
@@ -187,7 +187,7 @@ def draft_steps_section(device: str, n_prompts: int, max_new_tokens: int, head_p
     """Section 3: every compiled draft step and verification of real generations of `names`, timed one by one,
     beside the step probe's price: the draft steps by their place in the round (`j`) and the tokens they feed the
     draft (two after a round accepted whole), both by their round's place in the generation (right after reading the
-    prompt a CPU runs slower than the probe's prices, results/verify-steps/excess/): which steps run over."""
+    prompt a CPU runs slower than the probe's prices): which steps run over."""
     target, draft, head = (model.to(device) for model in load_pair(TARGET, DRAFT, head_path, "float32"))
     prompts = [p.to(device) for p in load_prompt_ids("stdlib-heldout", TARGET, 0, n_prompts)]
     bound = head_bound(head, None)
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
             return "\n".join(lines), report
         section("draft steps in generations", draft_steps, SECTION_SECONDS["draft-steps"])
 
-    # Real shapes compiled only (eager, ten times slower, is in results/gpu-check-h200-*), unless quick.
+    # Real shapes compiled only (eager runs ten times slower), unless quick.
     shape_engines = tuple(engines) if args.quick or "compiled" not in engines else ("compiled",)
     for pair in args.pairs or (["tiny"] if args.quick else ["1.7b"]):
         def shapes(pair=pair):

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.engine.compiled import longest_per_capacity
 from specdecpp.engine.decoding import GenerationStats
-from specdecpp.evaluation.settings import PromptSource, load_eval_prompts
+from specdecpp.evaluation.arguments import PromptSource, load_eval_prompts
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.models import load_head, load_model, load_tokenizer
 
@@ -41,7 +41,7 @@ def load_prompt_ids(source: str, tokenizer_of: str = TARGET, n_begin: int = 0, n
                     prompt_format: str = "auto") -> list[torch.Tensor]:
     """Prompts `[n_begin:n_end]` of `source` (a prompt set, a file or a Hub dataset) as `[1, length]`
     token ids, formatted and tokenised by the tokenizer of the model at `tokenizer_of` exactly as
-    the evaluation does (`evaluation.settings.load_eval_prompts`), so that a benchmark and an
+    the evaluation does (`evaluation.arguments.load_eval_prompts`), so that a benchmark and an
     evaluation of the same prompts decode the same inputs."""
     source = PromptSource(prompts=source, prompt_format=prompt_format, n_begin=n_begin, n_end=n_end)
     return [torch.tensor([prompt.ids]) for prompt in load_eval_prompts(source, load_tokenizer(tokenizer_of), 1)]

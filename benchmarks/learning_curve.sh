@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The head's learning curve and input ablations on the zoo pair (issue 20): train a head on the first
+# The head's learning curve and input ablations on the zoo pair: train a head on the first
 # N stdlib-train records for each N, then score it and choose its threshold on the dev records.
 #
 #   bash benchmarks/learning_curve.sh SET "200 400 800 1600 3200 6188"
-#   DATA=sampled-t1 STEP_TIMES=results/sampling/flat_step_times.json bash benchmarks/learning_curve.sh rank "800 3200"
+#   DATA=sampled-t1 STEP_TIMES=benchmarks/step_times/flat.json bash benchmarks/learning_curve.sh rank "800 3200"
 #
 # SET picks the head's inputs: v2 (hidden state + log q + entropy, the zoo recipe), margin (+ the
 # top-1/top-2 margin), margin1 (margin with one residual block instead of three: a cheaper judgement),
@@ -13,19 +13,19 @@
 # logits (log q + entropy + margin, no hidden state; learning rate 1e-2), rank (margin + the sampled
 # token's log rank, for sampling). Heads go to outputs/curve/SET-N, or outputs/curve/DATA-SET-N for
 # the records data/generated/stdlib-train-DATA-{train,dev}.jsonl (DATA=sampled-t1: sampled at
-# temperature 1; see results/sampling/README.md), with calibration.json; `python
+# temperature 1), with calibration.json; `python
 # benchmarks/learning_curve.py` tabulates them. Thresholds are chosen with the step times in
-# STEP_TIMES (default: results/learning-curve/step_times.json, measured on this CPU; the sampling
-# heads use results/sampling/flat_step_times.json, flat GPU-like prices).
+# STEP_TIMES (default: benchmarks/step_times/cpu.json, measured on a 2-core CPU; the sampling
+# heads use benchmarks/step_times/flat.json, flat GPU-like prices).
 # Data (greedy, 128 tokens, all 6,338 stdlib-train prompts; train = prompts 0-800 and 950-6338, in that
 # order, so that the first N records are the same for every N; dev = 800-950):
 #   python -m specdecpp.data.build_data --target checkpoints/zoo/target --draft checkpoints/zoo/draft --torch_dtype float32 \
 #     --prompts stdlib-train --max_new_tokens 128 --batch_size 16 --seed 0 --output data/generated/stdlib-train-all.jsonl
 #   sed -n '1,800p;951,6338p' data/generated/stdlib-train-all.jsonl > data/generated/stdlib-train-train6188.jsonl
 #   sed -n '801,950p' data/generated/stdlib-train-all.jsonl > data/generated/stdlib-train-dev.jsonl
-# Every head is priced with the same step times (results/learning-curve/step_times.json, measured on a
+# Every head is priced with the same step times (benchmarks/step_times/cpu.json, measured on a
 # quiet machine), so that load on the machine cannot reorder them; STEP_TIMES may also name a head folder (its
-# stored step times). Other records and heads (results/more-records/README.md):
+# stored step times). Other records and heads (the shipped head's: checkpoints/zoo/head/card.json):
 #   TRAIN    the records file whose first N records train (default: the DATA set's train records)
 #   NAME     the heads' folder name before -N, instead of [DATA-]SET
 #   WIDTH    the hidden sets' block width (64, 128; the zoo recipe's teacher: 256)
@@ -41,9 +41,9 @@ case $SET in
   margin1) INPUTS="--head_features log_q entropy margin"
            LAYERS=1 ;;
   margin10) INPUTS="--head_features log_q entropy margin"
-            LR=${LR:-3e-3} EPOCHS=${EPOCHS:-10} ;;  # margin, trained longer (results/narrow-head)
+            LR=${LR:-3e-3} EPOCHS=${EPOCHS:-10} ;;  # margin, trained longer
   margin64) INPUTS="--head_features log_q entropy margin --head_width 64"
-            LR=${LR:-1e-2} EPOCHS=${EPOCHS:-10} ;;  # the narrow net trains best fast and long (results/narrow-head)
+            LR=${LR:-1e-2} EPOCHS=${EPOCHS:-10} ;;  # the narrow net trains best fast and long
   hidden64) INPUTS="--head_features none --head_width ${WIDTH:-64}"
             LR=${LR:-1e-2} EPOCHS=${EPOCHS:-10} ;;  # the proposer's state determines its logits, so its token too
   hidden128) INPUTS="--head_features none --head_width ${WIDTH:-128}"
@@ -60,7 +60,7 @@ if [ -n "${DATA:-}" ]; then DEFAULT_TRAIN=$RECORDS_PREFIX-train.jsonl; else DEFA
 TRAIN=${TRAIN:-$DEFAULT_TRAIN}
 RECORDS_STEM=outputs/curve/data/${NAME:+$NAME-}${DATA:+$DATA-}train  # each head's first N records go to STEM-N.jsonl
 NAME=${NAME:-${DATA:+$DATA-}$SET}
-STEP_TIMES=${STEP_TIMES:-results/learning-curve/step_times.json}
+STEP_TIMES=${STEP_TIMES:-benchmarks/step_times/cpu.json}
 export OMP_NUM_THREADS=1
 score() {  # score HEAD on RECORDS and replay its rounds into REPORT, choosing HEAD's stored threshold
   python -m specdecpp.calibration.report --head "$1" --draft checkpoints/zoo/draft --target checkpoints/zoo/target \

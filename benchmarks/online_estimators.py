@@ -1,4 +1,4 @@
-"""The head against vLLM's online acceptance estimator, replayed exactly on greedy records (issue 36).
+"""The head against vLLM's online acceptance estimator, replayed exactly on greedy records.
 
 Rounds are replayed (`specdecpp.calibration.threshold.replay`) on greedy records built with the pair (`build_data`),
 one record per prompt, in prompt order. Greedy records make the replay exact in target calls (the
@@ -7,7 +7,7 @@ first rejection are judged from the target's prefix instead of the draft's (docs
 Choosing the threshold). Every rule that learns online (`online`, `verify-budget`, `ada --online`)
 learns over the prompts in order from its cold start, as one estimator serving a run's prompts would.
 Costs are in the flat view (`specdecpp.costs`, target verifications per token, a draft step `c` =
-`--cost_ratio`), the issue's goals' unit; the measured view prices rounds with the head's stored step
+`--cost_ratio`); the measured view prices rounds with the head's stored step
 times (`verify-budget` and `ada-budget` choose their verified prefix with those times).
 
 Compared, each at its best setting on all the prompts (grids as the threshold replay's):
@@ -23,7 +23,7 @@ Compared, each at its best setting on all the prompts (grids as the threshold re
 Each method's learning curve is its cost over the first 10 and 50 prompts and over all of them.
 
     python benchmarks/online_estimators.py --records data/generated/humaneval-greedy.jsonl \\
-        --output results/online-estimators/humaneval
+        --output outputs/online-estimators/humaneval
 """
 from __future__ import annotations
 

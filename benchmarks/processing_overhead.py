@@ -1,5 +1,4 @@
-"""What does a repetition penalty cost per token? Issue 27's speed goal: with one, every schedule's
-per-token time is within 5% of its time without.
+"""What does a repetition penalty cost per token, for every schedule?
 
 The target alone and each schedule (constant, dynamic, ada; the eager engine, or the compiled one
 with `--compile`) run with and without the penalty on every prompt, the methods interleaved per

@@ -1,7 +1,7 @@
 """Print the README's compact results table for saved evaluations, from their `summary.json`.
 
-    python benchmarks/results_tables.py results/humaneval/summary.json [more summary.json ...]
-    python benchmarks/results_tables.py --pool [--cost_ratio 0.2] results/he-seed{0,1,2}/summary.json
+    python benchmarks/results_tables.py results/evaluation/humaneval/summary.json [more summary.json ...]
+    python benchmarks/results_tables.py --pool --cost_ratio 0.2 results/sampled/humaneval-seed{0,1,2}/summary.json
 
 `--pool` reads runs of the same methods on the same prompts with different sampling seeds as one:
 counts summed over the runs (cost per token at the runs' mean `c`, or at `--cost_ratio`), speedup
@@ -143,13 +143,14 @@ def main(argv: list[str] | None = None) -> None:
     documents = [json.loads(Path(path).read_text(encoding="utf-8")) for path in args.summaries]
     if args.pool:
         documents = [pooled(documents, args.cost_ratio)]
-    for document in documents:
-        print(f"## {document['title']} ({document['prompts']} prompts, c = {document['cost']['cost_ratio']:.3f})")
-        print(document.get("greedy_check") or "sampled: no greedy check")
-        print(compact_table(document))
-        print(goals(document))
-        print(clock(document))
-        print()
+    print(tables(documents))
+
+
+def tables(documents: list[dict]) -> str:
+    """Each run's title, cost ratio, greedy verdict, compact table and goal figures, as Markdown."""
+    return "\n".join(f"## {document['title']} ({document['prompts']} prompts, c = {document['cost']['cost_ratio']:.3f})\n"
+                     f"{document.get('greedy_check') or 'sampled: no greedy check'}\n{compact_table(document)}\n"
+                     f"{goals(document)}\n{clock(document)}\n" for document in documents)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What limits a sampling head? An offline study on sampled records, in expectation over `p_acc` (issue 26).
+"""What limits a sampling head? An offline study on sampled records, in expectation over `p_acc`.
 
 Rounds are replayed on sampled dev records (`specdecpp.calibration.threshold.replay`: each proposal accepted
 with its `p_acc = min(1, p/q)`) at flat prices: a draft step costs `c` (`--cost_ratio`) of a
@@ -21,7 +21,7 @@ and what the stop rule limits. Calibration against the soft labels: binary KL an
 
     python benchmarks/sampling_limits.py --train data/generated/stdlib-train-sampled-t1-train6188.jsonl \\
         --dev data/generated/stdlib-train-sampled-t1-dev.jsonl --heads outputs/curve/sampled-margin-6188 \\
-        --output results/sampling-limits/t1
+        --output outputs/sampling-limits/t1
 """
 from __future__ import annotations
 
@@ -32,15 +32,30 @@ from pathlib import Path
 import numpy as np
 import torch
 from harness import DRAFT, load_pair
+from tqdm import tqdm
+from transformers import PreTrainedModel
 
 from specdecpp.calibration.report import calibration_report
 from specdecpp.calibration.threshold import (CONFIDENCES, THRESHOLDS, ada_length, constant_length, dynamic_length,
                                              replay)
 from specdecpp.costs import StepTimes
 from specdecpp.data.io import read_records
-from specdecpp.head.inputs import predict, record_features
-from specdecpp.head.model import FEATURES, AcceptancePredictionHead
+from specdecpp.head.inputs import predict
+from specdecpp.head.model import FEATURES, AcceptancePredictionHead, logit_features
 from specdecpp.head.objective import acceptance_loss
+from specdecpp.models import model_device
+
+@torch.no_grad()
+def record_features(draft: PreTrainedModel, records: list[dict], names: list[str]) -> list[np.ndarray]:
+    """The named `logit_features` of each record's proposals: one `[len(p_acc), len(names)]` array per record."""
+    device = model_device(draft)
+    features = []
+    for record in tqdm(records, desc="features", unit="record"):
+        ids = torch.tensor([record["prefix"] + record["tokens"][:-1]], device=device)
+        logits = draft(input_ids=ids).logits[0, len(record["prefix"]) - 1:]
+        features.append(logit_features(logits, torch.tensor(record["draft"], device=device), names).cpu().numpy())
+    return features
+
 
 DEPLOYABLE = ["log_q", "entropy", "margin", "log_rank"]
 INPUT_SETS = {  # name -> (draft features, reads the target's entropy)

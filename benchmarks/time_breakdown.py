@@ -33,12 +33,15 @@ from pathlib import Path
 import torch
 from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, per_token, rotated, summed, warm_up
 
+from transformers import PreTrainedModel
+
 from specdecpp import AcceptancePredictionHead, speculative_generate
-from specdecpp.costs import judged_tokens, loop_overhead_ms
+from specdecpp.costs import StepTimes, loop_overhead_ms
 from specdecpp.engine.compiled import capacity_for
-from specdecpp.engine.decoding import GenerationStats
+from specdecpp.engine.decoding import GenerationStats, step_models
+from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.measuring.step_timing import StepProbe, auto_step_times, measure_round_overhead, prefill_extra_ms
+from specdecpp.measuring.step_timing import StepProbe, auto_step_times, measure_round_overhead
 
 
 def methods(head: AcceptancePredictionHead, bound: tuple[int, int], thresholds: list[str],
@@ -146,7 +149,7 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
                                              max_length=prompt.shape[1] + max_new_tokens)
         step_times = judged_times if is_ada else plain
         count = judged_tokens(stats.draft_lengths, head.alignment if is_ada else None)
-        predicted[engine, name] += step_times.predicted_ms(stats.draft_lengths, count, with_draft=not alone) \
+        predicted[engine, name] += predicted_ms(step_times, stats.draft_lengths, count, with_draft=not alone) \
             + sum(prefills[key])
         parts = predicted_parts[engine, name]
         parts[0] += sum(step_times.round_ms(k, 0, 0) - step_times.round_ms(0) for k in stats.draft_lengths) \
@@ -196,6 +199,44 @@ def breakdown(target, draft, head: AcceptancePredictionHead, prompts: list[torch
             "context_tokens": {engine: contexts[main[engine]].shape[1] for engine in engines}, "outputs": outputs,
             "timed_from": timed_from, "timed_until": timed_until,
             "reference_ms_per_token": reference_ms[0] / reference_ms[1] if reference else None}
+
+
+def predicted_ms(times: StepTimes, draft_lengths: list[int], judged: int = 0, with_draft: bool = True) -> float:
+    """The time `times` price rounds of `draft_lengths` and `judged` judgements at, prefill left out
+    (`with_draft=False`: as many target-alone steps)."""
+    if not with_draft:
+        return len(draft_lengths) * times.target_alone_ms
+    return sum(times.round_ms(k) for k in draft_lengths) + judged * times.judge_ms
+
+
+def judged_tokens(draft_lengths: list[int], alignment: str | None) -> int:
+    """How many drafted tokens the head (`alignment`; None: no head) judges over rounds of `draft_lengths`."""
+    if alignment == "proposer":
+        return sum(draft_lengths)
+    if alignment == "reader":
+        return sum(max(k - 1, 0) for k in draft_lengths)
+    return 0
+
+
+def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
+                     times: StepTimes, compile: bool = False, max_length: int | None = None) -> tuple[float, float]:
+    """What reading the prompt adds (ms) to a generation's first verification and to its first draft step
+    (`draft=None`: to the target alone's first step, and 0), on the engines of generations of `max_length` tokens."""
+    first_target_step = times.target_alone_ms if draft is None else times.verify_ms[0]
+    to_draft = prefill_ms(draft, input_ids, compile, max_length) - times.draft_ms[0] \
+        if draft is not None and times.draft_ms else 0.0
+    return prefill_ms(target, input_ids, compile, max_length) - first_target_step, to_draft
+
+
+def prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool, max_length: int | None) -> float:
+    """One forward of `model` over the prompt `input_ids` on the engine of generations of `max_length` tokens (ms)."""
+    seq = input_ids[0].tolist()
+    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False),
+                               max(max_length or 0, len(seq)))
+    with torch.inference_mode():
+        start = time.perf_counter()
+        cached.logits(seq, num_logits=1)
+        return 1000 * (time.perf_counter() - start)
 
 
 def typical_context(target, prompts: list[torch.Tensor], max_new_tokens: int) -> torch.Tensor:
@@ -278,7 +319,7 @@ def prompt_interval(ms: list[float], baseline_ms: list[float], coverage: float =
     return ratios.quantile(tail).item(), ratios.quantile(1 - tail).item()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=TARGET)
     parser.add_argument("--draft", default=DRAFT)
@@ -296,7 +337,7 @@ def main() -> None:
     parser.add_argument("--engine", nargs="+", choices=("eager", "compiled"), default=["eager"],
                         help="engines to run, side by side in one run (compiled: static caches, compiled steps)")
     parser.add_argument("--output_json", default=None, help="also write the table and step times here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     target, draft, head = load_pair(args.target, args.draft, args.head)
@@ -310,6 +351,7 @@ def main() -> None:
     if args.output_json:
         Path(args.output_json).write_text(json.dumps({key: value for key, value in result.items()
                                                       if key != "outputs"}, indent=2) + "\n")
+    return result
 
 
 def head_bound(head: AcceptancePredictionHead, bound: list[int] | None) -> tuple[int, int]:

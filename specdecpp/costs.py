@@ -127,12 +127,6 @@ class StepTimes:
         """The time of `round_weights[k]` rounds of `k` tokens each, every token judged when `judged`."""
         return sum(weight * self.round_ms(k, k if judged else 0) for k, weight in enumerate(round_weights) if weight)
 
-    def predicted_ms(self, draft_lengths: list[int], judged: int = 0, with_draft: bool = True) -> float:
-        """The time of rounds of `draft_lengths` and `judged` judgements, prefill left out."""
-        if not with_draft:
-            return len(draft_lengths) * self.target_alone_ms
-        return sum(self.round_ms(k) for k in draft_lengths) + judged * self.judge_ms
-
     def cost_ratio(self, k: int = 4) -> float:
         """The flat view's `c` from these times, for rounds of `k` tokens."""
         verify_ms = self.verify_ms[min(k, len(self.verify_ms) - 1)]
@@ -141,15 +135,6 @@ class StepTimes:
     def as_dict(self) -> dict:
         """The figures as a JSON-ready dict."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-
-def judged_tokens(draft_lengths: list[int], alignment: str | None) -> int:
-    """How many drafted tokens the head (`alignment`; None: no head) judges over rounds of `draft_lengths`."""
-    if alignment == "proposer":
-        return sum(draft_lengths)
-    if alignment == "reader":
-        return sum(max(k - 1, 0) for k in draft_lengths)
-    return 0
 
 
 def loop_overhead_ms(stats) -> float:

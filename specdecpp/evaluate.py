@@ -14,7 +14,7 @@ from specdecpp.evaluation.hf_baselines import count_forwards, hf_assistant_setti
 from specdecpp.evaluation.methods import Counts, Method, MethodSpec, method_specs
 from specdecpp.evaluation.report import report, run_title
 from specdecpp.evaluation.runner import Evaluation, build_method, evaluate, measure, records_to_resume, run_cost
-from specdecpp.evaluation.settings import (BASELINES, ZOO_DIR, DecodingArguments, MethodGrid, Pair, Prompt,
+from specdecpp.evaluation.arguments import (BASELINES, ZOO_DIR, DecodingArguments, MethodGrid, Pair, Prompt,
                                            PromptSource, RunOptions, check_inputs, check_prompt_source, load_inputs,
                                            load_pair)
 from specdecpp.models import HeadPairArguments

@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,36 +164,6 @@ def test_online_estimators_compares_every_rule_on_greedy_records():
         benchmark.study([records[0] | {"p_acc": [0.5] * 40}], predictions[:1], 0.5, (1, 20), times, times, 0.2)
 
 
-def test_round_features_rows_are_the_tokens_the_threshold_replay_drafts():
-    """Every token the replay's `ada` rounds draft, each record's first round aside, is one row, with
-    its place in its round, the running log P before it and the previous round's accepted run."""
-    import numpy as np
-
-    from specdecpp.costs import StepTimes
-    from specdecpp.calibration.threshold import ada_length, replay
-
-    benchmark = load_benchmark("round_features")
-    rng = np.random.default_rng(1)
-    records, predictions = [], []
-    for _ in range(4):
-        p_acc = (rng.random(30) < 0.7).astype(float)
-        records.append({"p_acc": p_acc.tolist(), "target_entropy": rng.uniform(0, 3, 30).tolist()})
-        predictions.append(np.clip(p_acc * 0.5 + rng.uniform(0.2, 0.5, 30), 0.01, 0.99))
-    rows = benchmark.drafted_token_rows(records, predictions, 0.5, max_draft=6)
-    accept = [np.array(r["p_acc"]) for r in records]
-    rule = ada_length(0.5, 1)
-    drafted = replay(accept, predictions, rule, 6, StepTimes(draft_ms=[1.0], verify_ms=[1.0], target_alone_ms=1.0))
-    first_rounds = [rule(p, a, 0, 6) for p, a in zip(predictions, accept)]
-    assert len(rows["label"]) == drafted["draft_calls"] - sum(first_rounds) > 0
-    first = rows["record"] == 0
-    accepted = int(np.argmin(np.append(accept[0][:first_rounds[0]], 0.0)))  # the run the first round accepted
-    assert rows["position in round"][first][0] == 1 and rows["running log P"][first][0] == 0.0
-    assert rows["previous accepted length"][first][0] == accepted
-    assert rows["prediction"][first][0] == predictions[0][accepted + 1]
-    with pytest.raises(ValueError, match="greedy"):
-        benchmark.drafted_token_rows([records[0] | {"p_acc": [0.5] * 30}], predictions[:1], 0.5)
-
-
 def check_gpu_check(tmp_path, engines: list[str]) -> dict:
     written = load_benchmark("gpu_check").main(["--device", "cpu", "--quick", "--engines", *engines,
                                                 "--out", str(tmp_path)])
@@ -292,3 +264,119 @@ def test_time_breakdown_prices_each_compiled_generation_at_its_own_capacity(tiny
     assert other["prompts"] == 1 and other["context_tokens"] == 252 + 4
     assert other["plain"]["engine"] == "compiled" and len(other["plain"]["verify_ms"]) == 4
     assert {row["method"] for row in result["rows"]} == set(table)
+
+
+@pytest.fixture
+def threads_restored():
+    """The commands set torch's thread count for the process; the tests after them keep theirs."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def check_evaluations(tmp_path, name: str, runs: list[str], tables: int) -> None:
+    text = load_benchmark("evaluations").main([name, "--out", str(tmp_path), "--quick"])
+    assert sorted(path.parent.name for path in tmp_path.glob("*/summary.json")) == sorted(runs)
+    assert (tmp_path / "TABLES.md").read_text() == text and text.count("| method | speedup |") == tables
+    assert "specdecpp:ada@auto" in text
+
+
+@pytest.mark.slow  # two evaluations, each a process of its own
+def test_evaluations_quick_runs_the_greedy_evaluations_and_tabulates_them(tmp_path):
+    check_evaluations(tmp_path, "greedy", ["humaneval", "stdlib-heldout"], 2)
+    summary = json.loads((tmp_path / "humaneval" / "summary.json").read_text())
+    assert summary["greedy_check"].startswith("greedy check passed")
+
+
+@pytest.mark.slow  # four evaluations
+def test_evaluations_quick_runs_the_sampled_evaluations_and_pools_the_seeds(tmp_path):
+    check_evaluations(tmp_path, "sampled", ["humaneval-seed0", "humaneval-seed1", "humaneval-seed2",
+                                            "stdlib-heldout-seed0"], 2)
+    assert "3 seeds (0, 1, 2) pooled" in (tmp_path / "TABLES.md").read_text()
+
+
+@pytest.mark.slow  # probes the step times and decodes every method
+def test_time_breakdown_quick_writes_measured_beside_predicted(tmp_path, threads_restored):
+    output = tmp_path / "run.json"
+    result = load_benchmark("time_breakdown").main(["--n_end", "2", "--max_new_tokens", "8", "--confidence", "0.4",
+                                                    "--output_json", str(output)])
+    written = json.loads(output.read_text())
+    assert [row["method"] for row in written["rows"]] == [row["method"] for row in result["rows"]]
+    methods = {row["method"].split(" (")[0] for row in written["rows"]}
+    assert {"target alone", "constant K=2", "dynamic@0.4", "ada@auto", "oracle"} <= methods
+    assert all(row["measured_ms_per_token"] > 0 and row["predicted_ms_per_token"] > 0 for row in written["rows"])
+
+
+def test_extra_prompts_takes_undocumented_functions_and_documented_classes(tmp_path):
+    benchmark = load_benchmark("extra_prompts")
+    source = ('def documented(x):\n    """Doc."""\n    return x\n\n'
+              'def plain(a,\n          b):\n    # sum them\n    c = a + b\n    return c\n\n'
+              'class Thing:\n    """A thing."""\n    size = 1\n\n    def method(self):\n        y = 1\n        return y\n')
+    assert benchmark.extra_prompts("m.py", source) == [
+        ("m.py:5", "def plain(a,\n          b):\n    # sum them\n"), ("m.py:11", 'class Thing:\n    """A thing."""\n'),
+        ("m.py:15", "def method(self):\n")]
+    assert benchmark.extra_prompts("bad.py", "def (") == []
+    from specdecpp.data.stdlib_corpus import read_split
+    for index in range(8):  # files on both sides of the split; only the train side's prompts are written
+        (tmp_path / "lib" / f"m{index}.py").parent.mkdir(exist_ok=True)
+        (tmp_path / "lib" / f"m{index}.py").write_text(source)
+    train = read_split("train", str(tmp_path / "lib"))
+    output = tmp_path / "prompts.jsonl"
+    assert benchmark.main([str(output), "--root", str(tmp_path / "lib")]) == 3 * len(train)
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert {row["source"].split(":")[0] for row in rows} == {rel for rel, _ in train}
+
+
+def test_distill_labels_mixes_each_label_with_the_teachers_prediction(tmp_path, pair_dirs):
+    from specdecpp.data.io import read_records, write_records
+    from specdecpp.head.inputs import predict
+    from specdecpp.models import load_model
+
+    benchmark = load_benchmark("distill_labels")
+    head = AcceptancePredictionHead(32, num_layers=1, alignment="proposer")
+    head.save_pretrained(tmp_path / "teacher")
+    records = [{"prefix": [1, 5, 6], "tokens": [7, 8, 9, 2], "draft": [7, 10, 9, 2], "log_p_draft": [-0.1] * 4,
+                "log_p_target": [-0.2] * 4, "p_acc": [1.0, 0.0, 1.0, 1.0]} for _ in range(2)]
+    write_records(tmp_path / "records.jsonl", records)
+    written = benchmark.main([str(tmp_path / "teacher"), str(tmp_path / "records.jsonl"), str(tmp_path / "out.jsonl"),
+                              "--keep", "0.25", "--draft", pair_dirs[1], "--threads", str(torch.get_num_threads())])
+    _, taught = predict(head, load_model(pair_dirs[1], torch_dtype=torch.float32), records, batch_size=16)
+    mixed = [p for record in read_records(tmp_path / "out.jsonl") for p in record["p_acc"]]
+    assert mixed == pytest.approx(0.25 * np.array([1.0, 0.0, 1.0, 1.0] * 2) + 0.75 * taught)
+    assert [record["p_acc"] for record in written] == [mixed[:4], mixed[4:]]
+
+
+def test_time_breakdown_prices_rounds_judgements_and_the_target_alone():
+    from specdecpp.costs import StepTimes
+    benchmark = load_benchmark("time_breakdown")
+    times = StepTimes(draft_ms=[2.0, 1.0], verify_ms=[10.0, 12.0, 14.0], target_alone_ms=9.0, judge_ms=0.25,
+                      round_overhead_ms=0.5)
+    assert benchmark.predicted_ms(times, [2, 2, 1], judged=5) == pytest.approx((14 + 3 + 0.5) * 2 + (12 + 2 + 0.5)
+                                                                               + 5 * 0.25)
+    assert benchmark.predicted_ms(times, [0, 0], with_draft=False) == 18.0
+    assert [benchmark.judged_tokens([3, 1, 0], alignment) for alignment in ("proposer", "reader", None)] == [4, 2, 0]
+
+
+@pytest.mark.slow  # compiles the tiny pair's graphs
+@pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
+def test_time_breakdown_times_the_prefill_on_the_engines_of_the_generations_it_prices(tiny_pair, monkeypatch):
+    """Given `max_length`, the prefill runs on the compiled engines of generations that long (512 tokens here), not
+    on those its own short prompt would take (256)."""
+    from specdecpp.costs import StepTimes
+    monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
+    target, draft = tiny_pair
+    times = StepTimes(draft_ms=[1.0], verify_ms=[2.0], target_alone_ms=2.0)
+    to_target, to_draft = load_benchmark("time_breakdown").prefill_extra_ms(target, draft, torch.tensor([[5, 9, 17, 3]]),
+                                                                            times, compile=True, max_length=300)
+    assert math.isfinite(to_target) and math.isfinite(to_draft)
+    assert {capacity for model in (target, draft) for _, capacity in compiled._engines[model]} == {512}
+
+
+def test_sampling_limits_reads_each_records_proposals_features_from_the_draft(tiny_pair):
+    from specdecpp.head.model import logit_features
+    _, draft = tiny_pair
+    record = {"prefix": [1, 5, 6], "tokens": [7, 8, 9], "draft": [7, 10, 9]}
+    [features] = load_benchmark("sampling_limits").record_features(draft, [record], ["log_q", "entropy"])
+    logits = draft(input_ids=torch.tensor([[1, 5, 6, 7, 8]])).logits[0, 2:]
+    expected = logit_features(logits, torch.tensor([7, 10, 9]), ["log_q", "entropy"])
+    assert features.shape == (3, 2) and np.allclose(features, expected.detach().numpy())

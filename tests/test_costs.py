@@ -19,7 +19,7 @@ def test_flat_view_is_target_calls_plus_c_times_draft_calls_per_token():
 
 def test_measured_view_is_time_over_tokens_in_target_alone_steps():
     times = StepTimes(draft_ms=[2.0, 1.0], verify_ms=[10.0, 12.0, 14.0], target_alone_ms=8.0, round_overhead_ms=0.5)
-    spent = times.predicted_ms([2, 2, 1])  # (14 + 3 + 0.5) * 2 + (12 + 2 + 0.5)
+    spent = sum(times.round_ms(k) for k in (2, 2, 1))  # (14 + 3 + 0.5) * 2 + (12 + 2 + 0.5)
     assert spent == pytest.approx(49.5)
     assert cost_per_token(spent, 6, times.target_alone_ms) == pytest.approx(49.5 / 8.0 / 6)
 

@@ -10,7 +10,7 @@ from conftest import write_prompts
 
 from specdecpp.costs import FLAT_COST
 from specdecpp.evaluation import demo
-from specdecpp.evaluation import settings
+from specdecpp.evaluation import arguments
 from specdecpp.head.model import AcceptancePredictionHead
 
 
@@ -81,13 +81,13 @@ def test_a_missing_pair_is_named(demo_dirs, tmp_path):
 
 
 def test_too_few_prompts_is_refused_before_loading_a_model(demo_dirs, monkeypatch):
-    monkeypatch.setattr(settings, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(arguments, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit, match="has only 6 prompts; need more than --tune_prompts 6"):
         demo.main(flags(demo_dirs, "--tune_prompts", "6", "--num_prompts", "1"))
 
 
 def test_outside_a_checkout_the_demo_says_where_the_pair_is_expected(demo_dirs, tmp_path, monkeypatch):
     zoo = tmp_path / "checkpoints" / "zoo"
-    monkeypatch.setattr(settings, "ZOO_DIR", zoo)
+    monkeypatch.setattr(arguments, "ZOO_DIR", zoo)
     with pytest.raises(SystemExit, match=r"expected in .*--target TARGET --draft DRAFT"):
         demo.main(flags(demo_dirs) + ["--model_name", str(zoo / "target"), "--assistant_name", str(zoo / "draft")])

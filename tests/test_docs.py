@@ -1,7 +1,9 @@
 """The documents against what they describe, so that they cannot drift: the README's facts about
 the shipped heads against the heads' `card.json` and `config.json`, the signature it shows for
-`speculative_generate` against the function's, and every flag docs/design.md names for a script
-against that script's `--help`."""
+`speculative_generate` against the function's, every link of the README and of the results' pages
+against the files and headings it points to, every benchmark command they give and every flag
+docs/design.md names for a script against that script's `--help`, and results/ against what the
+README cites."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +11,7 @@ import importlib
 import inspect
 import io
 import json
+import os
 import re
 import runpy
 import sys
@@ -90,7 +93,7 @@ def stated_facts(name: str) -> dict[str, str]:
 
 
 def test_the_readme_table_of_heads_is_their_cards_and_configs():
-    rows = table_rows(section(README, "The embedded pair"), "head")
+    rows = table_rows(section(README, "Results on the embedded pair"), "head")
     named = [HEAD_PATH.fullmatch(row["head"]).group(1) for row in rows]
     assert sorted(named) == shipped_heads(), "the table lists every shipped head, and only those"
     for name, row in zip(named, rows):
@@ -120,8 +123,10 @@ MODULES = {module.rpartition(".")[2]: module for module, _ in COMMANDS.values()}
 def script_of(span: str) -> str | None:
     """The script a backticked span of docs/design.md names, as a module or a file under the
     repository: `specdecpp <command> ...`, `<command module> ...` (`calibration --threads`) or
-    `benchmarks/<name>.py`; None for any other span."""
+    `[python ]benchmarks/<name>.py`; None for any other span."""
     words = span.split()
+    if words[:1] == ["python"]:
+        words = words[1:]  # `python benchmarks/<name>.py ...` names the script
     if not words:
         return None
     if words[0] == "specdecpp" and len(words) > 1 and words[1].replace("_", "-") in COMMANDS:
@@ -161,7 +166,7 @@ def help_flags(script: str) -> frozenset[str]:
     """The flags `script --help` lists (a command module's `main` or a benchmark file, run in this
     process)."""
     argv = ["build", "--help"] if script == "specdecpp.training.zoo" else ["--help"]  # zoo's flags are its build's
-    shown, saved_argv, saved_path = io.StringIO(), sys.argv, sys.path
+    shown, saved_argv, saved_path, saved_environ = io.StringIO(), sys.argv, sys.path, dict(os.environ)
     try:
         with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
             if script.endswith(".py"):
@@ -172,6 +177,8 @@ def help_flags(script: str) -> frozenset[str]:
                 importlib.import_module(script).main(argv)
     finally:
         sys.argv, sys.path = saved_argv, saved_path
+        os.environ.clear()
+        os.environ.update(saved_environ)  # a benchmark may set its threads' variables when it loads
     return frozenset(FLAG.findall(shown.getvalue()))
 
 
@@ -182,3 +189,66 @@ def test_every_flag_docs_design_names_is_in_its_scripts_help():
         assert scripts, f"docs/design.md names {flag} without the script that takes it (write `script {flag}`)"
         for script in sorted(scripts):
             assert flag in help_flags(script), f"docs/design.md names {flag} for {script}, whose --help lacks it"
+
+
+# -- the README's links and benchmark commands, and results/ -----------------------------------------
+
+RESULTS = ROOT / "results"
+PAGES = [ROOT / "README.md", RESULTS / "README.md", ROOT / "benchmarks" / "README.md",
+         *sorted(RESULTS.glob("*/README.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+BENCHMARK_COMMAND = re.compile(r"python (benchmarks/\w+\.py)((?:\\\n|[^\n`|])*)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page."""
+    titles = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
+
+
+def test_every_link_of_the_readme_and_the_results_pages_resolves():
+    checked = 0
+    for page in PAGES:
+        for link in LINK.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", link):
+                continue  # a web address
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            assert target.exists(), f"{page.relative_to(ROOT)} links {link}, which does not exist"
+            assert not anchor or anchor in anchors(target), f"{page.relative_to(ROOT)} links {link}: no such heading"
+            checked += 1
+    assert checked >= len(PAGES)
+
+
+def benchmark_commands(text: str) -> list[tuple[str, set[str]]]:
+    """`(script, flags)` of every `python benchmarks/<name>.py ...` command in `text`, lines continued by `\\`."""
+    return [(script, set(FLAG.findall(rest))) for script, rest in BENCHMARK_COMMAND.findall(text)]
+
+
+def test_benchmark_commands_are_read_with_their_continued_lines():
+    text = "    python benchmarks/a.py --x 1 \\\n      --y 2 | tee out\n`python benchmarks/b.py --z` and --w"
+    assert benchmark_commands(text) == [("benchmarks/a.py", {"--x", "--y"}), ("benchmarks/b.py", {"--z"})]
+
+
+def test_every_benchmark_command_of_the_readme_and_the_results_pages_takes_its_flags():
+    commands = [command for page in PAGES for command in benchmark_commands(page.read_text(encoding="utf-8"))]
+    assert {script for script, _ in commands} >= {"benchmarks/time_breakdown.py", "benchmarks/evaluations.py"}
+    for script, flags in commands:
+        assert (ROOT / script).is_file(), script
+        assert flags <= help_flags(script), (script, flags - help_flags(script))
+
+
+def test_results_hold_what_the_readme_cites_each_remade_by_one_benchmark_command():
+    """At most 10 folders, each linked from the README, each with a README giving one `benchmarks/`
+    command that writes into it; summaries only: no scripts, no file over 1 MB."""
+    folders = sorted(path for path in RESULTS.iterdir() if path.is_dir())
+    assert 0 < len(folders) <= 10
+    cited = {match.split("/")[1] for match in re.findall(r"\]\((results/[\w.-]+)/", README)}
+    assert cited == {folder.name for folder in folders}, "the README links every results folder, and only those"
+    for folder in folders:
+        page = (folder / "README.md").read_text(encoding="utf-8")
+        assert len({script for script, _ in benchmark_commands(page)}) == 1, folder.name
+        assert f"results/{folder.name}" in page, f"{folder.name}'s command writes elsewhere"
+    tracked = [path for path in RESULTS.rglob("*") if path.is_file() and not re.fullmatch(r"results_.*\.json", path.name)]
+    assert not [path for path in tracked if path.suffix in (".py", ".sh", ".diff", ".ipynb")], "no scripts in results/"
+    assert not [path for path in tracked if path.stat().st_size > 1_000_000], "no file over 1 MB in results/"

@@ -16,7 +16,7 @@ from conftest import write_prompts
 
 from specdecpp import evaluate as ev
 from specdecpp.engine import compiled, schedules
-from specdecpp.evaluation import methods, runner, settings
+from specdecpp.evaluation import arguments, methods, runner
 from specdecpp.head.model import AcceptancePredictionHead
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,7 +156,7 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(settings, "load_model", refuse)
+    monkeypatch.setattr(arguments, "load_model", refuse)
 
 
 @pytest.mark.parametrize("overrides, error, message", [
@@ -362,7 +362,7 @@ def test_resume_refuses_records_of_other_methods_before_loading_a_model(eval_dir
                      baselines=["target"], n_end=2, plots=False)
     args.evaluate()
     args.grid.num_assistant_tokens, args.run.resume = [3], True
-    monkeypatch.setattr(settings, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(arguments, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="other methods than this run"):
         args.evaluate()
 
@@ -461,7 +461,7 @@ def test_first_difference_margin_is_the_targets_top_two_gap_after_the_common_pre
 def test_outside_a_checkout_a_missing_embedded_pair_says_where_and_what_to_do(eval_dirs, tmp_path, monkeypatch,
                                                                             no_model_loading):
     zoo = tmp_path / "site-packages" / "checkpoints" / "zoo"  # what a non-editable install would look for
-    monkeypatch.setattr(settings, "ZOO_DIR", zoo)
+    monkeypatch.setattr(arguments, "ZOO_DIR", zoo)
     args = make_args(eval_dirs, tmp_path, target=str(zoo / "target"), draft=str(zoo / "draft"))
     with pytest.raises(FileNotFoundError) as error:
         args.evaluate()

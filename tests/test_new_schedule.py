@@ -11,7 +11,7 @@ from test_threshold import greedy_records
 from specdecpp import speculative_generate
 from specdecpp.calibration.threshold import replayed_rounds, schedule_length
 from specdecpp.engine.schedules import SCHEDULES, Schedule
-from specdecpp.evaluation import runner, settings
+from specdecpp.evaluation import arguments, runner
 
 
 class Alternating(Schedule):
@@ -69,11 +69,11 @@ def test_the_replay_drafts_the_engines_rounds(tiny_pair):
 
 def test_the_evaluation_compares_it(pair_dirs, tmp_path):
     summary = runner.evaluate(
-        settings.HeadPairArguments(target=pair_dirs[0], draft=pair_dirs[1], head=[]),
-        settings.MethodGrid(schedule=["test-alternating"], num_assistant_tokens=[3], baselines=["target"]),
-        settings.DecodingArguments(max_new_tokens=8).settings(),
-        settings.PromptSource(prompts=write_prompts(tmp_path / "prompts.jsonl", 2)),
-        settings.RunOptions(output=str(tmp_path / "out"), warmup_tokens=0, cost_steps_per_prompt=1, plots=False,
+        arguments.HeadPairArguments(target=pair_dirs[0], draft=pair_dirs[1], head=[]),
+        arguments.MethodGrid(schedule=["test-alternating"], num_assistant_tokens=[3], baselines=["target"]),
+        arguments.DecodingArguments(max_new_tokens=8).settings(),
+        arguments.PromptSource(prompts=write_prompts(tmp_path / "prompts.jsonl", 2)),
+        arguments.RunOptions(output=str(tmp_path / "out"), warmup_tokens=0, cost_steps_per_prompt=1, plots=False,
                             progress=False))
     assert [row["method"] for row in summary["summary"]] == ["target", "specdecpp:test-alternating"]
     assert summary["greedy_check"].startswith("greedy check passed")

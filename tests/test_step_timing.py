@@ -168,13 +168,12 @@ def test_a_threshold_set_by_hand_is_used_as_it_is_without_a_warning(tiny_pair, r
 
 @pytest.mark.slow  # compiles the tiny pair's graphs
 @pytest.mark.skipif(not compiled.STATIC_CACHE_CROPS, reason="transformers < 5.24: compile=True is refused")
-def test_probe_and_prefill_time_the_engines_of_the_generations_they_price(tiny_pair, monkeypatch):
-    """Given `max_length`, the probe and the prefill run on the compiled engines of generations that long (512
-    tokens here), not on those their own short context would take (256)."""
+def test_the_probe_times_the_engines_of_the_generations_it_prices(tiny_pair, monkeypatch):
+    """Given `max_length`, the probe runs on the compiled engines of generations that long (512 tokens here), not
+    on those its own short context would take (256)."""
     monkeypatch.setattr(compiled, "_engines", compiled.weakref.WeakKeyDictionary())
     target, draft = tiny_pair
     context = torch.tensor([[5, 9, 17, 3]])
     probe = StepProbe(target, draft, context, max_draft=2, warmup=0, compile=True, max_length=300)
     probe.sample()
-    step_timing.prefill_extra_ms(target, draft, context, probe.times(), compile=True, max_length=300)
     assert {capacity for model in (target, draft) for _, capacity in compiled._engines[model]} == {512}

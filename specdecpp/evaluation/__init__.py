@@ -2,7 +2,7 @@
 from specdecpp.evaluation.methods import Counts, Method, MethodSpec, method_specs
 from specdecpp.evaluation.report import report, run_title
 from specdecpp.evaluation.runner import Evaluation, evaluate, measure, records_to_resume, run_cost
-from specdecpp.evaluation.settings import (ZOO_DIR, DecodingArguments, MethodGrid, Pair, Prompt, PromptSource,
+from specdecpp.evaluation.arguments import (ZOO_DIR, DecodingArguments, MethodGrid, Pair, Prompt, PromptSource,
                                            RunOptions, check_inputs, load_pair, zoo_pair)
 from specdecpp.models import HeadPairArguments
 

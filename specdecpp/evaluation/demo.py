@@ -13,7 +13,7 @@ from specdecpp.costs import FLAT_COST
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.methods import MethodSpec
 from specdecpp.evaluation.runner import Evaluation
-from specdecpp.evaluation.settings import MethodGrid, Prompt, PromptSource, RunOptions
+from specdecpp.evaluation.arguments import MethodGrid, Prompt, PromptSource, RunOptions
 from specdecpp.measuring import metrics
 from specdecpp.models import HeadPairArguments
 

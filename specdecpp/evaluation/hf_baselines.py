@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 from specdecpp.compat import cache_in
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.methods import Counts, MethodSpec, generation_kwargs
-from specdecpp.evaluation.settings import Pair, Prompt
+from specdecpp.evaluation.arguments import Pair, Prompt
 
 HF_SCHEDULES = ("constant", "heuristic", "dynamic")
 

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 from specdecpp.engine.decoding import decode
 from specdecpp.engine.schedules import SCHEDULES
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.evaluation.settings import MethodGrid, Prompt, budget_step_times_from, may_store_threshold
+from specdecpp.evaluation.arguments import MethodGrid, Prompt, budget_step_times_from, may_store_threshold
 from specdecpp.head.folder import stored_step_times
 from specdecpp.head.model import AcceptancePredictionHead
 

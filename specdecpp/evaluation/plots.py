@@ -1,4 +1,4 @@
-"""The evaluation's figures; `python -m specdecpp.evaluation.plots results/*/summary.json` redraws them."""
+"""The evaluation's figures; `python -m specdecpp.evaluation.plots results/evaluation/*/summary.json` redraws them."""
 from __future__ import annotations
 
 import json

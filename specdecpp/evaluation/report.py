@@ -10,7 +10,7 @@ import torch
 from specdecpp.data.io import write_json
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation import plots
-from specdecpp.evaluation.settings import Prompt
+from specdecpp.evaluation.arguments import Prompt
 from specdecpp.measuring import metrics
 
 

@@ -19,7 +19,7 @@ from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.hf_baselines import hf_assisted_generate
 from specdecpp.evaluation.methods import Method, MethodSpec, engine_generate, method_specs
 from specdecpp.evaluation.report import report, run_title
-from specdecpp.evaluation.settings import (MethodGrid, Pair, Prompt, PromptSource, RunOptions,
+from specdecpp.evaluation.arguments import (MethodGrid, Pair, Prompt, PromptSource, RunOptions,
                                            check_results_replaceable, load_inputs, load_pair, results_file, zoo_pair)
 from specdecpp import costs
 from specdecpp.measuring import step_timing

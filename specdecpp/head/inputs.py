@@ -69,18 +69,6 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
 
 
 @torch.no_grad()
-def record_features(draft: PreTrainedModel, records: list[dict], names: list[str]) -> list[np.ndarray]:
-    """The named `logit_features` of each record's proposals: one `[len(p_acc), len(names)]` array per record."""
-    device = model_device(draft)
-    features = []
-    for record in tqdm(records, desc="features", unit="record"):
-        ids = torch.tensor([record["prefix"] + record["tokens"][:-1]], device=device)
-        logits = draft(input_ids=ids).logits[0, len(record["prefix"]) - 1:]
-        features.append(logit_features(logits, torch.tensor(record["draft"], device=device), names).cpu().numpy())
-    return features
-
-
-@torch.no_grad()
 def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: list[dict], mixing_ratio: float = 0.15,
             seed: int = 42, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """`(labels, predictions)`: `p_acc` and the head's P(accept) at every labelled position of the records."""

@@ -196,26 +196,6 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
-                     times: StepTimes, compile: bool = False, max_length: int | None = None) -> tuple[float, float]:
-    """What reading the prompt adds (ms) to a generation's first verification and to its first draft step
-    (`draft=None`: to the target alone's first step, and 0), on the engines of generations of `max_length` tokens."""
-    first_target_step = times.target_alone_ms if draft is None else times.verify_ms[0]
-    to_draft = _prefill_ms(draft, input_ids, compile, max_length) - times.draft_ms[0] \
-        if draft is not None and times.draft_ms else 0.0
-    return _prefill_ms(target, input_ids, compile, max_length) - first_target_step, to_draft
-
-
-def _prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool, max_length: int | None) -> float:
-    seq = input_ids[0].tolist()
-    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False),
-                               max(max_length or 0, len(seq)))
-    with torch.inference_mode():
-        start = time.perf_counter()
-        cached.logits(seq, num_logits=1)
-        return 1000 * (time.perf_counter() - start)
-
-
 def measure_round_overhead(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                            tokens: int = 32, runs: int = 3, compile: bool = False) -> float:
     """The loop's own time per round (ms), the median of `runs` `constant` K=3 decodes of `tokens` tokens."""
