@@ -46,8 +46,9 @@ def methods(head, args) -> list[Method]:
         out += [Method(f"confidence-tree@{t:g},nodes={nodes}", dict(
             schedule="confidence-tree", stop_threshold=t, bound=(1, 20), tree_nodes=size, tree_width=args.tree_width))
             for t in args.tree_confidences]
-        out.append(Method(f"ada-tree@{head.stop_threshold:g},nodes={nodes}", dict(
-            chain, schedule="ada-tree", stop_threshold="auto", tree_nodes=size, tree_width=args.tree_width)))
+        out += [Method(f"ada-tree@{head.stop_threshold if t == 'auto' else float(t):g},nodes={nodes}", dict(
+            chain, schedule="ada-tree", stop_threshold=t if t == "auto" else float(t), tree_nodes=size,
+            tree_width=args.tree_width)) for t in args.ada_tree_thresholds]
     return out
 
 
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tree_width", type=int, default=4)
     parser.add_argument("--tree_confidences", type=float, nargs="+", default=[0.5, 0.7, 0.9],
                         help="confidence-tree's stop thresholds (one method each)")
+    parser.add_argument("--ada_tree_thresholds", nargs="+", default=["auto"],
+                        help="ada-tree's stop thresholds ('auto': the head's stored one)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output_json", default=None)
