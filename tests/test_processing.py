@@ -16,6 +16,7 @@ from transformers.generation import WatermarkLogitsProcessor
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.engine.schedules import SCHEDULES
+from test_compiled import CHAIN_SCHEDULES
 
 
 def settings_for(name: str, plain: list[int], eos: int) -> dict:
@@ -151,7 +152,7 @@ def test_stop_strings_need_the_tokenizer(tiny_pair):
 
 
 @pytest.mark.parametrize("names", [pytest.param(("repetition_penalty",), marks=pytest.mark.slow), ("all",)])
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", CHAIN_SCHEDULES)
 @needs_static_crop
 def test_compiled_greedy_equals_target_generate_with_processing(tiny_pair, random_head, schedule, names):
     """The compiled engine under processors that read the prefix (its draft's graph is then the

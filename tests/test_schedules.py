@@ -101,7 +101,7 @@ def test_unknown_schedule():
     with pytest.raises(ValueError, match="unknown schedule"):
         DecodingSettings(schedule="fastest").validate()
     assert set(SCHEDULES) == {"none", "constant", "heuristic", "dynamic", "ada", "online", "oracle", "verify-budget",
-                              "ada-budget"}
+                              "ada-budget", "ada-tree", "confidence-tree"}
 
 
 def test_draft_log_odds_is_the_log_odds_of_the_top_probability_at_the_temperature():

@@ -426,7 +426,11 @@ class TreeSchedule(Schedule):
         if sum(candidate.value > best for candidate in drafted) >= self.nodes:
             return []
         if self.auto:
-            chosen = [drafted[i] for i in self.select(drafted, levels)]
+            selected = self.select(drafted, levels)
+            first = len(drafted) - len(newest)
+            if not any(first + i in selected for i in picked):  # none of them is worth verifying: nor their children
+                return []
+            chosen = [drafted[i] for i in selected]
             expected = 1.0 + sum(candidate.path_value for candidate in chosen)
             spent = self.times.tree_round_ms(levels, len(chosen))
             step = self.times.draft_ms[min(levels, len(self.times.draft_ms) - 1)]
