@@ -80,7 +80,8 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
                 output_hidden_states=True, use_cache=False)
     candidates = candidates.to(out.logits.device)
     if candidates.dim() == out.logits.dim():
-        features = torch.stack([logit_features(out.logits, column.clamp_min(0), feature_names)
+        probs = out.logits.float().softmax(-1)  # one softmax for all the candidates
+        features = torch.stack([logit_features(out.logits, column.clamp_min(0), feature_names, probs)
                                 for column in candidates.unbind(-1)], dim=-2)
     else:
         features = logit_features(out.logits, candidates.clamp_min(0), feature_names)
