@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 from accelerate import PartialState
-from datasets import Array2D, Dataset, Features, Sequence, Value, concatenate_datasets
+from datasets import Array2D, Array3D, Dataset, Features, Sequence, Value, concatenate_datasets
 from torch import nn
 from tqdm import tqdm
 from transformers import HfArgumentParser, PreTrainedModel, Trainer, TrainingArguments, set_seed
@@ -23,15 +23,17 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from specdecpp.checks import check_data_fits_draft, check_head_fits_draft, hidden_size, text_config
 from specdecpp.cli import common_field, input_errors
 from specdecpp.data.io import read_records
-from specdecpp.head.inputs import head_inputs, make_example, pad_batch
+from specdecpp.head.inputs import head_inputs, judged_states, make_example, pad_batch
 from specdecpp.head.model import ALIGNMENTS, FEATURES, AcceptancePredictionHead
 from specdecpp.head.objective import IGNORE, acceptance_loss, compute_metrics
 from specdecpp.head.publish import push_head
 from specdecpp.models import PairArguments, load_head, load_model
 
 
-def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignment: str = "reader") -> Dataset:
-    return Dataset.from_list([make_example(r, i, mixing_ratio, seed, alignment) for i, r in enumerate(records)])
+def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignment: str = "reader",
+                     num_candidates: int = 0) -> Dataset:
+    return Dataset.from_list([make_example(r, i, mixing_ratio, seed, alignment, num_candidates)
+                              for i, r in enumerate(records)])
 
 
 @dataclass
@@ -63,6 +65,11 @@ class DataArguments:
     mixing_ratio: float = field(default=0.15, metadata={
         "help": "reader heads only: probability that a position shows the target's token instead of the draft's "
                 "(its label ignored); a proposer head trains on the target's continuation and needs no mixing"})
+    train_candidates: int = field(default=0, metadata={"help": (
+        "proposer heads with --head_features: train (and evaluate) on each position's first N candidates of the "
+        "records (build_data --num_candidates), each judged from the state that proposed it with its own "
+        "features and labelled by candidate_p_acc, so that the head also judges a token tree's siblings; "
+        "0: the drafted token alone")})
 
 
 @dataclass
@@ -86,9 +93,12 @@ def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], exampl
     files in `cache_dir`."""
     state = PartialState()
     hidden_size = draft.config.get_text_config().hidden_size
-    columns = {"hidden_states": Array2D((None, hidden_size), "float32"), "labels": Sequence(Value("float32"))}
+    candidates = len(examples[0]["labels"][-1]) if isinstance(examples[0]["labels"][-1], list) else 0
+    columns = {"hidden_states": Array2D((None, hidden_size), "float32"),
+               "labels": Array2D((None, candidates), "float32") if candidates else Sequence(Value("float32"))}
     if feature_names:
-        columns["features"] = Array2D((None, len(feature_names)), "float32")
+        columns["features"] = Array3D((None, candidates, len(feature_names)), "float32") if candidates \
+            else Array2D((None, len(feature_names)), "float32")
     os.makedirs(cache_dir, exist_ok=True)
     shard = examples.shard(state.num_processes, state.process_index, contiguous=True)
     rows = {name: [] for name in columns}
@@ -98,7 +108,7 @@ def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], exampl
         hidden, features = head_inputs(draft, feature_names, batch["input_ids"].to(device),
                                        batch["attention_mask"].to(device), batch.get("candidates"))
         for row, labels in enumerate(batch["labels"]):
-            keep = labels != IGNORE
+            keep = (labels != IGNORE).any(-1) if candidates else labels != IGNORE
             rows["hidden_states"].append(hidden[row][keep.to(hidden.device)].float().cpu().numpy())
             rows["labels"].append(labels[keep].numpy())
             if feature_names:
@@ -133,7 +143,7 @@ class HeadOnDraft(nn.Module):
             with torch.no_grad():
                 hidden_states, features = head_inputs(self.draft, self.head.features, input_ids, attention_mask,
                                                       candidates)
-        return self.head(hidden_states, features)
+        return self.head(judged_states(hidden_states, features), features)
 
 
 class HeadTrainer(Trainer):
@@ -219,6 +229,20 @@ def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
             "alignment": model_args.head_alignment, "features": features, "width": model_args.head_width}
 
 
+def check_candidates(train_candidates: int, head_config: dict, records: list[dict]) -> None:
+    """ValueError unless training on `train_candidates` candidates (0: none) fits the head and the records."""
+    if train_candidates < 0:
+        raise ValueError(f"--train_candidates must be >= 0, got {train_candidates}")
+    if not train_candidates:
+        return
+    if head_config["alignment"] != "proposer" or not head_config["features"]:
+        raise ValueError("--train_candidates needs a proposer head with --head_features: the candidates of a "
+                         "position share its draft state, and only their features tell them apart")
+    if missing := sum("candidates" not in record for record in records):
+        raise ValueError(f"--train_candidates: {missing} of {len(records)} records hold no candidates (build them "
+                         "with build_data --num_candidates)")
+
+
 def missing_checkpoint_files(folder: str) -> list[str]:
     """What `folder` lacks of a complete checkpoint."""
     names = os.listdir(folder)
@@ -279,6 +303,7 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
     train_records = read_records(data_args.records)
     eval_records = read_records(data_args.eval_records) if data_args.eval_records else None
     head_config = head_config_from(model_args, hidden_size(text_config(pair.draft, pair.trust_remote_code)))
+    check_candidates(data_args.train_candidates, head_config, train_records + (eval_records or []))
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
@@ -292,7 +317,7 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
     check_data_fits_draft(train_records + (eval_records or []), draft)
     set_seed(args.seed)
     head = AcceptancePredictionHead(head_config)
-    layout = (data_args.mixing_ratio, args.seed, head.alignment)
+    layout = (data_args.mixing_ratio, args.seed, head.alignment, data_args.train_candidates)
     train_set = examples_dataset(train_records, *layout)
     eval_set = examples_dataset(eval_records, *layout) if eval_records else None
     if args.cache_hidden_states:

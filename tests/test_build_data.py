@@ -11,11 +11,12 @@ from conftest import free_port, tiny_llama, tiny_tokenizer, write_prompts
 
 import specdecpp.data.build_data as build_module
 from specdecpp.checks import trim_at_eos
-from specdecpp.data.build_data import BuildDataArguments, build_batch, build_data, main
+from specdecpp.data.build_data import (BuildDataArguments, build_batch, build_data, draft_candidates, main,
+                                       recursive_rejection_acceptance)
 from specdecpp.data.io import read_records
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import build_processing
-from specdecpp.engine.sampling import make_warpers, widened
+from specdecpp.engine.sampling import make_warpers, residual_distribution, widened
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.models import PairArguments, load_model
 
@@ -161,6 +162,96 @@ def test_sampled_records_with_a_repetition_penalty_follow_the_engines_distributi
         torch.testing.assert_close(torch.tensor(record["p_acc"], dtype=torch.float64), (p / q).clamp(max=1))
 
 
+# A hand-checkable position: the draft rates tokens 0 > 1 > 2 and rules out 3; the target prefers 2.
+Q, P = torch.tensor([[0.5, 0.3, 0.2, 0.0]]), torch.tensor([[0.2, 0.2, 0.6, 0.0]])
+
+
+def test_greedy_candidates_are_the_drafts_top_tokens_labelled_by_the_targets_choice():
+    candidates, labels = draft_candidates(Q.log(), P.log(), torch.tensor([0]), 4, None, torch.tensor([2]))
+    assert candidates == [[0, 1, 2]], "a token the draft rules out is no candidate"
+    assert labels == [[0.0, 0.0, 1.0]]
+    assert draft_candidates(Q.log(), P.log(), torch.tensor([0]), 2, None, torch.tensor([2])) == ([[0, 1]], [[0.0, 0.0]])
+
+
+@pytest.mark.parametrize("order, expected", [([0, 1, 2], [0.4, 0.0, 1.0]), ([0, 2, 1], [0.4, 1.0, 0.0]),
+                                             ([1, 0, 2], [2 / 3, 0.0, 1.0])])
+def test_recursive_rejection_acceptance_by_hand(order, expected):
+    # 0 first: min(1, .2/.5) = .4, then r = norm(max(0, p - q)) = [0, 0, 1, 0] and q = [0, .6, .4, 0]: 1 gets
+    # 0/.6, 2 gets min(1, 1/.4). 1 first: min(1, .2/.3), then r = [0, 0, 1, 0] gives 0 to 0 and everything to 2.
+    labels = recursive_rejection_acceptance(Q.log(), P.log(), torch.tensor([order]))
+    torch.testing.assert_close(labels, torch.tensor([expected], dtype=torch.float64))
+
+
+def test_sampled_candidates_emit_exactly_the_target_distribution():
+    """Every order the draw can give, weighted by its chance, accepting each candidate with its label and
+    falling back on the last residual: the emitted token follows `p` (recursive rejection sampling is lossless)."""
+    from itertools import permutations
+
+    q, p = torch.tensor([[0.4, 0.3, 0.2, 0.1]]), torch.tensor([[0.1, 0.15, 0.35, 0.4]])
+    emitted = torch.zeros(4, dtype=torch.float64)
+    for order in permutations(range(4), 3):
+        chance, left = 1.0, q[0].double().clone()
+        for x in order:
+            chance *= float(left[x] / left.sum())
+            left[x] = 0
+        labels = recursive_rejection_acceptance(q.log(), p.log(), torch.tensor([order]))[0]
+        r, q_j, reached = p[0].double(), q[0].double(), chance
+        for x, label in zip(order, labels.tolist()):
+            emitted[x] += reached * label
+            reached *= 1 - label
+            r, q_j = residual_distribution(r, q_j), q_j.scatter(0, torch.tensor([x]), 0.0)
+            q_j = q_j / q_j.sum()
+        emitted += reached * r
+    torch.testing.assert_close(emitted, p[0].double())
+
+
+def test_sampled_candidates_are_drawn_without_replacement_the_proposal_first():
+    n = 20_000
+    q = Q.expand(n, 4)
+    proposals = torch.zeros(n, dtype=torch.long)  # given the proposal 0, the next is 1 w.p. .3/.5, 2 w.p. .2/.5
+    candidates, labels = draft_candidates(q.log(), P.log().expand(n, 4), proposals, 4, torch.Generator().manual_seed(0),
+                                          torch.full((n,), 2))
+    assert all(c[0] == 0 and sorted(c) == [0, 1, 2] for c in candidates)
+    second = torch.tensor([c[1] for c in candidates])
+    assert abs((second == 1).double().mean().item() - 0.6) < 0.015
+    assert all(label == ([0.4, 0.0, 1.0] if c == [0, 1, 2] else [0.4, 1.0, 0.0]) for c, label in
+               zip(candidates[:50], [[round(v, 6) for v in row] for row in labels[:50]]))
+
+
+def test_records_keep_the_drafts_candidates(pair_dirs, prompts_file, loaded, tmp_path):
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "cand.jsonl", batch_size=3, num_candidates=3))
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "none.jsonl", batch_size=3, num_candidates=0))
+    with_candidates, without = read_records(tmp_path / "cand.jsonl"), read_records(tmp_path / "none.jsonl")
+    target, draft = loaded
+    for record, plain in zip(with_candidates, without):
+        assert "candidates" not in plain and "candidate_p_acc" not in plain
+        assert {k: v for k, v in record.items() if not k.startswith("candidate")} == plain, "nothing else changes"
+        d_logits = teacher_forced(draft, record["prefix"], record["tokens"])
+        t_choice = teacher_forced(target, record["prefix"], record["tokens"]).argmax(-1)
+        assert record["candidates"] == d_logits.topk(3).indices.tolist()
+        assert record["candidate_p_acc"] == (d_logits.topk(3).indices == t_choice[:, None]).double().tolist()
+        assert [c[0] for c in record["candidate_p_acc"]] == record["p_acc"]
+    labels = [sum(c) for r in with_candidates for c in r["candidate_p_acc"]]
+    assert max(labels) == 1.0 and any(c[1:] != [0.0, 0.0] for r in with_candidates for c in r["candidate_p_acc"])
+
+
+def test_sampled_records_keep_candidates_drawn_after_the_proposal(pair_dirs, prompts_file, loaded, tmp_path):
+    flags = dict(do_sample=True, temperature=0.8, top_k=3, batch_size=3, seed=5)
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "cand.jsonl", num_candidates=4, **flags))
+    build_data(*args_for(pair_dirs, prompts_file, tmp_path / "none.jsonl", num_candidates=0, **flags))
+    target, draft = loaded
+    warpers = make_warpers(0.8, 3, 1.0)
+    for record, plain in zip(read_records(tmp_path / "cand.jsonl"), read_records(tmp_path / "none.jsonl")):
+        assert {k: v for k, v in record.items() if not k.startswith("candidate")} == plain, "the same draws"
+        q = warpers(None, widened(teacher_forced(draft, record["prefix"], record["tokens"]))).softmax(-1)
+        p = warpers(None, widened(teacher_forced(target, record["prefix"], record["tokens"]))).softmax(-1)
+        for i, (candidates, labels) in enumerate(zip(record["candidates"], record["candidate_p_acc"])):
+            assert len(candidates) == len(set(candidates)) == 3, "top-k 3 leaves three tokens with mass"
+            assert candidates[0] == record["draft"][i] and labels[0] == record["p_acc"][i]
+            expected = recursive_rejection_acceptance(q[i:i + 1].log(), p[i:i + 1].log(), torch.tensor([candidates]))
+            torch.testing.assert_close(torch.tensor([labels], dtype=torch.float64), expected, atol=1e-5, rtol=1e-4)
+
+
 def test_continuations_stop_at_eos(loaded):
     target, draft = loaded
     prefixes = [[1, 5, 9, 14], [1, 30], [1, 7, 7, 22, 40, 41]]
@@ -216,7 +307,8 @@ def test_existing_output_is_refused_unless_overwrite(pair_dirs, prompts_file, tm
 
 
 @pytest.mark.parametrize("bad", [{"max_new_tokens": 0}, {"temperature": 0.0}, {"top_p": 1.5},
-                                 {"prompt_format": "alpaca"}, {"output": "x.json"}, {"repetition_penalty": 0.0}])
+                                 {"prompt_format": "alpaca"}, {"output": "x.json"}, {"repetition_penalty": 0.0},
+                                 {"num_candidates": -1}])
 def test_bad_arguments_fail_before_loading(pair_dirs, prompts_file, tmp_path, bad):
     with pytest.raises(ValueError):
         args_for(pair_dirs, prompts_file, bad.pop("output", tmp_path / "o.jsonl"), **bad)

@@ -10,9 +10,9 @@ from sklearn.metrics import roc_auc_score
 from test_train import synthetic_records
 
 from specdecpp.calibration import report as calibration
-from specdecpp.calibration.report import calibration_report, main, predict, soft_auroc, unweight
+from specdecpp.calibration.report import calibration_report, main, predict, rank_report, soft_auroc, unweight
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.head.objective import acceptance_loss
+from specdecpp.head.objective import IGNORE, acceptance_loss
 from specdecpp.models import load_model
 
 
@@ -67,6 +67,60 @@ def test_command_prints_report_and_writes_diagram(pair_dirs, tmp_path, capsys):
         assert name in out
     assert (tmp_path / "rel.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "rel.json").read_text())["positions"] > 0
+
+
+def test_rank_report_by_hand():
+    labels = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, IGNORE], [1.0, 0.0, IGNORE], [0.0, 0.0, 1.0]])
+    predictions = np.array([[0.9, 0.2, 0.1], [0.3, 0.6, 0.5], [0.8, 0.1, 0.5], [0.4, 0.3, 0.2]])
+    report = rank_report(labels, predictions)
+    assert list(report) == ["1", "2", "3", "2+", "all"]
+    assert [report[k]["positions"] for k in report] == [4, 4, 2, 6, 10]
+    assert report["1"]["mean_label"] == 0.5 and report["1"]["auroc"] == 1.0
+    assert report["3"]["mean_prediction"] == pytest.approx(0.15) and report["2+"]["mean_label"] == pytest.approx(2 / 6)
+    assert report["all"] == calibration_report(labels[labels != IGNORE], predictions[labels != IGNORE])
+
+
+def with_candidates(record: dict) -> dict:
+    """`record` with three candidates per position, the drafted token first, the drafted token's label first."""
+    return record | {"candidates": [[d, (d + 1) % 60 + 4, (d + 2) % 60 + 4] for d in record["draft"]],
+                     "candidate_p_acc": [[p, 1.0 - p, 0.0] for p in record["p_acc"]]}
+
+
+@pytest.mark.parametrize("features", [[], ["log_q", "log_rank"]])
+def test_the_command_reports_by_candidate_rank(pair_dirs, tmp_path, capsys, features):
+    torch.manual_seed(0)
+    head = AcceptancePredictionHead(32, 1, alignment="proposer", features=features)
+    torch.nn.init.normal_(head.model[-1].weight)
+    head.save_pretrained(tmp_path / "head")
+    records = [with_candidates(r) for r in synthetic_records(4)]
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    main(["--head", str(tmp_path / "head"), "--draft", pair_dirs[1], "--data_path", str(tmp_path / "dev.jsonl"),
+          "--plot_path", str(tmp_path / "rel.png"), "--rank_plot_path", str(tmp_path / "ranks.png"),
+          "--output", str(tmp_path / "rel.json")])
+    assert "by candidate rank" in capsys.readouterr().out
+    assert (tmp_path / "ranks.png").read_bytes()[:4] == b"\x89PNG"
+    report = json.loads((tmp_path / "rel.json").read_text())
+    by_rank = report["by_rank"]
+    assert [by_rank[k]["positions"] for k in ("1", "2", "3", "2+", "all")] == [40, 40, 40, 80, 120]
+    assert by_rank["2"]["mean_label"] == 1 - by_rank["1"]["mean_label"] and by_rank["3"]["mean_label"] == 0
+    for key in ("ece", "auroc", "mean_prediction"):
+        assert by_rank["1"][key] == pytest.approx(report[key]), "rank 1 is the drafted token"
+    labels, predictions = predict(head, load_model(pair_dirs[1]), records, num_candidates=3)
+    assert labels.shape == predictions.shape == (40, 3) and (labels[:, 1] == 1 - labels[:, 0]).all()
+    if features:
+        assert (predictions[:, 0] != predictions[:, 1]).all(), "features tell a position's candidates apart"
+    else:
+        assert (predictions == predictions[:, :1]).all(), "a head of the hidden state alone scores siblings alike"
+
+
+def test_records_without_candidates_have_no_rank_report(pair_dirs, tmp_path):
+    AcceptancePredictionHead(32, 1, alignment="proposer").save_pretrained(tmp_path / "head")
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in synthetic_records(2)))
+    main(["--head", str(tmp_path / "head"), "--draft", pair_dirs[1], "--data_path", str(tmp_path / "dev.jsonl"),
+          "--plot_path", str(tmp_path / "rel.png"), "--rank_plot_path", str(tmp_path / "ranks.png"),
+          "--output", str(tmp_path / "rel.json")])
+    assert "by_rank" not in json.loads((tmp_path / "rel.json").read_text())
+    assert not (tmp_path / "ranks.png").exists()
 
 
 @pytest.fixture

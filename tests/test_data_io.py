@@ -11,13 +11,14 @@ from specdecpp.data.prompts import load_prompts
 
 RECORD = {"prompt": "p", "prefix": [1, 7], "continuation": "a b", "tokens": [4, 5, 2], "draft": [4, 9, 2],
           "log_p_draft": [-0.1, -0.5, -0.2], "log_p_target": [-0.2, float("-inf"), -0.1], "p_acc": [1.0, 0.0, 0.5]}
+CANDIDATES = {"candidates": [[4, 6], [9, 5, 3], [2]], "candidate_p_acc": [[1.0, 0.0], [0.0, 1.0, 0.0], [0.5]]}
 
 
 def test_jsonl_round_trip(tmp_path):
     processed = RECORD | {"prompt": "q", "processing": {"repetition_penalty": 1.2}}
-    write_records(tmp_path / "d.jsonl", [RECORD, processed])
+    write_records(tmp_path / "d.jsonl", [RECORD, processed, RECORD | CANDIDATES])
     records = read_records(tmp_path / "d.jsonl")
-    assert records == [RECORD, processed]
+    assert records == [RECORD, processed, RECORD | CANDIDATES]
     assert not list(tmp_path.glob("*.tmp*"))
 
 
@@ -58,6 +59,12 @@ def test_reference_format_loads_as_ours(tmp_path):
     ({"prefix": "not a list"}, "not a list"),
     ({"log_p_draft": [-0.1, None, -0.2]}, "must hold numbers"),
     ({"processing": [["repetition_penalty", 1.2]]}, "'processing' must be an object"),
+    ({"candidates": CANDIDATES["candidates"]}, "'candidates' needs candidates and candidate_p_acc together"),
+    (CANDIDATES | {"candidates": [[4], [9]], "candidate_p_acc": [[1.0], [0.0]]}, "one entry per continuation token"),
+    (CANDIDATES | {"candidates": [[4, 6], [5, 9, 3], [2]]}, r"candidates\[1\] must start with the drafted token 9"),
+    (CANDIDATES | {"candidates": [[4, 6], [], [2]]}, r"candidates\[1\] must be a non-empty list"),
+    (CANDIDATES | {"candidate_p_acc": [[1.0, 0.0], [0.0, 1.0], [0.5]]}, r"candidate_p_acc\[1\] must hold one value"),
+    (CANDIDATES | {"candidate_p_acc": [[1.0, 2.0], [0.0, 1.0, 0.0], [0.5]]}, r"candidate_p_acc\[0\]"),
 ])
 def test_bad_records_name_the_problem(change, message):
     record = {k: v for k, v in (RECORD | change).items() if v is not None}

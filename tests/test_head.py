@@ -230,7 +230,8 @@ def test_lean_judge_equals_accept_prob(config):
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
-COMMITTED_HEADS = [("head", []), ("head-sampling", ["log_q", "entropy", "margin"]), ("head-reference", [])]
+COMMITTED_HEADS = [("head", []), ("head-sampling", ["log_q", "entropy", "margin"]), ("head-reference", []),
+                   ("head-tree", ["log_q", "margin", "log_rank"])]
 
 
 @pytest.mark.parametrize("name,features", COMMITTED_HEADS)

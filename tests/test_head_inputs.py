@@ -9,7 +9,7 @@ from conftest import randomized, tiny_llama
 from specdecpp import AcceptancePredictionHead
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
-from specdecpp.head.inputs import head_inputs
+from specdecpp.head.inputs import head_inputs, judged_states
 from specdecpp.head.model import FEATURES, LeanJudge, logit_features
 
 
@@ -41,3 +41,33 @@ def test_every_feature_is_the_same_in_training_and_in_the_engine(do_sample):
     torch.testing.assert_close(torch.tensor(engine_judged, dtype=torch.float64), expected, rtol=1e-4, atol=1e-5)
     assert expected.std() > 0.01  # the judgement varies with what the head reads
     assert len(set(candidates)) > 3  # varied proposals, sampled ones differ from the argmax
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+@torch.no_grad()
+def test_a_siblings_judgement_is_the_same_in_training_and_in_the_engine(do_sample):
+    """Each candidate of a position, judged by the engine's `LeanJudge` from the step that proposed the drafted
+    token, gets the P(accept) training gives it (`head_inputs` with a candidate axis, `judged_states`)."""
+    draft = tiny_llama(seed=4).eval()
+    names = ["log_q", "margin", "log_rank"]
+    sequence = torch.randint(0, 64, (10,), generator=torch.Generator().manual_seed(5)).tolist()
+    torch.manual_seed(6)
+    head = randomized(AcceptancePredictionHead(draft.config.hidden_size, 2, alignment="proposer", features=names,
+                                               width=8))
+    with torch.no_grad():
+        head.output()[0].mul_(0.01)
+    judge = LeanJudge(head)
+    cached = EagerDraft(draft, sampling_only(do_sample), judge)
+    candidates, engine_judged = [], []
+    for length in range(1, len(sequence)):
+        step = cached.draft_step(sequence[:length], 1, torch.Generator().manual_seed(length))
+        siblings = torch.tensor([step.token] + [t for t in step.logits.topk(4).indices.tolist() if t != step.token][:3])
+        candidates.append(siblings.tolist())
+        engine_judged.append(judge(step.hidden.float().expand(4, -1), step.logits.expand(4, -1), siblings))
+        assert abs(engine_judged[-1][0].item() - step.accept_prob) < 1e-5, "the drafted token's own judgement"
+    ids = torch.tensor([sequence[:-1]])
+    hidden, features = head_inputs(draft, names, ids, torch.ones_like(ids), torch.tensor([candidates]))
+    assert features.shape == (1, len(candidates), 4, len(names))
+    trained = head.accept_prob(judged_states(hidden, features), features)[0]
+    torch.testing.assert_close(trained, torch.stack(engine_judged), rtol=1e-4, atol=1e-5)
+    assert (trained.std(-1) > 1e-3).all(), "siblings of one state are told apart by their features"

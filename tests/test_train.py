@@ -84,6 +84,73 @@ def test_proposer_example_labels_the_state_that_proposes_each_draft_token():
     assert example["candidates"] == [-1, -1, 10, 21, 12, 23]
 
 
+def test_proposer_example_with_candidates_labels_each_candidate_from_the_proposing_state():
+    record = {"prefix": [1, 7], "tokens": [10, 11, 12], "draft": [10, 21, 12], "p_acc": [1.0, 0.0, 1.0],
+              "candidates": [[10, 30], [21, 11, 5], [12]], "candidate_p_acc": [[1.0, 0.0], [0.0, 1.0, 0.0], [1.0]]}
+    example = make_example(record, 0, 0.5, seed=0, alignment="proposer", num_candidates=2)
+    assert example["input_ids"] == [1, 7, 10, 11]
+    assert example["candidates"] == [[-1, -1], [10, 30], [21, 11], [12, -1]]
+    assert example["labels"] == [[IGNORE, IGNORE], [1.0, 0.0], [0.0, 1.0], [1.0, IGNORE]]
+    assert make_example(record, 0, 0.5, seed=0, alignment="proposer") == make_example(
+        {k: v for k, v in record.items() if not k.startswith("candidate")}, 0, 0.5, seed=0, alignment="proposer"), \
+        "without --train_candidates the records' candidates change nothing"
+    with pytest.raises(ValueError, match="build_data --num_candidates"):
+        make_example(synthetic_records(1)[0], 0, 0.0, seed=0, alignment="proposer", num_candidates=2)
+
+
+def with_teacher_candidates(draft, teacher: AcceptancePredictionHead, record: dict, n: int = 3) -> dict:
+    """`record` with `n` candidates per position (the drafted token, then the two next ids) labelled by the
+    teacher's P(accept) for each, judged from the state that proposed the drafted token."""
+    candidates = [[d] + [(d + j) % 60 + 4 for j in range(1, n)] for d in record["draft"]]
+    labels = [teacher_p_acc(draft, teacher, record | {"draft": [c[j] for c in candidates]}) for j in range(n)]
+    return record | {"candidates": candidates, "candidate_p_acc": [list(column) for column in zip(*labels)],
+                     "p_acc": labels[0]}
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_head_learns_to_judge_siblings_from_their_features(pair_dirs, tmp_path, cache):
+    draft = load_model(pair_dirs[1])
+    torch.manual_seed(0)
+    teacher = AcceptancePredictionHead(32, 0, alignment="proposer", features=["log_q", "log_rank"])
+    torch.nn.init.normal_(teacher.model[-1].weight)
+    paths = []
+    for name, seed, n in (("train", 0, 24), ("eval", 1, 8)):
+        paths.append(tmp_path / f"{name}.jsonl")
+        paths[-1].write_text("".join(json.dumps(with_teacher_candidates(draft, teacher, r)) + "\n"
+                                     for r in synthetic_records(n, seed)))
+    trainer = train(PairArguments(draft=pair_dirs[1]),
+                    ModelArguments(resnet_num_layers=1, head_features=["log_q", "log_rank"]),
+                    DataArguments(records=str(paths[0]), eval_records=str(paths[1]), train_candidates=3),
+                    HeadTrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=10, learning_rate=5e-2,
+                                          per_device_train_batch_size=4, weight_mismatch=1.0, report_to="none",
+                                          save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
+                                          cache_hidden_states=cache))
+    labels = np.array([p for line in paths[1].read_text().splitlines() for c in json.loads(line)["candidate_p_acc"]
+                       for p in c])
+    assert len(labels) == 8 * 10 * 3, "every candidate of every position is an example"
+    constant = binary_kl(labels, np.full_like(labels, labels.mean()))
+    learned = [log["eval_binary_kl"] for log in trainer.state.log_history if "eval_binary_kl" in log][-1]
+    assert learned < 0.25 * constant
+
+
+@pytest.mark.parametrize("model_args, records, message", [
+    ({"head_features": ["none"]}, "with", "needs a proposer head with --head_features"),
+    ({"head_alignment": "reader"}, "with", "needs a proposer head with --head_features"),
+    ({}, "without", "12 of 16 records hold no candidates"),
+])
+def test_training_on_candidates_is_refused_where_it_cannot_work(pair_dirs, data_files, tmp_path, model_args, records,
+                                                               message):
+    with_candidates = tmp_path / "with.jsonl"
+    with_candidates.write_text("".join(json.dumps(r | {"candidates": [[d] for d in r["draft"]],
+                                                       "candidate_p_acc": [[p] for p in r["p_acc"]]}) + "\n"
+                                       for r in synthetic_records(4)))
+    files = (str(with_candidates), str(with_candidates)) if records == "with" else (data_files[0], str(with_candidates))
+    with pytest.raises(ValueError, match=message):
+        train(PairArguments(draft=pair_dirs[1]), ModelArguments(**model_args),
+              DataArguments(records=files[0], eval_records=files[1], train_candidates=2),
+              HeadTrainingArguments(output_dir=str(tmp_path / "o"), use_cpu=True))
+
+
 def teacher_p_acc(draft, teacher: AcceptancePredictionHead, record: dict) -> list[float]:
     """The teacher's P(accept) for each drafted token, computed from the state that judges it: a
     proposer's at tokens[i-1] with draft[i]'s features there, a reader's at draft[i] of prefix + draft."""

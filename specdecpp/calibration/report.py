@@ -1,6 +1,7 @@
 """Calibration report of a trained acceptance head on held-out records, `python -m specdecpp.calibration.report
---head HEAD --draft DRAFT --records dev.jsonl`: ECE, Brier score, AUROC, binary KL, a reliability diagram; with
-`--choose_threshold --target TARGET` it also chooses and stores the head's threshold."""
+--head HEAD --draft DRAFT --records dev.jsonl`: ECE, Brier score, AUROC, binary KL, a reliability diagram, and for
+records with candidates the same by candidate rank; with `--choose_threshold --target TARGET` it also chooses and
+stores the head's threshold."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from specdecpp.engine.settings import default
 from specdecpp.head.folder import REPLAYED_ROUNDS, stored_step_times
 from specdecpp.head.inputs import predict
 from specdecpp.head.model import AcceptancePredictionHead
-from specdecpp.head.objective import binary_kl
+from specdecpp.head.objective import IGNORE, binary_kl
 from specdecpp.measuring.step_timing import torch_threads
 from specdecpp.models import HeadPairArguments, load_head, load_model
 
@@ -48,6 +49,8 @@ class CalibrationArguments:
         "(needs --target and a proposer head), and store it in the head folder")})
     bound: list[int] = field(default_factory=lambda: list(default("bound")), metadata={
         "help": "ada's MIN MAX drafted tokens per round, as decoding will use them (for --choose_threshold)"})
+    rank_plot_path: str = field(default="reliability_by_rank.png", metadata={"help": (
+        "where the reliability diagram by candidate rank goes (records with candidates, a proposer head)")})
     threshold_plot_path: str = field(default="threshold.png", metadata={
         "help": "where the replayed cost-against-threshold plot goes (for --choose_threshold)"})
     step_times_from: str | None = field(default=None, metadata={"help": (
@@ -116,6 +119,45 @@ def calibration_report(labels: np.ndarray, predictions: np.ndarray, num_bins: in
             "mean_label": float(labels.mean()), "mean_prediction": float(predictions.mean()), "bins": bins}
 
 
+def rank_report(labels: np.ndarray, predictions: np.ndarray, num_bins: int = 10) -> dict:
+    """`calibration_report` of each candidate rank (columns of `[positions, ranks]`, IGNORE where a position has
+    fewer candidates; rank 1 is the drafted token), of the siblings (ranks 2 and up) and of all candidates."""
+    ranks = {str(j + 1): np.s_[:, j] for j in range(labels.shape[1])} | {"2+": np.s_[:, 1:], "all": np.s_[:, :]}
+    report = {}
+    for name, columns in ranks.items():
+        keep = labels[columns] != IGNORE
+        if keep.any():
+            report[name] = calibration_report(labels[columns][keep], predictions[columns][keep], num_bins)
+    return report
+
+
+def format_rank_report(report: dict) -> str:
+    lines = ["by candidate rank (1: the drafted token)",
+             "rank   positions  mean label  mean pred     ECE   AUROC  binary KL"]
+    for name, r in report.items():
+        lines.append(f"{name:<5}  {r['positions']:9d}  {r['mean_label']:10.4f}  {r['mean_prediction']:9.4f}  "
+                     f"{r['ece']:6.4f}  {r['auroc']:6.4f}  {r['binary_kl']:9.4f}")
+    return "\n".join(lines)
+
+
+def plot_rank_reliability(report: dict, path: str, title: str = "") -> None:
+    """Mean label against mean prediction per bin, one line per candidate rank."""
+    fig = Figure(figsize=(5, 5))
+    ax = fig.subplots()
+    for name, r in report.items():
+        if name == "all":
+            continue
+        filled = [b for b in r["bins"] if b["count"]]
+        ax.plot([b["mean_prediction"] for b in filled], [b["mean_label"] for b in filled], "o-",
+                label=f"rank {name}: ECE {r['ece']:.3f}, AUROC {r['auroc']:.3f}, n {r['positions']}")
+    ax.plot([0, 1], [0, 1], "--", color="gray", label="perfect calibration")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted accept probability", ylabel="accept rate (mean label)",
+           title=f"{title}\nby candidate rank".strip())
+    ax.legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def plot_reliability(report: dict, path: str, title: str = "") -> None:
     """The reliability diagram (mean label against mean prediction per bin) over the positions per bin."""
     fig = Figure(figsize=(5, 6))
@@ -154,7 +196,7 @@ def format_report(report: dict) -> str:
 
 def check_outputs(args: CalibrationArguments) -> None:
     """FileNotFoundError for an output path in a folder that does not exist."""
-    outputs = {"--plot_path": args.plot_path, "--output": args.output}
+    outputs = {"--plot_path": args.plot_path, "--output": args.output, "--rank_plot_path": args.rank_plot_path}
     if args.choose_threshold:
         outputs["--threshold_plot_path"] = args.threshold_plot_path
     for flag, path in outputs.items():
@@ -187,6 +229,13 @@ def run(pair: HeadPairArguments, args: CalibrationArguments) -> dict:
     title = f"head {head_dir}" + (f" (w={args.weight_mismatch:g} undone)" if args.weight_mismatch != 1 else "")
     plot_reliability(report, args.plot_path, title=title)
     print(f"reliability diagram: {args.plot_path}")
+    if head.alignment == "proposer" and all("candidates" in record for record in records):
+        ranks = max(len(candidates) for record in records for candidates in record["candidates"])
+        rank_labels, rank_predictions = predict(head, draft, records, batch_size=args.batch_size, num_candidates=ranks)
+        report["by_rank"] = rank_report(rank_labels, unweight(rank_predictions, args.weight_mismatch), args.num_bins)
+        print(format_rank_report(report["by_rank"]))
+        plot_rank_reliability(report["by_rank"], args.rank_plot_path, title=title)
+        print(f"reliability diagram by candidate rank: {args.rank_plot_path}")
     if args.choose_threshold:
         target = load_model(pair.target, **pair.loading())
         report["threshold"] = store_threshold(head, head_dir, draft, target, records, args, predictions)

@@ -23,7 +23,7 @@ from specdecpp.cli import common_field, input_errors
 from specdecpp.data.io import atomic_write, read_complete_lines, to_json_line, write_records
 from specdecpp.data.prompts import FORMATS, load_prompts, tokenize_prompt
 from specdecpp.engine.processing import NEUTRAL, Processing, build_processing
-from specdecpp.engine.sampling import make_warpers, sample
+from specdecpp.engine.sampling import make_warpers, residual_distribution, sample
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.models import (PairArguments, check_tokenizer, load_model, load_tokenizer, model_device,
                               positions_from_mask)
@@ -43,6 +43,9 @@ class BuildDataArguments:
     top_p: float = field(default=1.0, metadata={"help": "nucleus filtering when sampling (1: off)"})
     repetition_penalty: float = field(default=1.0, metadata={
         "help": "generate's repetition penalty, applied to both models' logits as decoding will apply it (1: off)"})
+    num_candidates: int = field(default=4, metadata={"help": (
+        "the draft's candidates kept per position, the proposal first, each with its acceptance quantity "
+        "(`candidates`, `candidate_p_acc`; 0: none)")})
     batch_size: int = field(default=8, metadata={"help": "prompts per batch on each rank"})
     seed: int = common_field("seed", default=0, help="seed of the sampling draws (each batch is seeded from it)")
     n_begin: int = field(default=0, metadata={"help": "first prompt of the source to use"})
@@ -56,6 +59,8 @@ class BuildDataArguments:
     def __post_init__(self):
         if self.max_new_tokens <= 0 or self.batch_size <= 0:
             raise ValueError(f"max_new_tokens and batch_size must be > 0, got {self.max_new_tokens}, {self.batch_size}")
+        if self.num_candidates < 0:
+            raise ValueError(f"--num_candidates must be >= 0, got {self.num_candidates}")
         if self.prompt_format not in FORMATS:
             raise ValueError(f"unknown prompt_format {self.prompt_format!r}; choose from {', '.join(FORMATS)}")
         make_warpers(self.temperature, self.top_k, self.top_p)  # raises on bad sampling settings
@@ -112,10 +117,11 @@ def processed_logits(processings: list[Processing], contexts: list[list[int]], l
 def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[list[int]], *, max_new_tokens: int,
                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 processing_fields: dict | None = None, pad_token_id: int = 0,
-                eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0) -> list[dict]:
+                eos_token_ids: set[int] | frozenset = frozenset(), seed: int = 0,
+                num_candidates: int = BuildDataArguments.num_candidates) -> list[dict]:
     """Records for a batch of tokenized prompts: the target's continuation, scored by one teacher-forced forward of
     each model, logits processed as decoding does. `p_acc` is `min(1, p/q)` when sampling (draws from `seed`), else
-    1.0 where the draft's argmax is the target's."""
+    1.0 where the draft's argmax is the target's; `num_candidates` > 0 adds `draft_candidates`."""
     if any(len(p) == 0 for p in prefixes):
         raise ValueError("every prompt needs at least one token")
     processing_fields = processing_fields or {}
@@ -147,24 +153,63 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
     q_logits = processed_logits(processings, contexts, draft_logits, lengths)
     p_logits = processed_logits(processings, contexts, target_logits.to(draft_logits.device), lengths)
     log_q, log_p = q_logits.log_softmax(-1), p_logits.log_softmax(-1)
-    if do_sample:
-        proposals = sample(q_logits.softmax(-1), torch.Generator(q_logits.device).manual_seed(seed))
-    else:
-        proposals = q_logits.argmax(-1)
+    generator = torch.Generator(q_logits.device).manual_seed(seed) if do_sample else None
+    proposals = sample(q_logits.softmax(-1), generator) if do_sample else q_logits.argmax(-1)
     log_q_tok, log_p_tok = (lp.gather(-1, proposals[:, None])[:, 0] for lp in (log_q, log_p))
-    p_acc = (log_p_tok - log_q_tok).exp().clamp(max=1.0) if do_sample \
-        else (proposals == p_logits.argmax(-1)).to(log_p.dtype)
+    target_choice = p_logits.argmax(-1)
+    p_acc = (log_p_tok - log_q_tok).exp().clamp(max=1.0) if do_sample else (proposals == target_choice).to(log_p.dtype)
     target_entropy = -(log_p.exp() * log_p.clamp_min(-1e4)).sum(-1)
+    kept = draft_candidates(log_q, log_p, proposals, num_candidates, generator, target_choice) \
+        if num_candidates else None
 
     records, start = [], 0
     for tokens in continuations:
         end = start + len(tokens)
-        records.append({"tokens": tokens, "draft": proposals[start:end].tolist(),
-                        "log_p_draft": log_q_tok[start:end].tolist(), "log_p_target": log_p_tok[start:end].tolist(),
-                        "p_acc": p_acc[start:end].tolist(), "target_entropy": target_entropy[start:end].tolist(),
-                        "processing": processing_fields})
+        record = {"tokens": tokens, "draft": proposals[start:end].tolist(),
+                  "log_p_draft": log_q_tok[start:end].tolist(), "log_p_target": log_p_tok[start:end].tolist(),
+                  "p_acc": p_acc[start:end].tolist(), "target_entropy": target_entropy[start:end].tolist()}
+        if kept:
+            record["candidates"], record["candidate_p_acc"] = kept[0][start:end], kept[1][start:end]
+        records.append(record | {"processing": processing_fields})
         start = end
     return records
+
+
+def draft_candidates(log_q: torch.Tensor, log_p: torch.Tensor, proposals: torch.Tensor, num_candidates: int,
+                     generator: torch.Generator | None,
+                     target_choice: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+    """Per position, the draft's first `num_candidates` tokens with mass under its processed `log_q`, the proposal
+    first, and each one's acceptance quantity (docs/design.md, The record format). Greedy (`generator` None): the
+    rest in `log_q`'s order, labelled 1.0 for the target's argmax `target_choice`. Sampled: the rest in the order of
+    the exponential race `q / E` (a draw without replacement given the proposal), labelled by recursive
+    rejection sampling: `min(1, r_i(x_i) / q_i(x_i))`, `r_1 = p`, `q_1 = q`, `r_{i+1}` the residual of `r_i`
+    over `q_i`, `q_{i+1}` `q_i` without `x_i`, renormalised."""
+    keys = log_q.double()
+    if generator is not None:
+        keys = keys - torch.empty_like(keys).exponential_(generator=generator).log()
+    keys = keys.scatter(-1, proposals[:, None], float("inf"))
+    candidates = keys.topk(min(num_candidates, keys.shape[-1]), dim=-1).indices
+    if generator is None:
+        labels = (candidates == target_choice[:, None]).to(log_p.dtype)
+    else:
+        labels = recursive_rejection_acceptance(log_q, log_p, candidates)
+    has_mass = log_q.gather(-1, candidates) > float("-inf")
+    return ([row[:n] for row, n in zip(candidates.tolist(), has_mass.sum(-1).tolist())],
+            [row[:n] for row, n in zip(labels.tolist(), has_mass.sum(-1).tolist())])
+
+
+def recursive_rejection_acceptance(log_q: torch.Tensor, log_p: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """`[positions, len(candidates)]`: the probability that recursive rejection sampling accepts each candidate
+    once the ones before it were rejected (`draft_candidates`); the first is `min(1, p/q)` of the proposal."""
+    columns, log_r, log_q_i = [], log_p, log_q
+    for i in range(candidates.shape[-1]):
+        x = candidates[:, i:i + 1]
+        columns.append((log_r.gather(-1, x) - log_q_i.gather(-1, x)).exp().clamp(max=1.0)[:, 0].double())
+        r, q_i = log_r.double().exp(), log_q_i.double().exp()
+        log_r = residual_distribution(r, q_i).log()
+        q_i = q_i.scatter(-1, x, 0.0)
+        log_q_i = (q_i / q_i.sum(-1, keepdim=True)).log()
+    return torch.stack(columns, -1).nan_to_num(0.0)
 
 
 def init_distributed() -> tuple[int, int]:
@@ -191,7 +236,9 @@ def run_settings(args: BuildDataArguments, pair: PairArguments) -> dict:
     """What decides the records' content; a partial build made with other settings is not resumed."""
     settings = {"target_name": pair.target, "draft_name": pair.draft}
     settings |= {SETTING_NAMES.get(name, name): value for name, value in asdict(args).items()
-                 if name not in ("output", "batch_size", "overwrite", "repetition_penalty")}
+                 if name not in ("output", "batch_size", "overwrite", "repetition_penalty", "num_candidates")}
+    # the candidates only when kept, so that a build started before they existed resumes without them
+    settings |= {"num_candidates": args.num_candidates} if args.num_candidates else {}
     # the processing by its set fields only, so that a build started before they existed still resumes
     return settings | args.processing_fields() | {"torch_dtype": pair.torch_dtype}
 
@@ -285,7 +332,7 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
             records = build_batch(target, draft, [prompts[i][1] for i in batch], max_new_tokens=args.max_new_tokens,
                                   do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, processing_fields=args.processing_fields(), pad_token_id=pad, eos_token_ids=eos,
-                                  seed=args.seed * 1_000_003 + batch[0])
+                                  seed=args.seed * 1_000_003 + batch[0], num_candidates=args.num_candidates)
             for i, record in zip(batch, records):
                 text = tokenizer.decode(record["tokens"], skip_special_tokens=True)
                 shard.write(to_json_line({"index": i, "prompt": prompts[i][0], "prefix": prompts[i][1],

@@ -13,6 +13,7 @@ from typing import TextIO
 LIST_FIELDS = ("tokens", "draft", "log_p_draft", "log_p_target", "p_acc")  # one entry per continuation token
 REQUIRED_FIELDS = ("prefix",) + LIST_FIELDS
 INT_FIELDS = ("prefix", "tokens", "draft")
+CANDIDATE_FIELDS = ("candidates", "candidate_p_acc")  # optional, together: per position, a list per candidate
 _SIZE_FIELD = re.compile(r"^log_p_(\d+(?:\.\d+)?)([kmbt]?)$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
@@ -72,10 +73,34 @@ def normalize_record(record: dict, where: str = "record") -> dict:
     for name in ("log_p_draft", "log_p_target"):
         if not all(isinstance(v, (int, float)) and not math.isnan(v) for v in record[name]):
             raise ValueError(f"{where}: field {name!r} must hold numbers")
+    check_candidates(record, where)
     if not isinstance(record.get("processing", {}), dict):
         raise ValueError(f"{where}: field 'processing' must be an object (generate's processor fields by name), "
                          f"got {type(record['processing']).__name__}")
     return record
+
+
+def check_candidates(record: dict, where: str) -> None:
+    """The optional `candidates` and `candidate_p_acc`: both or neither; per position one non-empty list of token
+    ids, the drafted token first, and one acceptance quantity in [0, 1] per candidate."""
+    present = [name for name in CANDIDATE_FIELDS if name in record]
+    if not present:
+        return
+    if len(present) == 1:
+        raise ValueError(f"{where}: field {present[0]!r} needs {' and '.join(CANDIDATE_FIELDS)} together")
+    candidates, labels = record["candidates"], record["candidate_p_acc"]
+    if not (isinstance(candidates, list) and isinstance(labels, list)
+            and len(candidates) == len(labels) == len(record["draft"])):
+        raise ValueError(f"{where}: candidates and candidate_p_acc must be lists with one entry per continuation token")
+    for i, (tokens, p_acc, drafted) in enumerate(zip(candidates, labels, record["draft"])):
+        if not (isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool)
+                                                            and t >= 0 for t in tokens)):
+            raise ValueError(f"{where}: candidates[{i}] must be a non-empty list of non-negative token ids")
+        if tokens[0] != drafted:
+            raise ValueError(f"{where}: candidates[{i}] must start with the drafted token {drafted}, got {tokens[0]}")
+        if not (isinstance(p_acc, list) and len(p_acc) == len(tokens)
+                and all(isinstance(p, (int, float)) and 0.0 <= p <= 1.0 for p in p_acc)):
+            raise ValueError(f"{where}: candidate_p_acc[{i}] must hold one value in [0, 1] per candidate")
 
 
 def read_json_rows(path: str | os.PathLike) -> list[tuple[str, object]]:

@@ -14,10 +14,24 @@ from specdecpp.models import last_hidden_states, model_device, positions_from_ma
 NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
 
 
-def make_example(record: dict, index: int, mixing_ratio: float, seed: int, alignment: str = "reader") -> dict:
+def make_example(record: dict, index: int, mixing_ratio: float, seed: int, alignment: str = "reader",
+                 num_candidates: int = 0) -> dict:
     """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a proposer,
-    `candidates`. A reader's mixing draws depend only on (seed, record index)."""
+    `candidates`. A reader's mixing draws depend only on (seed, record index). A proposer with `num_candidates`
+    > 0 judges each position's first `num_candidates` of the record's `candidates`, labelled by
+    `candidate_p_acc`: `candidates` and `labels` then hold one list per position (padded with NO_CANDIDATE and
+    IGNORE)."""
     prefix, n = list(record["prefix"]), len(record["tokens"])
+    if alignment == "proposer" and num_candidates:
+        if "candidates" not in record:
+            raise ValueError("training on candidates needs records with `candidates` (build_data --num_candidates)")
+        width = range(num_candidates)
+        ignored = [[IGNORE] * num_candidates] * (len(prefix) - 1)
+        return {"input_ids": prefix + list(record["tokens"][:n - 1]),
+                "labels": ignored + [[float(p[j]) if j < len(p) else IGNORE for j in width]
+                                     for p in record["candidate_p_acc"]],
+                "candidates": [[NO_CANDIDATE] * num_candidates] * len(ignored)
+                              + [[c[j] if j < len(c) else NO_CANDIDATE for j in width] for c in record["candidates"]]}
     if alignment == "proposer":
         ignored = [IGNORE] * (len(prefix) - 1)
         return {"input_ids": prefix + list(record["tokens"][:n - 1]),
@@ -58,30 +72,51 @@ def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
 def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: torch.Tensor,
                 attention_mask: torch.Tensor, candidates: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The draft's last hidden states `[batch, seq, hidden]` and, for `feature_names`, each position's candidate's
-    features (zeros where there is none)."""
+    features (zeros where there is none): `[batch, seq, features]`, or `[batch, seq, candidates, features]` for
+    `candidates` `[batch, seq, candidates]`, each from the same logits."""
     if not feature_names:
         return last_hidden_states(draft, input_ids, attention_mask), None
     out = draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
                 output_hidden_states=True, use_cache=False)
     candidates = candidates.to(out.logits.device)
-    features = logit_features(out.logits, candidates.clamp_min(0), feature_names)
+    if candidates.dim() == out.logits.dim():
+        probs = out.logits.float().softmax(-1)  # one softmax for all the candidates
+        features = torch.stack([logit_features(out.logits, column.clamp_min(0), feature_names, probs)
+                                for column in candidates.unbind(-1)], dim=-2)
+    else:
+        features = logit_features(out.logits, candidates.clamp_min(0), feature_names)
     return out.hidden_states[-1], features * (candidates >= 0)[..., None]
+
+
+def judged_states(hidden: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+    """`hidden` `[..., hidden]` as the head reads it beside `features`: repeated (a view) over their candidate axis
+    when they have one, so that every candidate is judged from the state that proposed it."""
+    if features is None or features.dim() == hidden.dim():
+        return hidden
+    return hidden.unsqueeze(-2).expand(*features.shape[:-1], hidden.shape[-1])
 
 
 @torch.no_grad()
 def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: list[dict], mixing_ratio: float = 0.15,
-            seed: int = 42, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """`(labels, predictions)`: `p_acc` and the head's P(accept) at every labelled position of the records."""
+            seed: int = 42, batch_size: int = 8, num_candidates: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """`(labels, predictions)`: `p_acc` and the head's P(accept) at every labelled position of the records; with
+    `num_candidates` (a proposer head), `[positions, num_candidates]`: each position's first candidates' labels and
+    P(accept), judged from the same state (IGNORE where a position has fewer). A head that reads no features of
+    the judged token gives every candidate of a position the same P(accept)."""
     check_head_fits_draft(head.hidden_size, hidden_size(draft.config))
     device = model_device(draft)
     head = head.to(device)
     labels, predictions = [], []
     for start in tqdm(range(0, len(records), batch_size), desc="scoring", unit="batch"):
-        batch = pad_batch([make_example(r, start + i, mixing_ratio, seed, head.alignment)
+        batch = pad_batch([make_example(r, start + i, mixing_ratio, seed, head.alignment, num_candidates)
                            for i, r in enumerate(records[start: start + batch_size])])
         hidden, features = head_inputs(draft, head.features, batch["input_ids"].to(device),
                                        batch["attention_mask"].to(device), batch.get("candidates", None))
+        judged = head.accept_prob(judged_states(hidden, features), features).cpu()
+        judged = judged.unsqueeze(-1).expand_as(batch["labels"]) if judged.dim() < batch["labels"].dim() else judged
         keep = batch["labels"] != IGNORE
+        if num_candidates:
+            keep = keep.any(-1)
         labels.append(batch["labels"][keep].numpy())
-        predictions.append(head.accept_prob(hidden, features).cpu()[keep].numpy())
+        predictions.append(judged[keep].numpy())
     return np.concatenate(labels).astype(np.float64), np.concatenate(predictions).astype(np.float64)
