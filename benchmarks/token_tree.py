@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from harness import HEAD, load_pair, load_prompt_ids, rotated, warm_up
+from specdecpp.models import load_head
 from tqdm import tqdm
 
 from specdecpp.costs import StepTimes
@@ -32,8 +33,9 @@ class Method:
     runs: list[GenerationStats] = field(default_factory=list)
 
 
-def methods(head, args) -> list[Method]:
-    """Chains (the head's `ada`, `dynamic` per confidence, constant K, the oracle when greedy), then the trees."""
+def methods(head, tree_heads: dict, args) -> list[Method]:
+    """Chains (the head's `ada`, `dynamic` per confidence, constant K, the oracle when greedy), then the trees
+    (`ada-tree` with each of `tree_heads`, by name)."""
     chain = dict(head=head, bound=(1, 20))
     out = [Method(f"ada@{head.stop_threshold:g}", dict(chain, schedule="ada", stop_threshold="auto"))]
     out += [Method(f"dynamic@{c:g}", dict(schedule="dynamic", assistant_confidence_threshold=c,
@@ -46,9 +48,10 @@ def methods(head, args) -> list[Method]:
         out += [Method(f"confidence-tree@{t:g},nodes={nodes}", dict(
             schedule="confidence-tree", stop_threshold=t, bound=(1, 20), tree_nodes=size, tree_width=args.tree_width))
             for t in args.tree_confidences]
-        out += [Method(f"ada-tree@{head.stop_threshold if t == 'auto' else float(t):g},nodes={nodes}", dict(
-            chain, schedule="ada-tree", stop_threshold=t if t == "auto" else float(t), tree_nodes=size,
-            tree_width=args.tree_width)) for t in args.ada_tree_thresholds]
+        out += [Method(f"ada-tree[{name}]@{tree_head.stop_threshold if t == 'auto' else float(t):g},nodes={nodes}",
+                       dict(chain, head=tree_head, schedule="ada-tree", stop_threshold=t if t == "auto" else float(t),
+                            tree_nodes=size, tree_width=args.tree_width))
+                for name, tree_head in tree_heads.items() for t in args.ada_tree_thresholds]
     return out
 
 
@@ -84,7 +87,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head", default=HEAD)
+    parser.add_argument("--head", default=HEAD, help="the chain's head (ada)")
+    parser.add_argument("--tree_heads", nargs="+", default=None, help="ada-tree's heads (default: --head)")
     parser.add_argument("--prompts", default="stdlib-heldout")
     parser.add_argument("--n_begin", type=int, default=100)
     parser.add_argument("--n_end", type=int, default=160)
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft, head = (model.to(args.device) for model in load_pair(head=args.head))
     times = stored_step_times(args.head)[1]
     prompts = [p.to(args.device) for p in load_prompt_ids(args.prompts, n_begin=args.n_begin, n_end=args.n_end)]
-    compared = methods(head, args)
+    tree_heads = {Path(path.rstrip("/")).name: load_head(path).to(args.device) for path in args.tree_heads or [args.head]}
+    compared = methods(head, tree_heads, args)
 
     def run(method: Method, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0,
             expected: torch.Tensor | None = None) -> GenerationStats:
