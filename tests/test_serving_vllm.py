@@ -5,6 +5,8 @@ settings and errors. tests/test_serving_vllm_draft.py runs the plugin inside vLL
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from dataclasses import fields
 
 import pytest
@@ -167,3 +169,19 @@ def test_auto_needs_a_stored_threshold(tmp_path):
     random_head(threshold=None).save_pretrained(tmp_path / "head")
     with pytest.raises(ValueError, match="stored threshold"):
         section_settings({"specdecpp": {"head": str(tmp_path / "head"), "stop_threshold": "auto"}})
+
+
+def test_the_plugins_entry_point_imports_nothing_of_vllm():
+    # vLLM only logs a plugin that fails to import: the entry point's module must load whatever vLLM moved.
+    code = ("import sys, specdecpp.serving.vllm_plugin; "
+            "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_register_never_raises_where_it_cannot_hook(monkeypatch, caplog):
+    import specdecpp.serving.vllm_plugin as vllm_plugin
+
+    monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", None)  # no vLLM, or one that moved it
+    vllm_plugin.register()
+    assert "cannot check engine configs" in caplog.text

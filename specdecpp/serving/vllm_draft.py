@@ -1,5 +1,5 @@
-"""vLLM's `draft_model` proposer with the head deciding each request's length, and the plugin entry
-point `register` (docs/design.md, Serving). Imports vLLM."""
+"""vLLM's `draft_model` proposer with the head deciding each request's length (docs/design.md, Serving); imports
+vLLM, and `serving.vllm_plugin.register` plugs it in."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 from specdecpp.engine.schedules import make_schedule
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.serving.vllm import BatchRound, StopDrafting, check_config
+from specdecpp.serving.vllm import BatchRound, StopDrafting
 
 
 class SpecDecPPDraftProposer(DraftModelProposer):
@@ -15,6 +15,7 @@ class SpecDecPPDraftProposer(DraftModelProposer):
     `proposed_tokens` and `draft_steps` add up its work."""
 
     settings: DecodingSettings
+    WRAPS = ("__init__", "propose", "_sample_draft_tokens", "_sample_from_logits", "take_last_draft_probs")
 
     @classmethod
     def plug(cls, proposer: DraftModelProposer, settings: DecodingSettings) -> None:
@@ -50,28 +51,4 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         tokens, probs = self._sample_from_logits(logits, sampling_metadata)
         self.round.step(hidden_states, logits, tokens, probs)
         return tokens, probs
-
-
-def register() -> None:
-    """The `vllm.general_plugins` entry point: checks engine configs, and makes each `draft_model` proposer of an
-    engine with a `specdecpp` section a `SpecDecPPDraftProposer`. Idempotent."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    if getattr(EngineArgs.create_engine_config, "specdecpp", False):
-        return
-    create_engine_config, init = EngineArgs.create_engine_config, DraftModelProposer.__init__
-
-    def checked_create_engine_config(self, *args, **kwargs):
-        vllm_config = create_engine_config(self, *args, **kwargs)
-        check_config(vllm_config)
-        return vllm_config
-
-    def plugged_init(self, vllm_config, *args, **kwargs):
-        init(self, vllm_config, *args, **kwargs)
-        settings = check_config(vllm_config)
-        if settings is not None:
-            SpecDecPPDraftProposer.plug(self, settings)
-
-    checked_create_engine_config.specdecpp = True
-    EngineArgs.create_engine_config, DraftModelProposer.__init__ = checked_create_engine_config, plugged_init
 
