@@ -16,11 +16,14 @@ import importlib
 import inspect
 import math
 import textwrap
+from dataclasses import dataclass
 
 import torch
 
 from specdecpp.checks import check_head_fits_draft, hidden_size
+from specdecpp.costs import StepTimes
 from specdecpp.engine.draft_step import DraftStep
+from specdecpp.engine.online import best_verify_length
 from specdecpp.engine.schedules import Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import LeanJudge
@@ -155,24 +158,27 @@ class StopDrafting(Exception):
 
 class BatchRound:
     """One `propose` of a batch: a head forward judges every row after each draft step and each row stops on
-    its `ada` schedule. The batch stops, every row with it, once the product rule holds for the batch: the
-    rows' P(a drafted token is rejected), a stopped row counting 1, averages above the threshold (alone, a
-    row's own rule); or after `max_draft` steps. Stopped rows draft on unproposed until then."""
+    its `ada` schedule. With more than one row, the batch drafts one more forward only while the expected accepted
+    tokens it adds (each drafting row's survival, the product of its judgements so far) are worth its price at
+    `prices` (`VllmPrices`, this batch size) against the round so far (`online.best_verify_length`); alone, a row
+    stops on its own rule. Every row stops after `max_draft` steps; stopped rows draft on unproposed until the
+    batch stops."""
 
-    def __init__(self, head, schedules: list[Schedule], max_draft: int):
+    def __init__(self, head, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None):
         self.judge = LeanJudge(head)
-        self.schedules, self.max_draft = schedules, max_draft
+        self.schedules, self.max_draft, self.prices = schedules, max_draft, prices
         self.tokens: list[torch.Tensor] = []  # per step, [rows]
         self.probs: list[torch.Tensor] = []  # per step, [rows, vocab] (sampled requests only)
         self.p_accept: list[list[float]] = []  # per step, the head's P(accept) of every row
         self.lengths: list[int | None] = []  # per row, how many tokens it drafted once it stopped
+        self.survival: list[list[float]] = []  # per row, its product of judgements after each of its tokens
 
     def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
              probs: torch.Tensor | None) -> None:
         """Record and judge a draft step (post-norm `hidden` `[rows, hidden]`, raw `logits` `[rows, vocab]`,
         `tokens` `[rows]`); StopDrafting when the batch stops."""
         if not self.tokens:
-            self.lengths = [None] * len(tokens)
+            self.lengths, self.survival = [None] * len(tokens), [[] for _ in tokens]
             for schedule in self.schedules[:len(tokens)]:
                 schedule.start_round()
         self.tokens.append(tokens)
@@ -182,23 +188,68 @@ class BatchRound:
         self.p_accept.append(p_accept)
         j = len(self.tokens)
         for row, length in enumerate(self.lengths):
-            if length is None and (j >= self.max_draft or self.schedules[row].stop_after(
-                    DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))):
-                self.lengths[row] = j
+            if length is None:
+                schedule = self.schedules[row]
+                stops = schedule.stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
+                self.survival[row].append(schedule.p_all_accepted)
+                if stops or j >= self.max_draft:
+                    self.lengths[row] = j
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
-        rule, rows = self.schedules[0], len(self.lengths)
-        # The product rule over the batch: P(a rejection), stopped rows counting 1, averaged over the rows.
-        if not drafting or j >= rule.min_draft and \
-                rows - sum(self.schedules[row].p_all_accepted for row in drafting) > rows * rule.threshold(j):
+        if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
             for row in drafting:
                 self.lengths[row] = j
             raise StopDrafting
 
+    def expected_tokens(self) -> float:
+        """The round's expected tokens so far: per row, 1 plus the survival of each token it proposes."""
+        return sum(1.0 + sum(survival) for survival in self.survival)
+
+    def price_ms(self, steps: int, tokens: int) -> float:
+        """A round of this batch that drafts `steps` forwards and verifies `tokens` drafted tokens in all, at
+        `prices` (a verification of whole tokens per row; between two, pro rata)."""
+        times, rows = self.prices.at(len(self.lengths)), len(self.lengths)
+        per_row, share = divmod(tokens, rows)
+        low = times.round_ms(steps, 0, per_row)
+        return low + share / rows * (times.round_ms(steps, 0, per_row + 1) - low) if share else low
+
+    def worth_a_step(self) -> bool:
+        """Whether one more batched forward adds expected tokens (each drafting row's survival so far) at a better
+        rate per ms than the round so far; True without prices."""
+        if self.prices is None:
+            return True
+        j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
+        tokens = sum(length or j for length in self.lengths)
+        expected = self.expected_tokens()
+        added = sum(self.survival[row][-1] for row in drafting)
+        costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
+        return best_verify_length([added / expected], costs) == 1
+
     def proposals(self) -> list[list[int]]:
         """Each row's drafted tokens up to where it stopped."""
         tokens = torch.stack(self.tokens, dim=1).tolist()
-        return [row[:length or len(row)] for row, length in zip(tokens, self.lengths)]
+        return [row[:len(row) if length is None else length] for row, length in zip(tokens, self.lengths)]
 
     def draft_probs(self) -> torch.Tensor | None:
         """The draft probabilities `[rows, steps, vocab]`, None when the batch drafted greedily."""
         return torch.stack(self.probs, dim=1).contiguous() if self.probs else None
+
+
+@dataclass
+class VllmPrices:
+    """vLLM's own step times for a pair where it serves, per batch size (`times[b]`: `draft_ms[j]` the batch's
+    `j + 1`-th draft forward, the head's judgement in it; `verify_ms[k]` the step that verifies `k` drafted tokens
+    of every row, the engine's work around it included), measured up to `max_draft` drafted tokens."""
+
+    times: dict[int, StepTimes]
+    max_draft: int
+
+    def at(self, batch: int) -> StepTimes:
+        """The times of the measured batch size nearest `batch` (in ratio)."""
+        return self.times[min(self.times, key=lambda b: (abs(math.log(b / batch)), b))]
+
+    def as_dict(self) -> dict:
+        return {"max_draft": self.max_draft, "times": {str(b): t.as_dict() for b, t in self.times.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> VllmPrices:
+        return cls({int(b): StepTimes(**t) for b, t in data["times"].items()}, data["max_draft"])
