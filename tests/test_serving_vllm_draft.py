@@ -33,7 +33,7 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.head.model import logit_features
 from specdecpp.models import load_head, load_model
 import specdecpp.serving.vllm_plugin as vllm_plugin
-from specdecpp.serving.vllm import check_config, vllm_code_problems
+from specdecpp.serving.vllm import VllmPrices, check_config, vllm_code_problems
 
 ZOO = Path(__file__).resolve().parents[1] / "checkpoints" / "zoo"
 PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(self):\n", "for i in range(10):\n",
@@ -368,6 +368,21 @@ def test_a_failed_import_is_loud_in_every_engine_with_a_section(vllm_code, monke
                       additional_config={"specdecpp": ADA}, **ENGINE)
     with pytest.raises(RuntimeError, match="could not hook into vLLM .*importing its proposer failed"):
         args.create_engine_config()
+
+
+def test_vllm_step_times_are_measured_in_a_quick_mode(tmp_path):
+    out = tmp_path / "prices.json"
+    subprocess.run([sys.executable, "-m", "specdecpp.serving.vllm_timing", "--target", str(ZOO / "target"),
+                    "--draft", str(ZOO / "draft"), "--head", str(ZOO / "head"), "--max_draft", "2",
+                    "--batch_sizes", "1", "2", "--passes", "2", "--dtype", "float32", "--enforce_eager",
+                    "--max_model_len", "256", "--output", str(out)],
+                   check=True, capture_output=True, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    prices = VllmPrices.from_dict(json.loads(out.read_text())["prices"])
+    assert sorted(prices.times) == [1, 2] and prices.max_draft == 2 and prices.at(3) is prices.times[2]
+    for times in prices.times.values():
+        assert len(times.draft_ms) == 2 and len(times.verify_ms_measured) == 3 and times.repeats >= 2
+        assert all(ms > 0 for ms in times.draft_ms + times.verify_ms_measured)
+        assert times.engine == f"vllm {vllm.__version__}" and times.processor
 
 
 def test_the_engine_refuses_before_any_work():

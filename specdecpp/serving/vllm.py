@@ -15,8 +15,11 @@ import hashlib
 import importlib
 import inspect
 import math
+import json
+import logging
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -26,8 +29,13 @@ from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import best_verify_length
 from specdecpp.engine.schedules import Schedule
 from specdecpp.engine.settings import DecodingSettings
+from specdecpp import __version__
 from specdecpp.head.model import LeanJudge
+from specdecpp.measuring.step_timing import STEP_TIMES_CACHE, processor_name
 from specdecpp.models import load_head
+
+logger = logging.getLogger(__name__)
+MAX_PRICED_BATCH = 32  # batch sizes are timed up to this (and max_num_seqs); larger batches take its prices
 
 TESTED_VLLM = "0.32.0"  # the release whose code RELIED_ON records (vllm 0.33.0's reads the same)
 # The vLLM code the plugin wraps or relies on: "module:qualname" (with "#marker", the branch of it whose test
@@ -253,3 +261,46 @@ class VllmPrices:
     @classmethod
     def from_dict(cls, data: dict) -> VllmPrices:
         return cls({int(b): StepTimes(**t) for b, t in data["times"].items()}, data["max_draft"])
+
+
+def priced_batch_sizes(max_num_seqs: int) -> list[int]:
+    """The batch sizes an engine serving up to `max_num_seqs` requests at once is timed at: powers of two, then the
+    largest, up to `MAX_PRICED_BATCH`."""
+    largest = min(max_num_seqs, MAX_PRICED_BATCH)
+    return sorted({2 ** i for i in range(largest.bit_length()) if 2 ** i <= largest} | {largest})
+
+
+def prices_path(vllm_config, head) -> Path:
+    """Where `VllmPrices` for this engine's pair, head, processor, dtype, engine mode and vLLM are kept."""
+    import vllm
+
+    model, draft = vllm_config.model_config, vllm_config.speculative_config.draft_model_config
+    key = {"target": model.model, "draft": draft.model, "head": head.config, "dtype": str(model.dtype),
+           "processor": processor_name(torch.device(vllm_config.device_config.device_type)),
+           "enforce_eager": bool(model.enforce_eager), "vllm": vllm.__version__, "specdecpp": __version__}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return Path(STEP_TIMES_CACHE) / f"vllm-{digest}.json"
+
+
+def cached_prices(vllm_config, head) -> VllmPrices | None:
+    """The kept `VllmPrices` of this engine when they cover its longest round and batch, else None."""
+    path = prices_path(vllm_config, head)
+    if not path.exists():
+        return None
+    prices = VllmPrices.from_dict(json.loads(path.read_text())["prices"])
+    needed = priced_batch_sizes(vllm_config.scheduler_config.max_num_seqs)
+    if prices.max_draft < vllm_config.speculative_config.num_speculative_tokens or not set(needed) <= set(prices.times):
+        return None
+    return prices
+
+
+def priced_settings(settings: DecodingSettings, prices: VllmPrices | None) -> DecodingSettings:
+    """`settings` with `auto` chosen at vLLM's prices for one request (`step_times`), where the head stores the
+    replayed rounds to choose from; else as they are (the stored threshold)."""
+    selection = settings.head.threshold_selection or {}
+    if prices is None or settings.stop_threshold != "auto" or not selection.get("round_weights"):
+        return settings
+    priced = replace(settings, step_times=prices.at(1))
+    logger.info("specdecpp: stop_threshold='auto' is %g at vLLM's prices here (stored: %g)",
+                settings.head.resolve_stop_threshold("auto", priced.step_times), settings.head.stop_threshold)
+    return priced

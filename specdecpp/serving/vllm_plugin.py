@@ -1,11 +1,14 @@
 """The vLLM plugin's entry point, `register` (a `vllm.general_plugins` entry point, setup.py), which vLLM loads in
 every process. It imports nothing of vLLM at its top, so it always loads; what cannot hook in is kept and raised by
-every engine whose config has a `specdecpp` section (docs/design.md, Serving)."""
+every engine whose config has a `specdecpp` section, and such an engine gets vLLM's step prices for its pair
+before its models load (`serving.vllm_timing`, once per processor) (docs/design.md, Serving)."""
 from __future__ import annotations
 
+import functools
 import logging
+import os
 
-from specdecpp.serving.vllm import check_config
+from specdecpp.serving.vllm import SECTION, cached_prices, check_config, priced_settings
 
 logger = logging.getLogger(__name__)
 hook_failure: str | None = None  # why the proposer could not be hooked in this process (None: it is, or not yet)
@@ -28,7 +31,12 @@ def register() -> None:
 
     def checked_create_engine_config(self, *args, **kwargs):
         vllm_config = create_engine_config(self, *args, **kwargs)
-        check_config(vllm_config, hook_failure)
+        settings = check_config(vllm_config, hook_failure)
+        if settings is not None:
+            from specdecpp.serving.vllm_timing import TIMING_ENV, ensure_prices
+
+            if not os.environ.get(TIMING_ENV):  # an engine that times the steps needs no prices
+                ensure_prices(vllm_config, vllm_config.additional_config[SECTION]["head"], settings.head)
         return vllm_config
 
     checked_create_engine_config.specdecpp = True
@@ -47,11 +55,13 @@ def hook_proposer() -> str | None:
         return f"DraftModelProposer has no {', '.join(missing)}"
     init = DraftModelProposer.__init__
 
+    @functools.wraps(init)  # __wrapped__: the source check reads vLLM's own
     def plugged_init(self, vllm_config, *args, **kwargs):
         init(self, vllm_config, *args, **kwargs)
         settings = check_config(vllm_config)
         if settings is not None:
-            SpecDecPPDraftProposer.plug(self, settings)
+            prices = cached_prices(vllm_config, settings.head)
+            SpecDecPPDraftProposer.plug(self, priced_settings(settings, prices), prices)
 
     DraftModelProposer.__init__ = plugged_init
     return None
