@@ -37,7 +37,7 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.costs import judged_tokens, loop_overhead_ms
 from specdecpp.engine.compiled import capacity_for
 from specdecpp.engine.decoding import GenerationStats
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.settings import default
 from specdecpp.measuring.step_timing import StepProbe, auto_step_times, measure_round_overhead, prefill_extra_ms
 
 
@@ -314,7 +314,7 @@ def main() -> None:
 
 def head_bound(head: AcceptancePredictionHead, bound: list[int] | None) -> tuple[int, int]:
     """`ada`'s bound: `bound` when given, else the one the head's threshold was chosen for, else the default."""
-    return tuple(bound or (head.threshold_selection or {}).get("bound") or DecodingSettings().bound)
+    return tuple(bound or (head.threshold_selection or {}).get("bound") or default("bound"))
 
 
 if __name__ == "__main__":

@@ -93,6 +93,10 @@ def _take_log(worker) -> list:
     return log
 
 
+def _stop_threshold(worker) -> float:
+    return worker.model_runner.drafter.schedules[0].stop_threshold
+
+
 def _drafter_type(worker) -> str:
     return type(worker.model_runner.drafter).__name__
 
@@ -123,6 +127,7 @@ def runs():
         llm.collective_rpc(_record_rounds)
         out["alone"] = generate(llm, 1, stop=False)  # each request alone: its rounds, logged
         out["alone log"] = llm.collective_rpc(_take_log)[0]
+        out["threshold"] = llm.collective_rpc(_stop_threshold)[0]  # auto, at vLLM's prices
         out.update({f"ada {c}": generate(llm, c) for c in concurrencies})
         out["ada counters"] = counters(llm)
 
@@ -219,7 +224,7 @@ def test_a_request_alone_drafts_the_rounds_of_speculative_generate(runs, pair):
     for prompt, output, rounds, n in zip(PROMPTS, runs["alone"], engine_rounds(runs["alone"], runs["alone log"]),
                                          MAX_TOKENS):
         first = torch.tensor([tokenizer(prompt).input_ids + output[:1]])
-        ours = speculative_generate(target, draft, first, head=head, stop_threshold="auto", bound=(1, 20),
+        ours = speculative_generate(target, draft, first, head=head, stop_threshold=runs["threshold"], bound=(1, 20),
                                     max_new_tokens=n - 1).stats
         room, compared = n - 1, 0
         for (_, drafted, _), length in zip(rounds, ours.draft_lengths):

@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.engine.decoding import decode
 from specdecpp.engine.schedules import SCHEDULES
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.settings import DecodingSettings, default
 from specdecpp.evaluation.settings import MethodGrid, Prompt, budget_step_times_from, may_store_threshold
 from specdecpp.head.folder import stored_step_times
 from specdecpp.head.model import AcceptancePredictionHead
@@ -80,7 +80,8 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
                            + f"@{t if t == 'auto' else format(float(t), 'g')}", engine, schedule,
                            stop_threshold=t if t == "auto" else float(t), head=head, online=online)
                 for online in (False, True)[:1 + grid.online] for head in heads
-                for t in dict.fromkeys(grid.stop_threshold) if t != "auto" or may_store_threshold(head)]
+                for t in dict.fromkeys(grid.stop_threshold or [head_default_threshold(head)])
+                if t != "auto" or may_store_threshold(head)]
     if schedule == "online":
         return [MethodSpec(f"{engine}:online@{t:g}", engine, schedule, stop_threshold=t)
                 for t in dict.fromkeys(grid.online_threshold)]
@@ -98,6 +99,12 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
                            num_assistant_tokens=grid.dynamic_num_assistant_tokens, assistant_confidence_threshold=c)
                 for c in confidences]
     return [MethodSpec(f"{engine}:{schedule}", engine, schedule)]
+
+
+def head_default_threshold(head_dir: str) -> str:
+    """The threshold `--stop_threshold` left out means for `head_dir`: "auto" where it may store a threshold
+    selection (`DecodingSettings.with_head_defaults`), else the plain default."""
+    return "auto" if may_store_threshold(head_dir) else str(default("stop_threshold"))
 
 
 def head_label(head_dir: str) -> str:
@@ -121,7 +128,7 @@ def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
     if spec.step_times_from is not None:
         plain, judged = stored_step_times(spec.step_times_from)
         knobs["step_times"] = judged if SCHEDULES[spec.schedule].needs_head else plain
-    return replace(decoding, schedule=spec.schedule, head=head, online=spec.online, **knobs)
+    return replace(decoding, schedule=spec.schedule, head=head, online=spec.online, **knobs).with_head_defaults()
 
 
 def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,

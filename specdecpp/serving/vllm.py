@@ -69,7 +69,7 @@ def section_settings(additional_config: dict | None) -> DecodingSettings | None:
     if not section.get("head"):
         raise ValueError(f"{name('head')} is missing: name the acceptance prediction head (a folder or Hub id)")
     knobs = {k: tuple(v) if k == "bound" else v for k, v in section.items() if k != "head"}
-    settings = DecodingSettings(schedule="ada", head=load_head(section["head"]), **knobs)
+    settings = DecodingSettings(schedule="ada", head=load_head(section["head"]), **knobs).with_head_defaults()
     settings.validate(name=name)
     settings.head.resolve_stop_threshold(settings.stop_threshold)
     return settings
