@@ -264,10 +264,10 @@ class VllmPrices:
 
 
 def priced_batch_sizes(max_num_seqs: int) -> list[int]:
-    """The batch sizes an engine serving up to `max_num_seqs` requests at once is timed at: powers of two, then the
+    """The batch sizes an engine serving up to `max_num_seqs` requests at once is timed at: powers of four, then the
     largest, up to `MAX_PRICED_BATCH`."""
     largest = min(max_num_seqs, MAX_PRICED_BATCH)
-    return sorted({2 ** i for i in range(largest.bit_length()) if 2 ** i <= largest} | {largest})
+    return sorted({4 ** i for i in range(largest.bit_length()) if 4 ** i <= largest} | {largest})
 
 
 def prices_path(vllm_config, head) -> Path:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy
 import torch
 
 from specdecpp.costs import StepTimes, busy_machine, fit_verify_ms, pass_spread
@@ -20,17 +21,23 @@ from specdecpp.serving.vllm import (SECTION, BatchRound, StopDrafting, VllmPrice
                                     prices_path)
 
 TIMING_ENV = "SPECDECPP_VLLM_TIMING"  # set in the process that measures: its engine is timed, not priced
+TIMED_LENGTHS = (0, 1, 2, 3, 4, 6, 8, 12, 16)  # the round lengths timed (and the longest); between them, on the line
+
+
+def timed_lengths(max_draft: int) -> list[int]:
+    """The round lengths timed for rounds of up to `max_draft` tokens."""
+    return sorted({k for k in TIMED_LENGTHS if k < max_draft} | {max_draft})
 
 
 class RoundTimer:
     """Samples (ms) of the rounds a proposer drafted, by batch size: `draft[(rows, j)]` the `j + 1`-th draft forward
     (the first one vLLM's preparation and its forward over the tokens the target kept), `verify[(rows, k)]` from a
     round of `k` drafted tokens to the next propose (the target's step that verifies them, and the engine's work
-    around it). Rounds draft 0, 1, ..., `max_draft` tokens in turn; the first round after `reset` (a prefill) and
-    rounds whose batch changed are not sampled."""
+    around it). Rounds draft each of `timed_lengths(max_draft)` tokens in turn; the first round after `reset` (a
+    prefill) and rounds whose batch changed are not sampled."""
 
     def __init__(self, max_draft: int):
-        self.max_draft, self.rounds, self.last = max_draft, 0, None
+        self.max_draft, self.lengths, self.rounds, self.last = max_draft, timed_lengths(max_draft), 0, None
         self.draft: dict[tuple[int, int], list[float]] = {}
         self.verify: dict[tuple[int, int], list[float]] = {}
 
@@ -39,7 +46,7 @@ class RoundTimer:
 
     def next_length(self) -> int:
         self.rounds += 1
-        return (self.rounds - 1) % (self.max_draft + 1)
+        return self.lengths[(self.rounds - 1) % len(self.lengths)]
 
     def record(self, rows: int, k: int, start: float, marks: list[float], end: float) -> None:
         if self.last is not None and self.last[0] == rows:
@@ -49,12 +56,13 @@ class RoundTimer:
         self.last = (rows, k, end)
 
     def enough(self, rows: int, passes: int) -> bool:
-        return all(len(self.verify.get((rows, k), [])) >= passes for k in range(self.max_draft + 1)) and \
+        return all(len(self.verify.get((rows, k), [])) >= passes for k in self.lengths) and \
             all(len(self.draft.get((rows, j), [])) >= passes for j in range(self.max_draft))
 
     def times(self, rows: int, device: torch.device, engine: str) -> StepTimes:
-        verify = [self.verify[(rows, k)] for k in range(self.max_draft + 1)]
-        measured = [statistics.median(ms) for ms in verify]
+        verify = [self.verify[(rows, k)] for k in self.lengths]
+        timed = [statistics.median(ms) for ms in verify]
+        measured = [float(numpy.interp(k, self.lengths, timed)) for k in range(self.max_draft + 1)]
         spread = pass_spread(verify)
         return StepTimes(draft_ms=[statistics.median(self.draft[(rows, j)]) for j in range(self.max_draft)],
                          verify_ms=fit_verify_ms(measured), target_alone_ms=measured[0], device=str(device),
