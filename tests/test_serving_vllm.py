@@ -232,3 +232,21 @@ def test_register_never_raises_where_it_cannot_hook(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", None)  # no vLLM, or one that moved it
     vllm_plugin.register()
     assert "cannot check engine configs" in caplog.text
+
+
+def test_the_round_timer_samples_rounds_and_prices_every_length():
+    from specdecpp.serving.vllm_timing import RoundTimer
+
+    timer = RoundTimer(7)
+    assert [timer.next_length() for _ in range(8)] == [0, 1, 2, 3, 4, 6, 7, 0]  # 5 is not timed
+    timer.record(2, 1, 0.000, [0.010], 0.011)  # after a reset (a prefill): not sampled
+    timer.record(2, 2, 0.050, [0.053, 0.055], 0.056)
+    timer.record(1, 0, 0.100, [0.102], 0.103)  # the batch changed: not sampled
+    assert timer.verify == {(2, 1): [pytest.approx(39.0)]}
+    assert timer.draft == {(2, 0): [pytest.approx(3.0)], (2, 1): [pytest.approx(2.0)]}
+    timer.verify = {(2, k): [10.0 + 2 * k, 11.0 + 2 * k] for k in timer.lengths}
+    timer.draft = {(2, j): [3.0, 3.0] for j in range(7)}
+    assert timer.enough(2, 2) and not timer.enough(2, 3) and not timer.enough(4, 1)
+    times = timer.times(2, torch.device("cpu"), "vllm test")
+    assert times.verify_ms_measured == pytest.approx([10.5 + 2 * k for k in range(8)])  # k = 5 on the line
+    assert times.draft_ms == [3.0] * 7 and times.repeats == 2 and times.engine == "vllm test"
