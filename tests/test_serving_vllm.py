@@ -186,13 +186,13 @@ def test_sampled_steps_keep_their_draft_probabilities():
 
 
 def test_the_sections_defaults_are_the_engines(tmp_path):
-    head = random_head()
+    head = random_head()  # a stored threshold, set by hand: no bound recorded
     head.save_pretrained(tmp_path / "head")
     settings = section_settings({"specdecpp": {"head": str(tmp_path / "head")}})
-    defaults = {f.name: f.default for f in fields(DecodingSettings)}
+    engine = DecodingSettings(schedule="ada", head=head).with_head_defaults()
     assert settings.schedule == "ada" and settings.head.features == head.features
-    assert (settings.stop_threshold, settings.bound) == (defaults["stop_threshold"], defaults["bound"])
-    assert set(FIELDS) <= set(defaults)
+    assert (settings.stop_threshold, settings.bound) == (engine.stop_threshold, engine.bound) == ("auto", (2, 20))
+    assert set(FIELDS) <= {f.name for f in fields(DecodingSettings)}
     assert section_settings({"other": {}}) is None and section_settings(None) is None
 
 
