@@ -283,13 +283,13 @@ def prices_path(vllm_config, head) -> Path:
 
 
 def cached_prices(vllm_config, head) -> VllmPrices | None:
-    """The kept `VllmPrices` of this engine when they cover its longest round and batch, else None."""
+    """The kept `VllmPrices` of this engine when they reach its longest round and largest batch, else None."""
     path = prices_path(vllm_config, head)
     if not path.exists():
         return None
     prices = VllmPrices.from_dict(json.loads(path.read_text())["prices"])
-    needed = priced_batch_sizes(vllm_config.scheduler_config.max_num_seqs)
-    if prices.max_draft < vllm_config.speculative_config.num_speculative_tokens or not set(needed) <= set(prices.times):
+    largest = max(priced_batch_sizes(vllm_config.scheduler_config.max_num_seqs))
+    if prices.max_draft < vllm_config.speculative_config.num_speculative_tokens or max(prices.times) < largest:
         return None
     return prices
 
