@@ -127,7 +127,8 @@ def measure_prices(target: str, draft: str, head: str, max_draft: int, batch_siz
               **(engine or {}))
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     generator = torch.Generator().manual_seed(0)
-    params = SamplingParams(temperature=0.0, max_tokens=2 * (max_draft + 1) * passes, ignore_eos=True)
+    room = llm.llm_engine.vllm_config.model_config.max_model_len - context - max_draft - 1
+    params = SamplingParams(temperature=0.0, max_tokens=min(2 * (max_draft + 1) * passes, room), ignore_eos=True)
 
     def generate(rows: int) -> None:
         llm.collective_rpc(_reset_timing)
