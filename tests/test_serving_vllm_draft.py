@@ -93,6 +93,11 @@ def _take_log(worker) -> list:
     return log
 
 
+def _priced_batches(worker) -> list[int] | None:
+    prices = worker.model_runner.drafter.prices
+    return None if prices is None else sorted(prices.times)
+
+
 def _stop_threshold(worker) -> float:
     return worker.model_runner.drafter.schedules[0].stop_threshold
 
@@ -128,17 +133,19 @@ def runs():
         out["alone"] = generate(llm, 1, stop=False)  # each request alone: its rounds, logged
         out["alone log"] = llm.collective_rpc(_take_log)[0]
         out["threshold"] = llm.collective_rpc(_stop_threshold)[0]  # auto, at vLLM's prices
+        out["priced batches"] = llm.collective_rpc(_priced_batches)[0]
         out.update({f"ada {c}": generate(llm, c) for c in concurrencies})
         out["ada counters"] = counters(llm)
 
     with_engine(None, None, plain)
     with_engine({**DRAFT_MODEL, "num_speculative_tokens": 20}, {"specdecpp": ADA}, ada)
+    # One request at a time: a batch also stops where one more forward is not worth its price.
     out["never stops 3"], out["never stops 3 counters"] = with_engine(
         {**DRAFT_MODEL, "num_speculative_tokens": 3},
         {"specdecpp": {"head": str(ZOO / "head"), "stop_threshold": 1.0, "bound": [1, 3]}},
-        lambda llm: (generate(llm, 16), counters(llm)))
+        lambda llm: (generate(llm, 1), counters(llm)))
     out["draft_model 3"], out["draft_model 3 counters"] = with_engine(
-        {**DRAFT_MODEL, "num_speculative_tokens": 3}, None, lambda llm: (generate(llm, 16), counters(llm)))
+        {**DRAFT_MODEL, "num_speculative_tokens": 3}, None, lambda llm: (generate(llm, 1), counters(llm)))
     return out
 
 
@@ -157,8 +164,12 @@ def test_the_head_varies_the_lengths_and_vllm_verifies_them(runs):
     assert c["num_drafts"] > 0 and 0 < c["num_accepted_tokens"] < c["num_draft_tokens"]
 
 
+def test_the_engine_got_vllms_prices_before_its_models_loaded(runs):
+    assert runs["priced batches"] == [1, 4, 16]  # max_num_seqs 16: timed once, kept, read by the proposer
+
+
 def test_a_head_that_never_stops_counts_as_vllms_draft_model(runs):
-    assert runs["never stops 3"] == runs["draft_model 3"] == runs["plain 16"]
+    assert runs["never stops 3"] == runs["draft_model 3"] == runs["plain 1"]
     assert runs["never stops 3 counters"] == runs["draft_model 3 counters"]
     assert runs["draft_model 3 counters"]["num_draft_tokens"] == 3 * runs["draft_model 3 counters"]["num_drafts"] > 0
 
