@@ -5,7 +5,9 @@
         speculative_config={"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 20},
         additional_config={"specdecpp": {"head": HEAD, "stop_threshold": "auto", "bound": [1, 20]}})
 
-`specdecpp.serving.vllm_draft.register` plugs it in; this module is the part that needs no vLLM.
+`specdecpp.serving.vllm_plugin.register` plugs it in; this module is the part that needs no vLLM at import: the
+section, the checks (the source of the vLLM code the plugin relies on among them), the batch's judgement and priced
+stop, and where vLLM's step prices are kept.
 """
 from __future__ import annotations
 
@@ -14,22 +16,22 @@ import functools
 import hashlib
 import importlib
 import inspect
-import math
 import json
 import logging
+import math
 import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from specdecpp import __version__
 from specdecpp.checks import check_head_fits_draft, hidden_size
 from specdecpp.costs import StepTimes
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import best_verify_length
 from specdecpp.engine.schedules import Schedule
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp import __version__
 from specdecpp.head.model import LeanJudge
 from specdecpp.measuring.step_timing import STEP_TIMES_CACHE, processor_name
 from specdecpp.models import load_head
