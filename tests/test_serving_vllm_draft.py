@@ -3,7 +3,9 @@
 speculation at concurrency 1, 4 and 16 (stop tokens and `max_tokens` inside rounds), a head that
 never stops counted exactly as vLLM's `draft_model` at the same K, a request alone drafting the
 rounds of `speculative_generate` with the head judging as transformers' draft does, draft
-probabilities kept for sampled requests, clear errors before any work, and the OpenAI server. Runs
+probabilities kept for sampled requests, clear errors before any work (the source check of the vLLM code
+the plugin relies on, and every failure to plug in), vLLM's step prices measured in a quick mode and handed
+to the proposer, and the OpenAI server. Runs
 where vLLM is installed: `.ci/run` builds that environment (tests/test_serving_vllm.py tests the
 batch's judgement without vLLM)."""
 from __future__ import annotations
