@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy
 import torch
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
               "distributed_executor_backend": "uni", "seed": 0}
     prices = measure_prices(args.target, args.draft, args.head, args.max_draft, args.batch_sizes, args.passes,
                             engine=engine)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.output, {"key": vars(args), "prices": prices.as_dict()})
 
 
