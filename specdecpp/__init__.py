@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 
 # Loaded on first use (PEP 562): importing a submodule does not load the decoding engine.
-_EXPORTS = {"speculative_generate": "specdecpp.engine.decoding", "SpeculativeOutput": "specdecpp.engine.decoding",
+_EXPORTS = {"speculative_generate": "specdecpp.custom_generate", "SpeculativeOutput": "specdecpp.engine.decoding",
             "GenerationStats": "specdecpp.engine.decoding", "AcceptancePredictionHead": "specdecpp.head.model",
             "hf_generate": "specdecpp.custom_generate"}
 

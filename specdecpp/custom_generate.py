@@ -1,10 +1,13 @@
-"""SpecDec++ from `transformers`' own `generate`: `custom_generate=HEAD_FOLDER_OR_REPO` (runs
-`generate_from_head`), or `custom_generate=specdecpp.hf_generate` with `draft=` and `head=`."""
+"""The public ways to decode: `speculative_generate`, and SpecDec++ from `transformers`' own `generate`:
+`custom_generate=HEAD_FOLDER_OR_REPO` (runs `generate_from_head`), or `custom_generate=specdecpp.hf_generate`
+with `draft=` and `head=`. Both leave `stop_threshold` and `bound` to the head's defaults and price `"auto"` for this
+processor (`auto_priced`)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
@@ -12,10 +15,10 @@ from transformers.generation import (BaseStreamer, GenerateDecoderOnlyOutput, Lo
                                      StopStringCriteria)
 
 from specdecpp.compat import CACHE_NAMES, cache_in, custom_generate_argument
-from specdecpp.engine.decoding import GenerationStats, decode
+from specdecpp.engine.decoding import GenerationStats, SpeculativeOutput, decode
 from specdecpp.engine.online import RECALIBRATION_FILE, OnlineAcceptanceEstimator
-from specdecpp.engine.processing import PROCESSOR_FIELDS, Processing
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.processing import CRITERIA_FIELDS, PROCESSOR_FIELDS, Processing
+from specdecpp.engine.settings import DecodingSettings, default_schedule
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.costs import StepTimes
 from specdecpp.measuring.step_timing import auto_step_times
@@ -24,6 +27,42 @@ from specdecpp.measuring.step_timing import auto_step_times
 # What `generate` prepares that the loop may ignore: it keeps its own caches and gets the built criteria.
 IGNORED_MODEL_KWARGS = {"position_ids", "cache_position", "logits_to_keep", "use_cache", "tokenizer", *CACHE_NAMES}
 HUB_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
+
+
+def _signature_from_settings(function):
+    """`function`'s signature with `DecodingSettings`' fields (and defaults) as keyword arguments."""
+    signature = inspect.signature(function)
+    *own, _ = signature.parameters.values()
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    knobs = [inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type) for f in fields(DecodingSettings)
+             if f.name not in PROCESSOR_FIELDS + CRITERIA_FIELDS]
+    rest = inspect.Parameter("processing_fields", inspect.Parameter.VAR_KEYWORD)
+    function.__signature__ = signature.replace(parameters=[*own, *knobs, rest])
+    return function
+
+
+@_signature_from_settings
+def speculative_generate(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor, *,
+                         attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                         streamer=None, tokenizer=None, **settings) -> SpeculativeOutput:
+    """Generate from `target` (batch size 1, no padding) with `draft` proposing; `settings` are
+    `DecodingSettings`' fields with its defaults, `generate`'s processing fields among them (`auto_priced`). Greedy
+    output equals `target.generate`'s token for token; sampled output follows its distribution."""
+    return decode(target, draft, input_ids, auto_priced(DecodingSettings(**settings), target, draft),
+                  attention_mask=attention_mask, generator=generator, streamer=streamer, tokenizer=tokenizer)
+
+
+def auto_priced(settings: DecodingSettings, target: PreTrainedModel, draft: PreTrainedModel | None
+                ) -> DecodingSettings:
+    """`settings` with the head's defaults (`with_head_defaults`) and an `ada` `"auto"` threshold chosen at this
+    processor's step times (`auto_step_times`: timed once and kept) unless `step_times` are given."""
+    if settings.schedule is None:
+        settings = replace(settings, schedule=default_schedule(draft, settings.head))
+    settings = settings.with_head_defaults()
+    if settings.schedule in ("ada", "ada-tree") and settings.stop_threshold == "auto" and settings.step_times is None \
+            and settings.head is not None and settings.head.stop_threshold is not None and draft is not None:
+        return replace(settings, step_times=auto_step_times(settings.head, target, draft, settings.compile))
+    return settings
 
 
 @dataclass
@@ -56,7 +95,7 @@ def hf_generate(
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """The SpecDec++ loop as a `custom_generate` callable. `head` is a head or a folder / Hub id;
-    `stop_threshold` and `bound` default to the head's stored ones. ValueError for what it cannot honour."""
+    `stop_threshold` and `bound` left out are the head's (`auto_priced`). ValueError for what it cannot honour."""
     config = generation_config if generation_config is not None else model.generation_config
     _check_generate_settings(config, model_kwargs)
     processing = Processing(logits_processor or LogitsProcessorList(), stopping_criteria or StoppingCriteriaList(),
@@ -71,14 +110,6 @@ def hf_generate(
         raise ValueError("SpecDec++ needs the draft model: pass draft=... with custom_generate=hf_generate "
                          "(transformers does not hand assistant_model to a custom_generate callable), or "
                          "assistant_model=... with custom_generate=<head folder or Hub id>")
-    if stop_threshold is None and head is not None and head.stop_threshold is not None \
-            and schedule in (None, "ada", "ada-tree"):
-        stop_threshold = "auto"
-        bound = bound if bound is not None else (head.threshold_selection or {}).get("bound")
-    knobs = {"stop_threshold": stop_threshold, "bound": tuple(bound) if bound is not None else None,
-             "tree_nodes": tree_nodes, "tree_width": tree_width}
-    if stop_threshold == "auto" and schedule in (None, "ada", "ada-tree") and step_times is None:
-        step_times = auto_step_times(head, model, draft, compile)
     eos = config.eos_token_id
     settings = DecodingSettings(
         schedule=schedule, head=head, max_new_tokens=int(config.max_length) - input_ids.shape[-1],
@@ -86,11 +117,12 @@ def hf_generate(
         top_k=config.top_k or 0, top_p=1.0 if config.top_p is None else config.top_p,
         eos_token_id=[] if eos is None else eos, num_assistant_tokens=config.num_assistant_tokens,
         assistant_confidence_threshold=config.assistant_confidence_threshold, compile=compile, online=online,
-        estimator=estimator, step_times=step_times,
-        **{name: value for name, value in knobs.items() if value is not None},
+        estimator=estimator, step_times=step_times, stop_threshold=stop_threshold,
+        bound=tuple(bound) if bound is not None else None,
+        **{name: value for name, value in (("tree_nodes", tree_nodes), ("tree_width", tree_width)) if value is not None},
         **{name: getattr(config, name) for name in PROCESSOR_FIELDS})
-    out = decode(model, draft, input_ids, settings, attention_mask=model_kwargs.get("attention_mask"),
-                 streamer=streamer, processing=processing)
+    out = decode(model, draft, input_ids, auto_priced(settings, model, draft),
+                 attention_mask=model_kwargs.get("attention_mask"), streamer=streamer, processing=processing)
     if config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=out.sequences, stats=out.stats)
     return out.sequences

@@ -19,7 +19,10 @@ from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.custom_generate import SpeculativeGenerateOutput
 from specdecpp.engine.online import OnlineAcceptanceEstimator
 from specdecpp.engine.schedules import SCHEDULES
+from specdecpp.evaluation.methods import method_settings, method_specs
+from specdecpp.evaluation.arguments import DecodingArguments, MethodGrid
 from specdecpp.head.folder import CUSTOM_GENERATE_FILES
+from specdecpp.serving.vllm import section_settings
 
 HEAD_DIR = str(ZOO_DIR / "head")
 PROMPTS = ("def add(a, b):\n", "import os\n\nclass Config:\n    def __init__(self")
@@ -112,6 +115,30 @@ def test_the_stored_threshold_and_its_bound_are_the_defaults(zoo, monkeypatch):
     engine_defaults = folder_generate(target, draft, inputs, stop_threshold=0.3, bound=(2, 20), **settings)
     assert default.stats.draft_lengths == stored.stats.draft_lengths
     assert default.stats.draft_lengths != engine_defaults.stats.draft_lengths
+
+
+def test_the_defaults_agree_across_the_entry_points(zoo, monkeypatch, tmp_path):
+    target, draft, tokenizer = zoo
+    monkeypatch.setattr(step_timing, "device_step_times", functools.partial(step_timing.device_step_times, repeats=1))
+    head = AcceptancePredictionHead.from_pretrained(HEAD_DIR)
+    bare = AcceptancePredictionHead.from_pretrained(HEAD_DIR).with_threshold(None, None)  # no threshold selection
+    bare.save_pretrained(tmp_path / "bare")
+    ids = tokenizer(PROMPTS[1], return_tensors="pt").input_ids
+    for chosen, folder, auto, bound in ((head, HEAD_DIR, "auto", tuple(head.threshold_selection["bound"])),
+                                        (bare, str(tmp_path / "bare"), 0.3, (2, 20))):
+        ours = speculative_generate(target, draft, ids, head=chosen, max_new_tokens=40).stats
+        hf = target.generate(ids, custom_generate=specdecpp.hf_generate, draft=draft, head=chosen, max_new_tokens=40,
+                             return_dict_in_generate=True).stats
+        explicit = speculative_generate(target, draft, ids, head=chosen, stop_threshold=auto, bound=bound,
+                                        max_new_tokens=40).stats
+        assert ours.draft_lengths == hf.draft_lengths == explicit.draft_lengths
+        assert ours.stop_threshold == hf.stop_threshold == explicit.stop_threshold
+        assert (ours.stop_threshold is not None) == (auto == "auto")  # set where auto chose it
+        spec = next(s for s in method_specs(MethodGrid(schedule=["ada"], baselines=[]), [folder]) if s.head)
+        settings = method_settings(spec, chosen, DecodingArguments().settings())
+        assert (spec.stop_threshold, settings.bound) == (auto, bound)
+        section = section_settings({"specdecpp": {"head": folder}})
+        assert (section.stop_threshold, section.bound) == (auto, bound)
 
 
 def test_callable_form_equals_target_generate(zoo):

@@ -4,7 +4,8 @@ a batch once the product rule averaged over its rows holds, and the `additional_
 settings and errors. tests/test_serving_vllm_draft.py runs the plugin inside vLLM."""
 from __future__ import annotations
 
-import math
+import subprocess
+import sys
 from dataclasses import fields
 
 import pytest
@@ -15,7 +16,8 @@ from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.schedules import make_schedule
 from specdecpp.head.model import LeanJudge
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.serving.vllm import FIELDS, BatchRound, StopDrafting, section_settings
+from specdecpp.costs import StepTimes
+from specdecpp.serving.vllm import FIELDS, BatchRound, StopDrafting, VllmPrices, section_settings
 
 HIDDEN, VOCAB, ROWS = 16, 40, 6
 
@@ -84,22 +86,69 @@ def test_a_row_alone_stops_as_the_eager_judgement(alignment, features):
         assert batch.proposals() == [[int(tokens[row]) for _, _, tokens in steps[:length]]]
 
 
-@pytest.mark.parametrize("threshold, bound", [(0.4, (1, 20)), (0.6, (1, 20)), (0.4, (4, 20))])
-def test_the_batch_stops_on_the_product_rule_averaged_over_its_rows(threshold, bound):
+class Judgements:
+    """A stand-in for the head: step `j` judges row `r` `p_accept[r][j - 1]`."""
+
+    def __init__(self, p_accept: list[list[float]]):
+        self.p_accept, self.steps = p_accept, 0
+
+    def __call__(self, hidden, logits, tokens):
+        self.steps += 1
+        return torch.tensor([row[self.steps - 1] for row in self.p_accept])
+
+
+def priced_round(p_accept, threshold: float, prices: VllmPrices, bound=(1, 20), max_draft: int = 12) -> BatchRound:
     settings = DecodingSettings(schedule="ada", head=random_head(threshold=threshold), stop_threshold="auto",
                                 bound=bound)
-    steps = list(draft_steps(12))
-    alone, p_accept = eager_rounds(settings, steps, 12)
-    # P(a rejection) of each row after j steps, 1 from the step its own rule stops it
-    failed = [[1.0 if alone[row] <= j else 1.0 - math.prod(p_accept[row][:j]) for row in range(ROWS)]
-              for j in range(1, 13)]
-    stop = next(j for j in range(bound[0], 13) if sum(failed[j - 1]) / ROWS > threshold or max(alone) <= j)
-    lengths, batch = batch_lengths(settings, steps, 12)
-    assert lengths == [min(length, stop) for length in alone]
-    assert len(batch.tokens) == stop < max(alone)  # the batch stopped before its most confident row
-    proposals = batch.proposals()
-    for row, proposal in enumerate(proposals):
-        assert proposal == [int(tokens[row]) for _, _, tokens in steps[:lengths[row]]]
+    batch = BatchRound(settings.head, [make_schedule(settings) for _ in p_accept], max_draft, prices)
+    batch.judge = Judgements(p_accept)
+    return batch
+
+
+def run_round(batch: BatchRound, rows: int, checkpoints: dict | None = None) -> BatchRound:
+    """Step `batch` until it stops; `checkpoints[j]` gets its expected tokens and price after step j."""
+    with pytest.raises(StopDrafting):
+        for j, (hidden, logits, tokens) in enumerate(draft_steps(12), start=1):
+            if checkpoints is not None:
+                checkpoints[j] = None  # stopped at this step unless it carries on
+            batch.step(hidden[:rows], logits[:rows], tokens[:rows], None)
+            if checkpoints is not None:
+                tokens_drafted = sum(length or j for length in batch.lengths)
+                checkpoints[j] = (batch.expected_tokens(), batch.price_ms(j, tokens_drafted))
+    return batch
+
+
+def flat_prices(rows: int) -> VllmPrices:
+    """A draft forward 2 ms; verifying k drafted tokens of every row 10 + 2k ms."""
+    return VllmPrices({rows: StepTimes(draft_ms=[2.0] * 12, verify_ms=[10.0 + 2 * k for k in range(13)],
+                                       target_alone_ms=10.0)}, 12)
+
+
+def test_the_batch_drafts_while_a_forward_is_worth_its_price():
+    # Two rows judged 0.9 and 0.5 at every step; their own rules never stop them (threshold 1).
+    # After step 1: expected (1 + .9) + (1 + .5) = 3.4 in verify(1) + 1 forward = 14 ms (0.243/ms); one more adds
+    # .9 + .5 = 1.4 for verify(2) + 2 forwards = 18 ms: 4.8 / 18 = 0.267/ms, worth it.
+    # After step 2: 4.46 in 18 ms (0.248/ms); one more: (4.46 + .81 + .25) / 22 = 0.251/ms, worth it.
+    # After step 3: 5.314 in 22 ms (0.2415/ms); one more: (5.314 + .729 + .125) / 26 = 0.2372/ms: the batch stops.
+    checkpoints = {}
+    batch = run_round(priced_round([[0.9] * 12, [0.5] * 12], 1.0, flat_prices(2)), 2, checkpoints)
+    assert [len(p) for p in batch.proposals()] == [3, 3]
+    assert checkpoints[1] == pytest.approx((3.4, 14.0)) and checkpoints[2] == pytest.approx((4.46, 18.0))
+    assert checkpoints[3] is None  # it stopped there: its figures, by hand, were
+    assert batch.expected_tokens() == pytest.approx(5.314) and batch.price_ms(3, 6) == pytest.approx(22.0)
+    assert batch.price_ms(3, 5) == pytest.approx(21.0)  # 5 tokens over 2 rows: half way from verify(2) to verify(3)
+
+
+def test_each_row_still_stops_on_its_own_rule_and_a_row_alone_ignores_prices():
+    # The second row's own rule (threshold 0.6) stops it after 2 tokens (1 - .5^2 = .75). The first drafts on while
+    # its forward is worth it: after step 2, 4.46 in verify(2) + 2 forwards = 18 ms (0.2478/ms), one more adds .81
+    # for 21 ms (5 tokens: verify 15 ms): 0.251/ms; after step 3, 5.189 in 21 ms (0.2471/ms), one more adds .729
+    # for 24 ms: 0.2466/ms, and the batch stops.
+    batch = run_round(priced_round([[0.9] * 12, [0.5] * 12], 0.6, flat_prices(2)), 2)
+    assert [len(p) for p in batch.proposals()] == [3, 2]
+    # Alone, the row's own rule: 1 - .9^9 = .61 > .6, where those prices would have stopped a batch after 3.
+    alone = run_round(priced_round([[0.9] * 12], 0.6, flat_prices(1)), 1)
+    assert len(alone.proposals()[0]) == 9
 
 
 def test_rounds_stop_at_max_draft_and_keep_the_bounds_minimum():
@@ -137,18 +186,20 @@ def test_sampled_steps_keep_their_draft_probabilities():
 
 
 def test_the_sections_defaults_are_the_engines(tmp_path):
-    head = random_head()
+    head = random_head()  # a stored threshold, set by hand: no bound recorded
     head.save_pretrained(tmp_path / "head")
     settings = section_settings({"specdecpp": {"head": str(tmp_path / "head")}})
-    defaults = {f.name: f.default for f in fields(DecodingSettings)}
+    engine = DecodingSettings(schedule="ada", head=head).with_head_defaults()
     assert settings.schedule == "ada" and settings.head.features == head.features
-    assert (settings.stop_threshold, settings.bound) == (defaults["stop_threshold"], defaults["bound"])
-    assert set(FIELDS) <= set(defaults)
+    assert (settings.stop_threshold, settings.bound) == (engine.stop_threshold, engine.bound) == ("auto", (2, 20))
+    assert set(FIELDS) <= {f.name for f in fields(DecodingSettings)}
     assert section_settings({"other": {}}) is None and section_settings(None) is None
 
 
 @pytest.mark.parametrize("section, message", [
     ({"head": "H", "num_assistant_tokens": 3}, "unknown fields ['num_assistant_tokens']"),
+    ({"head": "H", "schedule": "ada-tree"}, "which drafts chains: the token-tree schedules"),
+    ({"head": "H", "tree_nodes": 16}, "which drafts chains: the token-tree schedules"),
     ({"stop_threshold": 0.3}, "['head'] is missing"),
     ("head", "must be a dict"),
     ({"head": "H", "stop_threshold": 2.0}, "['stop_threshold'] must be in [0, 1]"),
@@ -167,3 +218,37 @@ def test_auto_needs_a_stored_threshold(tmp_path):
     random_head(threshold=None).save_pretrained(tmp_path / "head")
     with pytest.raises(ValueError, match="stored threshold"):
         section_settings({"specdecpp": {"head": str(tmp_path / "head"), "stop_threshold": "auto"}})
+
+
+def test_the_plugins_entry_point_imports_nothing_of_vllm():
+    # vLLM only logs a plugin that fails to import: the entry point's module must load whatever vLLM moved.
+    code = ("import sys, specdecpp.serving.vllm_plugin; "
+            "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_register_never_raises_where_it_cannot_hook(monkeypatch, caplog):
+    import specdecpp.serving.vllm_plugin as vllm_plugin
+
+    monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", None)  # no vLLM, or one that moved it
+    vllm_plugin.register()
+    assert "cannot check engine configs" in caplog.text
+
+
+def test_the_round_timer_samples_rounds_and_prices_every_length():
+    from specdecpp.serving.vllm_timing import RoundTimer
+
+    timer = RoundTimer(7)
+    assert [timer.next_length() for _ in range(8)] == [0, 1, 2, 3, 4, 6, 7, 0]  # 5 is not timed
+    timer.record(2, 1, 0.000, [0.010], 0.011)  # after a reset (a prefill): not sampled
+    timer.record(2, 2, 0.050, [0.053, 0.055], 0.056)
+    timer.record(1, 0, 0.100, [0.102], 0.103)  # the batch changed: not sampled
+    assert timer.verify == {(2, 1): [pytest.approx(39.0)]}
+    assert timer.draft == {(2, 0): [pytest.approx(3.0)], (2, 1): [pytest.approx(2.0)]}
+    timer.verify = {(2, k): [10.0 + 2 * k, 11.0 + 2 * k] for k in timer.lengths}
+    timer.draft = {(2, j): [3.0, 3.0] for j in range(7)}
+    assert timer.enough(2, 2) and not timer.enough(2, 3) and not timer.enough(4, 1)
+    times = timer.times(2, torch.device("cpu"), "vllm test")
+    assert times.verify_ms_measured == pytest.approx([10.5 + 2 * k for k in range(8)])  # k = 5 on the line
+    assert times.draft_ms == [3.0] * 7 and times.repeats == 2 and times.engine == "vllm test"

@@ -3,7 +3,9 @@
 speculation at concurrency 1, 4 and 16 (stop tokens and `max_tokens` inside rounds), a head that
 never stops counted exactly as vLLM's `draft_model` at the same K, a request alone drafting the
 rounds of `speculative_generate` with the head judging as transformers' draft does, draft
-probabilities kept for sampled requests, clear errors before any work, and the OpenAI server. Runs
+probabilities kept for sampled requests, clear errors before any work (the source check of the vLLM code
+the plugin relies on, and every failure to plug in), vLLM's step prices measured in a quick mode and handed
+to the proposer, and the OpenAI server. Runs
 where vLLM is installed: `.ci/run` builds that environment (tests/test_serving_vllm.py tests the
 batch's judgement without vLLM)."""
 from __future__ import annotations
@@ -32,7 +34,8 @@ from transformers import AutoTokenizer
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.head.model import logit_features
 from specdecpp.models import load_head, load_model
-from specdecpp.serving.vllm import check_config
+import specdecpp.serving.vllm_plugin as vllm_plugin
+from specdecpp.serving.vllm import VllmPrices, check_config, vllm_code_problems
 
 ZOO = Path(__file__).resolve().parents[1] / "checkpoints" / "zoo"
 PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(self):\n", "for i in range(10):\n",
@@ -92,6 +95,15 @@ def _take_log(worker) -> list:
     return log
 
 
+def _priced_batches(worker) -> list[int] | None:
+    prices = worker.model_runner.drafter.prices
+    return None if prices is None else sorted(prices.times)
+
+
+def _stop_threshold(worker) -> float:
+    return worker.model_runner.drafter.schedules[0].stop_threshold
+
+
 def _drafter_type(worker) -> str:
     return type(worker.model_runner.drafter).__name__
 
@@ -122,17 +134,20 @@ def runs():
         llm.collective_rpc(_record_rounds)
         out["alone"] = generate(llm, 1, stop=False)  # each request alone: its rounds, logged
         out["alone log"] = llm.collective_rpc(_take_log)[0]
+        out["threshold"] = llm.collective_rpc(_stop_threshold)[0]  # auto, at vLLM's prices
+        out["priced batches"] = llm.collective_rpc(_priced_batches)[0]
         out.update({f"ada {c}": generate(llm, c) for c in concurrencies})
         out["ada counters"] = counters(llm)
 
     with_engine(None, None, plain)
     with_engine({**DRAFT_MODEL, "num_speculative_tokens": 20}, {"specdecpp": ADA}, ada)
+    # One request at a time: a batch also stops where one more forward is not worth its price.
     out["never stops 3"], out["never stops 3 counters"] = with_engine(
         {**DRAFT_MODEL, "num_speculative_tokens": 3},
         {"specdecpp": {"head": str(ZOO / "head"), "stop_threshold": 1.0, "bound": [1, 3]}},
-        lambda llm: (generate(llm, 16), counters(llm)))
+        lambda llm: (generate(llm, 1), counters(llm)))
     out["draft_model 3"], out["draft_model 3 counters"] = with_engine(
-        {**DRAFT_MODEL, "num_speculative_tokens": 3}, None, lambda llm: (generate(llm, 16), counters(llm)))
+        {**DRAFT_MODEL, "num_speculative_tokens": 3}, None, lambda llm: (generate(llm, 1), counters(llm)))
     return out
 
 
@@ -151,8 +166,12 @@ def test_the_head_varies_the_lengths_and_vllm_verifies_them(runs):
     assert c["num_drafts"] > 0 and 0 < c["num_accepted_tokens"] < c["num_draft_tokens"]
 
 
+def test_the_engine_got_vllms_prices_before_its_models_loaded(runs):
+    assert runs["priced batches"] == [1, 4, 16]  # max_num_seqs 16: timed once, kept, read by the proposer
+
+
 def test_a_head_that_never_stops_counts_as_vllms_draft_model(runs):
-    assert runs["never stops 3"] == runs["draft_model 3"] == runs["plain 16"]
+    assert runs["never stops 3"] == runs["draft_model 3"] == runs["plain 1"]
     assert runs["never stops 3 counters"] == runs["draft_model 3 counters"]
     assert runs["draft_model 3 counters"]["num_draft_tokens"] == 3 * runs["draft_model 3 counters"]["num_drafts"] > 0
 
@@ -218,7 +237,7 @@ def test_a_request_alone_drafts_the_rounds_of_speculative_generate(runs, pair):
     for prompt, output, rounds, n in zip(PROMPTS, runs["alone"], engine_rounds(runs["alone"], runs["alone log"]),
                                          MAX_TOKENS):
         first = torch.tensor([tokenizer(prompt).input_ids + output[:1]])
-        ours = speculative_generate(target, draft, first, head=head, stop_threshold="auto", bound=(1, 20),
+        ours = speculative_generate(target, draft, first, head=head, stop_threshold=runs["threshold"], bound=(1, 20),
                                     max_new_tokens=n - 1).stats
         room, compared = n - 1, 0
         for (_, drafted, _), length in zip(rounds, ours.draft_lengths):
@@ -270,7 +289,7 @@ def fake_config(**changes):
         speculative_config=SimpleNamespace(method="draft_model", num_speculative_tokens=20,
                                            use_heterogeneous_vocab=False, draft_model_config=draft),
         scheduler_config=SimpleNamespace(async_scheduling=False), use_v2_model_runner=False,
-        parallel_config=SimpleNamespace(data_parallel_size=1))
+        parallel_config=SimpleNamespace(data_parallel_size=1, tensor_parallel_size=1, pipeline_parallel_size=1))
     for path, value in changes.items():
         *parents, leaf = path.split(".")
         obj = config
@@ -296,6 +315,8 @@ def test_a_good_config_gives_the_heads_settings_and_none_leaves_vllm_alone():
     ({"scheduler_config.async_scheduling": True}, "async scheduling"),
     ({"use_v2_model_runner": True}, "VLLM_USE_V2_MODEL_RUNNER=0"),
     ({"parallel_config.data_parallel_size": 2}, "data_parallel_size must be 1"),
+    ({"parallel_config.tensor_parallel_size": 2}, "tensor_parallel_size must be 1"),
+    ({"parallel_config.pipeline_parallel_size": 2}, "pipeline_parallel_size must be 1"),
     ({"speculative_config.method": "eagle"}, "'method': 'draft_model'"),
     ({"speculative_config.use_heterogeneous_vocab": True}, "share the target's vocabulary"),
     ({"speculative_config.num_speculative_tokens": 1,
@@ -315,10 +336,71 @@ def test_a_head_for_another_draft_is_refused(wrong_head):
         check_config(fake_config(additional_config={"specdecpp": {**ADA, "head": wrong_head}}))
 
 
-def test_another_vllm_version_is_refused(monkeypatch):
-    monkeypatch.setattr(vllm, "__version__", "0.33.0")
-    with pytest.raises(RuntimeError, match="vLLM 0.33.0 is installed"):
+@pytest.fixture
+def vllm_code(monkeypatch):
+    """The vLLM classes the plugin relies on, its source check run afresh in the test and after it."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    vllm_code_problems.cache_clear()
+    yield SpecDecodeBaseProposer
+    monkeypatch.undo()
+    vllm_code_problems.cache_clear()
+
+
+def test_the_source_check_accepts_the_installed_vllm(vllm_code):
+    assert vllm_code_problems() == ()
+    assert check_config(fake_config()) is not None
+
+
+def test_a_changed_wrapped_method_is_refused(vllm_code, monkeypatch):
+    def _sample_from_logits(self, logits, sampling_metadata):
+        return logits.argmax(dim=-1), None  # a later vLLM that never samples
+
+    monkeypatch.setattr(vllm_code, "_sample_from_logits", _sample_from_logits)
+    with pytest.raises(RuntimeError) as error:
         check_config(fake_config())
+    message = str(error.value)
+    assert f"vLLM {vllm.__version__}" in message and "SpecDecodeBaseProposer._sample_from_logits reads otherwise" \
+        in message and "propose reads" not in message
+    assert check_config(fake_config(additional_config={})) is None  # no section: vLLM is left alone
+
+
+def test_a_missing_wrapped_method_is_loud(vllm_code, monkeypatch):
+    monkeypatch.delattr(vllm_code, "take_last_draft_probs")
+    assert vllm_plugin.hook_proposer() == "DraftModelProposer has no take_last_draft_probs"
+    with pytest.raises(RuntimeError, match="SpecDecodeBaseProposer.take_last_draft_probs is gone"):
+        check_config(fake_config())
+
+
+def test_a_failed_import_is_loud_in_every_engine_with_a_section(vllm_code, monkeypatch):
+    from vllm.engine.arg_utils import EngineArgs
+
+    vllm_plugin.register()  # hooked as vLLM hooks it (idempotent), so that the sabotage below stays in this test
+    monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode.draft_model", None)  # a vLLM that moved it
+    monkeypatch.delitem(sys.modules, "specdecpp.serving.vllm_draft", raising=False)
+    failure = vllm_plugin.hook_proposer()
+    assert failure.startswith("importing its proposer failed (ModuleNotFoundError")
+    assert check_config(fake_config(additional_config={}), failure) is None
+    monkeypatch.setattr(vllm_plugin, "hook_failure", failure)
+    args = EngineArgs(model=str(ZOO / "target"), speculative_config={**DRAFT_MODEL, "num_speculative_tokens": 5},
+                      additional_config={"specdecpp": ADA}, **ENGINE)
+    with pytest.raises(RuntimeError, match="could not hook into vLLM .*importing its proposer failed"):
+        args.create_engine_config()
+
+
+def test_vllm_step_times_are_measured_in_a_quick_mode(tmp_path):
+    out = tmp_path / "prices.json"
+    subprocess.run([sys.executable, "-m", "specdecpp.serving.vllm_timing", "--target", str(ZOO / "target"),
+                    "--draft", str(ZOO / "draft"), "--head", str(ZOO / "head"), "--max_draft", "2",
+                    "--batch_sizes", "1", "2", "--passes", "2", "--dtype", "float32", "--enforce_eager",
+                    "--max_model_len", "256", "--output", str(out)],
+                   check=True, capture_output=True, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    prices = VllmPrices.from_dict(json.loads(out.read_text())["prices"])
+    assert sorted(prices.times) == [1, 2] and prices.max_draft == 2 and prices.at(3) is prices.times[2]
+    for times in prices.times.values():
+        assert len(times.draft_ms) == 2 and len(times.verify_ms_measured) == 3 and times.repeats >= 2
+        assert all(ms > 0 for ms in times.draft_ms + times.verify_ms_measured)
+        assert times.engine == f"vllm {vllm.__version__}" and times.processor
 
 
 def test_the_engine_refuses_before_any_work():

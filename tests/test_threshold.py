@@ -344,9 +344,10 @@ def test_the_selection_stores_the_records_processing_and_auto_warns_only_on_anot
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4,
-                             repetition_penalty=1.2)
+                             repetition_penalty=1.2, step_times=TIMES)  # given: auto times nothing here
     with pytest.warns(UserWarning, match=r"for the processing \{'repetition_penalty': 1.2\}.*applies none"):
-        speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4)
+        speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4,
+                             step_times=TIMES)
     with pytest.warns(UserWarning, match="applies {'repetition_penalty': 1.3}"):
         speculative_generate(target, draft, prompt, head=head, stop_threshold="auto", max_new_tokens=4,
                              repetition_penalty=1.3)

@@ -4,10 +4,9 @@ and one target token are kept and both caches are cropped. Greedy output is the 
 output follows the target's distribution."""
 from __future__ import annotations
 
-import inspect
 import itertools
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import PreTrainedModel
@@ -16,7 +15,7 @@ from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
 from specdecpp.compat import ModelOutput
 from specdecpp.engine.compiled import compiled_models, recompiles_forbidden
 from specdecpp.engine.draft_step import CachedModel, Draft, EagerDraft, Target
-from specdecpp.engine.processing import CRITERIA_FIELDS, PROCESSOR_FIELDS, Processing, build_processing
+from specdecpp.engine.processing import Processing, build_processing
 from specdecpp.engine.sampling import residual_distribution, sample
 from specdecpp.engine.schedules import Schedule, make_schedule
 from specdecpp.engine.settings import DecodingSettings, default_schedule
@@ -56,37 +55,16 @@ class SpeculativeOutput(ModelOutput):
     stats: GenerationStats | None = None
 
 
-def _signature_from_settings(function):
-    """`function`'s signature with `DecodingSettings`' fields (and defaults) as keyword arguments."""
-    signature = inspect.signature(function)
-    *own, _ = signature.parameters.values()
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    knobs = [inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type) for f in fields(DecodingSettings)
-             if f.name not in PROCESSOR_FIELDS + CRITERIA_FIELDS]
-    rest = inspect.Parameter("processing_fields", inspect.Parameter.VAR_KEYWORD)
-    function.__signature__ = signature.replace(parameters=[*own, *knobs, rest])
-    return function
-
-
-@_signature_from_settings
-def speculative_generate(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor, *,
-                         attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                         streamer=None, tokenizer=None, **settings) -> SpeculativeOutput:
-    """Generate from `target` (batch size 1, no padding) with `draft` proposing; `settings` are
-    `DecodingSettings`' fields with its defaults, `generate`'s processing fields among them. Greedy
-    output equals `target.generate`'s token for token; sampled output follows its distribution."""
-    return decode(target, draft, input_ids, DecodingSettings(**settings), attention_mask=attention_mask,
-                  generator=generator, streamer=streamer, tokenizer=tokenizer)
-
-
 def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor,
            settings: DecodingSettings, *, attention_mask: torch.Tensor | None = None,
            generator: torch.Generator | None = None, streamer=None, tokenizer=None,
            processing: Processing | None = None) -> SpeculativeOutput:
-    """`speculative_generate` with its settings in one `DecodingSettings`; `processing` is what
-    `generate` already built (else built here from `settings`)."""
+    """The loop for one prompt (batch size 1, no padding) with its settings in one `DecodingSettings` (what is left
+    out, the head's: `with_head_defaults`); `processing` is what `generate` already built (else built here from
+    `settings`). Greedy output equals `target.generate`'s token for token; sampled output follows its distribution."""
     if settings.schedule is None:
         settings = replace(settings, schedule=default_schedule(draft, settings.head))
+    settings = settings.with_head_defaults()
     input_ids = _check_input_ids(input_ids)
     settings.validate()
     settings.check_models(target, draft)

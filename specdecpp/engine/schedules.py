@@ -585,5 +585,6 @@ class Oracle(Schedule):
 
 
 def make_schedule(settings, draft_correct: list[bool] | None = None) -> Schedule:
-    """A fresh policy for one generation of `settings` (validated); `oracle` needs `draft_correct`."""
-    return SCHEDULES[settings.schedule].from_settings(settings, draft_correct)
+    """A fresh policy for one generation of `settings` (validated; what is left out, the head's); `oracle` needs
+    `draft_correct`."""
+    return SCHEDULES[settings.schedule].from_settings(settings.with_head_defaults(), draft_correct)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, dataclass, replace
 
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
@@ -14,17 +14,22 @@ from specdecpp.engine.processing import CRITERIA_FIELDS, NEUTRAL, PROCESSOR_FIEL
 from specdecpp.engine.schedules import MAX_TREE_NODES, SCHEDULES, Schedule
 from specdecpp.head.model import AcceptancePredictionHead
 
+# What `stop_threshold` and `bound` left out mean without a head that stores a threshold selection (the paper's
+# text); with one, "auto" and the bound the selection was made with (`DecodingSettings.with_head_defaults`).
+PLAIN_DEFAULTS = {"stop_threshold": 0.3, "bound": (2, 20)}
+
 
 @dataclass
 class DecodingSettings:
     """How one generation decodes: the `schedule` (a name in `SCHEDULES`; None picks one from the
     models, `default_schedule`) and its knobs, the length limit, greedy or sampling, the EOS ids
-    (None: the target's), the compiled engine, and `generate`'s logits processing fields (None: off)."""
+    (None: the target's), the compiled engine, and `generate`'s logits processing fields (None: off).
+    `stop_threshold` and `bound` left out (None) are the head's (`with_head_defaults`)."""
 
     schedule: str | None = None
     head: AcceptancePredictionHead | None = None
-    stop_threshold: float | str = 0.3
-    bound: tuple[int, int] = (2, 20)
+    stop_threshold: float | str | None = None
+    bound: tuple[int, int] | None = None
     num_assistant_tokens: int = 5
     assistant_confidence_threshold: float = 0.4
     online: bool = False
@@ -62,9 +67,25 @@ class DecodingSettings:
         """The head the schedule judges with, if it reads one."""
         return self.head if self.schedule is not None and self.schedule_class.needs_head else None
 
+    @property
+    def reads_head_threshold(self) -> bool:
+        """Whether the head stores a threshold selection that this schedule (`ada`, `ada-tree`, or None with a head) reads."""
+        return self.head is not None and self.head.stop_threshold is not None and self.schedule in (None, "ada", "ada-tree")
+
+    def with_head_defaults(self) -> DecodingSettings:
+        """These settings with `stop_threshold` and `bound` left out filled in: `"auto"` (this processor's price,
+        where the caller gives `step_times`) and the bound the head's threshold selection was made with, where
+        `reads_head_threshold`; else `PLAIN_DEFAULTS`."""
+        stored = (self.head.threshold_selection or {}).get("bound") if self.reads_head_threshold else None
+        threshold = "auto" if self.reads_head_threshold else PLAIN_DEFAULTS["stop_threshold"]
+        return replace(self, stop_threshold=threshold if self.stop_threshold is None else self.stop_threshold,
+                       bound=tuple(stored or PLAIN_DEFAULTS["bound"]) if self.bound is None else tuple(self.bound))
+
     def validate(self, name: Callable[[str], str] = str) -> None:
         """ValueError, naming the setting (`name` spells it, e.g. as a flag), on a value the loop
-        cannot honour alone or with its schedule's capabilities."""
+        cannot honour alone or with its schedule's capabilities (`with_head_defaults` filling in what is left out)."""
+        if self.stop_threshold is None or self.bound is None:
+            return self.with_head_defaults().validate(name)
         schedule, bound, threshold = self.schedule, self.bound, self.stop_threshold
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"unknown {name('schedule')} {schedule!r}; choose from {', '.join(SCHEDULES)}")
@@ -164,7 +185,10 @@ class DecodingSettings:
 
 
 def default(name: str):
-    """`DecodingSettings`' default for the field `name`: what every command, config and example shows."""
+    """`DecodingSettings`' default for the field `name`: what every command, config and example shows (for
+    `stop_threshold` and `bound`, what they mean without a head's threshold selection)."""
+    if name in PLAIN_DEFAULTS:
+        return PLAIN_DEFAULTS[name]
     field = DecodingSettings.__dataclass_fields__[name]
     return field.default if field.default is not MISSING else field.default_factory()
 

@@ -45,9 +45,10 @@ class MethodGrid:
                 "per value; Hugging Face's dynamic starts from the first and moves it itself)"})
     dynamic_num_assistant_tokens: int = field(default=20, metadata={
         "help": "dynamic: the most tokens drafted per round (Hugging Face's default, 20)"})
-    stop_threshold: list[str] = field(default_factory=lambda: [str(default("stop_threshold"))], metadata={
+    stop_threshold: list[str] = field(default_factory=list, metadata={
         "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
-                "head that has one"})
+                "head that has one, chosen again at this processor's step times. Default: 'auto' for a head that "
+                f"stores a threshold selection, else {default('stop_threshold')}"})
     tree_nodes: list[str] = field(default_factory=lambda: [str(default("tree_nodes"))], metadata={
         "help": "ada-tree and confidence-tree: the most nodes a tree drafts (one method per value); 'auto' admits "
                 "nodes while they pay for their measured cost"})
@@ -70,8 +71,9 @@ class MethodGrid:
 class DecodingArguments:
     """How every method decodes (`settings()`: the engine's `DecodingSettings`)."""
 
-    bound: list[int] = field(default_factory=lambda: list(default("bound")), metadata={
-        "help": "ada: MIN MAX drafted tokens per round"})
+    bound: list[int] | None = field(default=None, metadata={
+        "help": "ada: MIN MAX drafted tokens per round (default: the bound a head's threshold selection was made "
+                f"with, else {' '.join(map(str, default('bound')))})"})
     max_new_tokens: int = field(default=default("max_new_tokens"), metadata={
         "help": "tokens generated per prompt at most"})
     do_sample: bool = field(default=default("do_sample"), metadata={"help": "sample instead of greedy decoding"})
@@ -88,7 +90,8 @@ class DecodingArguments:
                 "each step one torch.compile'd graph, compiled in the warm-up (its time is reported, not timed)"})
 
     def settings(self) -> DecodingSettings:
-        return DecodingSettings(bound=tuple(self.bound), max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
+        return DecodingSettings(bound=tuple(self.bound) if self.bound is not None else None,
+                                max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
                                 temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                                 repetition_penalty=self.repetition_penalty, tree_width=self.tree_width,
                                 compile=self.compile)
@@ -193,7 +196,8 @@ def may_store_threshold(head_dir: str) -> bool:
 def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
     """`DecodingSettings.validate` on every schedule, K, threshold and confidence of the grid, naming flags."""
     for schedule in dict.fromkeys(["constant", *grid.schedule]):
-        thresholds = grid.online_threshold if schedule == "online" else [_as_threshold(t) for t in grid.stop_threshold]
+        thresholds = grid.online_threshold if schedule == "online" else \
+            [_as_threshold(t) for t in grid.stop_threshold] or [None]  # none: each head's default
         policy = SCHEDULES[schedule]
         if policy.grows_tree and not policy.needs_head:  # 'auto' is a head's threshold: a method per number only
             thresholds = [t for t in thresholds if t != "auto"]

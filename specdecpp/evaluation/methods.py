@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.engine.decoding import decode
 from specdecpp.engine.schedules import SCHEDULES
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.settings import DecodingSettings, default
 from specdecpp.evaluation.arguments import MethodGrid, Prompt, budget_step_times_from, may_store_threshold
 from specdecpp.head.folder import stored_step_times
 from specdecpp.head.model import AcceptancePredictionHead
@@ -81,10 +81,12 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
                            + f"@{t if t == 'auto' else format(float(t), 'g')}", engine, schedule,
                            stop_threshold=t if t == "auto" else float(t), head=head, online=online)
                 for online in (False, True)[:1 + grid.online] for head in heads
-                for t in dict.fromkeys(grid.stop_threshold) if t != "auto" or may_store_threshold(head)]
+                for t in dict.fromkeys(grid.stop_threshold or [head_default_threshold(head)])
+                if t != "auto" or may_store_threshold(head)]
     if SCHEDULES[schedule].grows_tree:  # per tree size, threshold and (ada-tree) head
         tree_heads = list(dict.fromkeys(heads)) if SCHEDULES[schedule].needs_head else [None]
-        thresholds = [t for t in dict.fromkeys(grid.stop_threshold)
+        thresholds = [t for t in dict.fromkeys(grid.stop_threshold or [
+            head_default_threshold(tree_heads[0]) if tree_heads[0] else str(default("stop_threshold"))])
                       if t != "auto" or SCHEDULES[schedule].needs_head]
         return [MethodSpec(f"{engine}:{schedule}" + (f"[{head_label(head)}]" if len(tree_heads) > 1 else "")
                            + f"@{t if t == 'auto' else format(float(t), 'g')},nodes={n}", engine, schedule,
@@ -112,6 +114,12 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
     return [MethodSpec(f"{engine}:{schedule}", engine, schedule)]
 
 
+def head_default_threshold(head_dir: str) -> str:
+    """The threshold `--stop_threshold` left out means for `head_dir`: "auto" where it may store a threshold
+    selection (`DecodingSettings.with_head_defaults`), else the plain default."""
+    return "auto" if may_store_threshold(head_dir) else str(default("stop_threshold"))
+
+
 def head_label(head_dir: str) -> str:
     """A head's short name in method names: its folder's (or Hub repo's) last part."""
     return Path(head_dir.rstrip("/")).name
@@ -134,7 +142,7 @@ def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
     if spec.step_times_from is not None:
         plain, judged = stored_step_times(spec.step_times_from)
         knobs["step_times"] = judged if SCHEDULES[spec.schedule].needs_head else plain
-    return replace(decoding, schedule=spec.schedule, head=head, online=spec.online, **knobs)
+    return replace(decoding, schedule=spec.schedule, head=head, online=spec.online, **knobs).with_head_defaults()
 
 
 def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,

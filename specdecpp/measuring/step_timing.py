@@ -24,7 +24,7 @@ from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.schedules import HeadJudge, Schedule
-from specdecpp.engine.settings import DecodingSettings
+from specdecpp.engine.settings import DecodingSettings, default
 from specdecpp.head.model import AcceptancePredictionHead
 
 
@@ -59,7 +59,8 @@ class StepProbe:
         self.generator = torch.Generator(target.device).manual_seed(0) if do_sample else None
         self.judge = HeadJudge(head) if head is not None else None
         self.models = lambda: step_models(target, draft, DecodingSettings(
-            schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile),
+            schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile,
+            bound=default("bound")),
             self.processing, max(max_length or 0, len(self.seq) + max_draft + 1))[:2]
         self.drafts = [[] for _ in range(max_draft)]
         self.verified = [[] for _ in range(max_draft + 1)]
@@ -165,8 +166,8 @@ class EngineSteps:
                  compile: bool = False):
         self.seq, self.k, self.compiled = input_ids[0].tolist(), k, compile
         self.processing = sampling_only(False)
-        self.models = lambda: step_models(target, draft, DecodingSettings(compile=compile), self.processing,
-                                          len(self.seq) + k + 1)[:2]
+        self.models = lambda: step_models(target, draft, DecodingSettings(compile=compile, bound=default("bound")),
+                                          self.processing, len(self.seq) + k + 1)[:2]
         self.target_model, self.draft_model = loaded_models(self.models, self.seq)
 
     def load(self) -> None:

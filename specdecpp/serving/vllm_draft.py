@@ -1,5 +1,5 @@
-"""vLLM's `draft_model` proposer with the head deciding each request's length, and the plugin entry
-point `register` (docs/design.md, Serving). Imports vLLM."""
+"""vLLM's `draft_model` proposer with the head deciding each request's length (docs/design.md, Serving); imports
+vLLM, and `serving.vllm_plugin.register` plugs it in."""
 from __future__ import annotations
 
 import torch
@@ -7,20 +7,23 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 from specdecpp.engine.schedules import make_schedule
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.serving.vllm import BatchRound, StopDrafting, check_config
+from specdecpp.serving.vllm import BatchRound, StopDrafting, VllmPrices
 
 
 class SpecDecPPDraftProposer(DraftModelProposer):
-    """vLLM's `DraftModelProposer`, its loop unchanged, with each step also judged by the head (`BatchRound`);
-    `proposed_tokens` and `draft_steps` add up its work."""
+    """vLLM's `DraftModelProposer`, its loop unchanged, with each step also judged by the head (`BatchRound`, a batch
+    priced at `prices`); `proposed_tokens` and `draft_steps` add up its work."""
 
     settings: DecodingSettings
+    new_round = BatchRound  # what judges a propose (vllm_timing swaps in its timed rounds)
+    WRAPS = ("__init__", "propose", "_sample_draft_tokens", "_sample_from_logits", "take_last_draft_probs")
 
     @classmethod
-    def plug(cls, proposer: DraftModelProposer, settings: DecodingSettings) -> None:
-        """Make the `DraftModelProposer` vLLM just built one of these, stopping on `settings`."""
+    def plug(cls, proposer: DraftModelProposer, settings: DecodingSettings, prices: VllmPrices | None) -> None:
+        """Make the `DraftModelProposer` vLLM just built one of these, stopping on `settings`, a batch at `prices`
+        (None: a batch stops once its rows have)."""
         proposer.__class__ = cls
-        proposer.settings = settings
+        proposer.settings, proposer.prices = settings, prices
         settings.head.to(proposer.device)
         proposer.schedules = []  # one ada schedule per batch row, reused from round to round
         proposer.round = None
@@ -28,8 +31,8 @@ class SpecDecPPDraftProposer(DraftModelProposer):
 
     def propose(self, num_speculative_tokens: int, *args, **kwargs) -> list[list[int]]:
         """Each request's tokens from up to `min(num_speculative_tokens, bound[1])` draft steps."""
-        self.round = BatchRound(self.settings.head, self.schedules,
-                                min(num_speculative_tokens, self.settings.bound[1]))
+        self.round = self.new_round(self.settings.head, self.schedules,
+                                    min(num_speculative_tokens, self.settings.bound[1]), self.prices)
         try:
             drafted = super().propose(num_speculative_tokens, *args, **kwargs)
             if not self.round.tokens:  # nothing to draft (K = 0)
@@ -50,28 +53,4 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         tokens, probs = self._sample_from_logits(logits, sampling_metadata)
         self.round.step(hidden_states, logits, tokens, probs)
         return tokens, probs
-
-
-def register() -> None:
-    """The `vllm.general_plugins` entry point: checks engine configs, and makes each `draft_model` proposer of an
-    engine with a `specdecpp` section a `SpecDecPPDraftProposer`. Idempotent."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    if getattr(EngineArgs.create_engine_config, "specdecpp", False):
-        return
-    create_engine_config, init = EngineArgs.create_engine_config, DraftModelProposer.__init__
-
-    def checked_create_engine_config(self, *args, **kwargs):
-        vllm_config = create_engine_config(self, *args, **kwargs)
-        check_config(vllm_config)
-        return vllm_config
-
-    def plugged_init(self, vllm_config, *args, **kwargs):
-        init(self, vllm_config, *args, **kwargs)
-        settings = check_config(vllm_config)
-        if settings is not None:
-            SpecDecPPDraftProposer.plug(self, settings)
-
-    checked_create_engine_config.specdecpp = True
-    EngineArgs.create_engine_config, DraftModelProposer.__init__ = checked_create_engine_config, plugged_init
 
