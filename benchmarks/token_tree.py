@@ -116,8 +116,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     def run(method: Method, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0,
             expected: torch.Tensor | None = None) -> GenerationStats:
+        # Step times price `auto` trees; an `ada` given them would choose its threshold again at them.
+        priced = {"step_times": times} if method.settings.get("tree_nodes") == "auto" else {}
         out = speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, do_sample=args.do_sample,
-                                   step_times=times, generator=torch.Generator(args.device).manual_seed(seed),
+                                   generator=torch.Generator(args.device).manual_seed(seed), **priced,
                                    **method.settings)
         if expected is not None and not torch.equal(out.sequences, expected):
             raise AssertionError(f"{method.name} differs from the target alone")
