@@ -104,11 +104,14 @@ class StepTimes:
 
     def round_ms(self, drafted: int, judged: int = 0, verified: int | None = None) -> float:
         """A round drafting `drafted` tokens, judging `judged`, verifying `verified` (default: all)."""
-        longest = len(self.draft_ms)
-        drafting = self._drafting_ms[min(drafted, longest)] + max(drafted - longest, 0) * (self.draft_ms or [0.0])[-1]
         verified = drafted if verified is None else verified
-        return self.verify_ms[min(verified, len(self.verify_ms) - 1)] + drafting + judged * self.judge_ms \
-            + self.round_overhead_ms
+        return self.verify_ms[min(verified, len(self.verify_ms) - 1)] + self.drafting_ms(drafted) \
+            + judged * self.judge_ms + self.round_overhead_ms
+
+    def drafting_ms(self, steps: int) -> float:
+        """A round's first `steps` draft steps, each priced at its place (past the timed ones, as the last)."""
+        longest = len(self.draft_ms)
+        return self._drafting_ms[min(steps, longest)] + max(steps - longest, 0) * (self.draft_ms or [0.0])[-1]
 
     def verify_at(self, num_drafted: int) -> float:
         """The verification of `num_drafted` tokens (a chain's or a tree's nodes), past the timed lengths on the
@@ -119,9 +122,7 @@ class StepTimes:
     def tree_round_ms(self, levels: int, num_nodes: int) -> float:
         """A token tree's round: `levels` draft steps (each priced as the chain's step at that place) and the
         verification of `num_nodes` nodes."""
-        longest = len(self.draft_ms)
-        drafting = self._drafting_ms[min(levels, longest)] + max(levels - longest, 0) * (self.draft_ms or [0.0])[-1]
-        return self.verify_at(num_nodes) + drafting + self.round_overhead_ms
+        return self.verify_at(num_nodes) + self.drafting_ms(levels) + self.round_overhead_ms
 
     def rounds_ms(self, round_weights: list[float], judged: bool = False) -> float:
         """The time of `round_weights[k]` rounds of `k` tokens each, every token judged when `judged`."""
