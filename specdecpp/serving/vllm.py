@@ -30,7 +30,7 @@ from specdecpp.checks import check_head_fits_draft, hidden_size
 from specdecpp.costs import StepTimes
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.online import best_verify_length
-from specdecpp.engine.schedules import Schedule
+from specdecpp.engine.schedules import SCHEDULES, Schedule
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.head.model import LeanJudge
 from specdecpp.measuring.step_timing import STEP_TIMES_CACHE, processor_name
@@ -66,7 +66,8 @@ def section_settings(additional_config: dict | None) -> DecodingSettings | None:
 
     if not isinstance(section, dict):
         raise TypeError(f"additional_config[{SECTION!r}] must be a dict with the fields {', '.join(FIELDS)}")
-    if section.get("schedule", "ada") != "ada" or {"tree_nodes", "tree_width"} & set(section):
+    schedule = SCHEDULES.get(section.get("schedule")) if isinstance(section.get("schedule"), str) else None
+    if (schedule is not None and schedule.grows_tree) or {"tree_nodes", "tree_width"} & set(section):
         raise ValueError(f"additional_config[{SECTION!r}] runs ada in vLLM's draft_model loop, which drafts chains: "
                          "the token-tree schedules (ada-tree, confidence-tree) run in speculative_generate and "
                          "generate(custom_generate=...)")
