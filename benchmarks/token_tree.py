@@ -23,6 +23,7 @@ from specdecpp.costs import StepTimes
 from specdecpp import speculative_generate
 from specdecpp.engine.decoding import GenerationStats
 from specdecpp.head.folder import stored_step_times
+from specdecpp.measuring.step_timing import device_step_times
 
 
 @dataclass
@@ -103,13 +104,15 @@ def main(argv: list[str] | None = None) -> dict:
                         help="confidence-tree's stop thresholds (one method each)")
     parser.add_argument("--ada_tree_thresholds", nargs="+", default=["auto"],
                         help="ada-tree's stop thresholds ('auto': the head's stored one)")
+    parser.add_argument("--time_steps", action="store_true",
+                        help="price the counts at this machine's eager step times, timed here (else the head's stored)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output_json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     target, draft, head = (model.to(args.device) for model in load_pair(head=args.head))
-    times = stored_step_times(args.head)[1]
+    times = device_step_times(target, draft, head) if args.time_steps else stored_step_times(args.head)[1]
     prompts = [p.to(args.device) for p in load_prompt_ids(args.prompts, n_begin=args.n_begin, n_end=args.n_end)]
     tree_heads = {Path(path.rstrip("/")).name: load_head(path).to(args.device) for path in args.tree_heads or [args.head]}
     compared = methods(head, tree_heads, args)
@@ -132,8 +135,9 @@ def main(argv: list[str] | None = None) -> dict:
         for method in rotated(compared, index):
             method.runs.append(run(method, prompt, args.max_new_tokens, index, expected))
     rows = [summary(method, times) for method in compared]
-    report = {"args": vars(args), "table": table(rows), "step_times": f"{times.device} {times.engine} {times.processor or ''} "
-                                                "(stored with the head)", "methods": rows}
+    source = "timed here" if args.time_steps else "stored with the head"
+    report = {"args": vars(args), "table": table(rows),
+              "step_times": f"{times.device} {times.engine} {times.processor or ''} ({source})", "methods": rows}
     print(table(rows))
     if args.output_json:
         Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
