@@ -101,6 +101,7 @@ class StepTimes:
 
     def __post_init__(self):
         self._drafting_ms = [0.0] + list(itertools.accumulate(self.draft_ms))
+        self._verify_slope = verify_slope(self.verify_ms)
 
     def round_ms(self, drafted: int, judged: int = 0, verified: int | None = None) -> float:
         """A round drafting `drafted` tokens, judging `judged`, verifying `verified` (default: all)."""
@@ -117,7 +118,7 @@ class StepTimes:
         """The verification of `num_drafted` tokens (a chain's or a tree's nodes), past the timed lengths on the
         line of their `verify_slope`."""
         last = len(self.verify_ms) - 1
-        return self.verify_ms[min(num_drafted, last)] + max(num_drafted - last, 0) * verify_slope(self.verify_ms)
+        return self.verify_ms[min(num_drafted, last)] + max(num_drafted - last, 0) * self._verify_slope
 
     def tree_round_ms(self, levels: int, num_nodes: int) -> float:
         """A token tree's round: `levels` draft steps (each priced as the chain's step at that place) and the
