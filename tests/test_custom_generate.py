@@ -47,11 +47,12 @@ def test_folder_form_runs_the_compiled_engine_when_asked(zoo):
     target, draft, tokenizer = zoo
     inputs = tokenizer(PROMPTS[0], return_tensors="pt")
     expected = target.generate(**inputs, max_new_tokens=30, do_sample=False)
+    # A threshold given: "auto" would time the compiled steps first (unless kept from an earlier test), compiling there.
     out = folder_generate(target, draft, inputs, max_new_tokens=30, do_sample=False, return_dict_in_generate=True,
-                          compile=True)
+                          compile=True, stop_threshold=0.3)
     assert torch.equal(out.sequences, expected)
     again = folder_generate(target, draft, inputs, max_new_tokens=30, do_sample=False, return_dict_in_generate=True,
-                            compile=True)
+                            compile=True, stop_threshold=0.3)
     assert out.stats.compile_time > 0 and again.stats.compile_time == 0  # it compiled, once
 
 
