@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import socket
 import subprocess
@@ -228,29 +229,48 @@ def test_the_head_judges_as_under_transformers(runs, pair):
     assert largest < 1e-3
 
 
+def stop_margin(p_accept: list[float], length: int, threshold: float) -> float:
+    """How far the product rule's stop quantity, on vLLM's judgements, was from the threshold where a
+    round of `length` tokens decided: after its last token (it stopped) or, for a shorter round, there."""
+    return abs(1.0 - math.prod(p_accept[:length]) - threshold)
+
+
 def test_a_request_alone_drafts_the_rounds_of_speculative_generate(runs, pair):
     # vLLM's prefill samples the first token, so its rounds are the engine's after prompt + that
     # token. vLLM drafts past max_tokens and the engine does not: the rounds compared are those
-    # with room for a whole round left.
+    # with room for a whole round left. The two judge through different kernels (P(accept) agrees
+    # within 1e-3, above): a round may end elsewhere only where the stop was that close to the threshold.
     target, draft, head, tokenizer = pair
+    threshold = runs["threshold"]
     same = total = 0
     for prompt, output, rounds, n in zip(PROMPTS, runs["alone"], engine_rounds(runs["alone"], runs["alone log"]),
                                          MAX_TOKENS):
         first = torch.tensor([tokenizer(prompt).input_ids + output[:1]])
-        ours = speculative_generate(target, draft, first, head=head, stop_threshold=runs["threshold"], bound=(1, 20),
+        ours = speculative_generate(target, draft, first, head=head, stop_threshold=threshold, bound=(1, 20),
                                     max_new_tokens=n - 1).stats
         room, compared = n - 1, 0
-        for (_, drafted, _), length in zip(rounds, ours.draft_lengths):
+        for (_, drafted, p_vllm), length in zip(rounds, ours.draft_lengths):
             if room < 20:
                 break
             compared += 1
-            same += len(drafted) == length
-            room -= ours.accepted_lengths[compared - 1] + 1
             if len(drafted) != length:
+                margin = stop_margin(p_vllm, min(len(drafted), length), threshold)
+                print(f"a round of {len(drafted)} in vLLM, {length} here: stop {margin:.1e} from the threshold")
+                assert margin < 2e-3
                 break  # the rounds that follow start elsewhere
+            same += 1
+            room -= ours.accepted_lengths[compared - 1] + 1
         total += compared
     print(f"rounds drafted alike: {same} of {total}")
-    assert total > 10 and same == total
+    assert total > 10 and same >= 0.9 * total
+
+
+def test_vllm_rounds_follow_the_product_rule_on_their_own_judgements(runs):
+    threshold = runs["threshold"]
+    for rounds in engine_rounds(runs["alone"], runs["alone log"]):
+        for _, drafted, p_vllm in rounds:
+            stops = [k for k in range(1, len(drafted) + 1) if 1.0 - math.prod(p_vllm[:k]) > threshold]
+            assert len(drafted) == (stops[0] if stops else 20)
 
 
 def _draft_probs_seen(worker) -> list:
