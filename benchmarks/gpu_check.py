@@ -4,8 +4,9 @@
    `target.generate`'s (a difference where the target's top-two logits are within
    `metrics.NEAR_TIE_MARGIN` is named a near-tie), and ms/token beside what its counts predict,
    methods interleaved with `target.generate` (`time_breakdown.breakdown`).
-2. Token trees against chains on the zoo pair, eager (`token_tree.py`): tokens per target call and ms/token
-   beside what the counts predict.
+2. Token trees against chains on the zoo pair, on the last engine asked (`token_tree.py`, trees scored by
+   `checkpoints/zoo/head-tree`): tokens per target call and ms/token beside what the counts predict at step
+   times timed there.
 3. Where a compiled round's time goes: a profiler summary of `ada` and `dynamic` generations (the
    top operators, the host syncs per generated token, a verification's ms in the generation) and of
    one pass of the step probe that prices `auto` (its verifications' ms beside the generations').
@@ -40,7 +41,7 @@ from pathlib import Path
 import compiled_steps
 import token_tree
 import torch
-from harness import DRAFT, HEAD, TARGET, load_pair, load_prompt_ids, rotated, warm_up
+from harness import DRAFT, HEAD, TARGET, ZOO, load_pair, load_prompt_ids, rotated, warm_up
 from time_breakdown import breakdown, format_breakdown, head_bound, methods, typical_context
 
 from specdecpp import speculative_generate
@@ -393,10 +394,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     def trees():
         report = token_tree.main(["--device", args.device, "--head", args.head, "--n_begin", "1",
-                                  "--n_end", str(prompts), "--max_new_tokens", str(max_new_tokens)]
+                                  "--n_end", str(prompts), "--max_new_tokens", str(max_new_tokens), "--time_steps",
+                                  "--tree_heads", str(ZOO / "head-tree"), "--ada_tree_thresholds", "auto", "0.8"]
+                                 + (["--compile"] if engines[-1] == "compiled" else [])
                                  + (["--confidences", "0.4", "--constants", "3", "--tree_confidences", "0.9"]
                                     if args.quick else []))
-        return (f"token trees against chains, eager (`benchmarks/token_tree.py`), {prompts - 1} stdlib-heldout prompts, "
+        return (f"token trees against chains, {engines[-1]} (`benchmarks/token_tree.py`), {prompts - 1} stdlib-heldout prompts, "
                 f"{max_new_tokens} tokens, greedy, predicted at {report['step_times']}\n\n{report['table']}"), report
     section("trees of tokens", trees, SECTION_SECONDS["trees"])
 

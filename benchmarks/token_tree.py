@@ -1,6 +1,6 @@
 """Token trees against chains on the same prompts: tokens per target call (the counts the clock follows on a GPU),
-draft steps per token, tree sizes, and the eager engine's wall time per token beside the time its counts predict
-at the given step times. Methods run interleaved per prompt, each output checked against the target's (greedy).
+draft steps per token, tree sizes, and the wall time per token (eager, or `--compile`d) beside the time its counts
+predict at the given step times. Methods run interleaved per prompt, each output checked against the target's (greedy).
 
     python benchmarks/token_tree.py --n_begin 100 --n_end 160 --output_json results/token-tree/greedy.json
     python benchmarks/token_tree.py --do_sample --head checkpoints/zoo/head-sampling --output_json ...
@@ -105,14 +105,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ada_tree_thresholds", nargs="+", default=["auto"],
                         help="ada-tree's stop thresholds ('auto': the head's stored one)")
     parser.add_argument("--time_steps", action="store_true",
-                        help="price the counts at this machine's eager step times, timed here (else the head's stored)")
+                        help="price the counts at this machine's step times, timed here (else the head's stored)")
+    parser.add_argument("--compile", action="store_true", help="every method on the compiled engine")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output_json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     target, draft, head = (model.to(args.device) for model in load_pair(head=args.head))
-    times = device_step_times(target, draft, head) if args.time_steps else stored_step_times(args.head)[1]
+    times = device_step_times(target, draft, head, compile=args.compile) if args.time_steps else stored_step_times(args.head)[1]
     prompts = [p.to(args.device) for p in load_prompt_ids(args.prompts, n_begin=args.n_begin, n_end=args.n_end)]
     tree_heads = {Path(path.rstrip("/")).name: load_head(path).to(args.device) for path in args.tree_heads or [args.head]}
     compared = methods(head, tree_heads, args)
@@ -123,12 +124,12 @@ def main(argv: list[str] | None = None) -> dict:
         priced = {"step_times": times} if method.settings.get("tree_nodes") == "auto" else {}
         out = speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, do_sample=args.do_sample,
                                    generator=torch.Generator(args.device).manual_seed(seed), **priced,
-                                   **method.settings)
+                                   compile=args.compile, **method.settings)
         if expected is not None and not torch.equal(out.sequences, expected):
             raise AssertionError(f"{method.name} differs from the target alone")
         return out.stats
 
-    warm_up(run, compared, prompts, args.max_new_tokens)
+    warm_up(run, compared, prompts, args.max_new_tokens, compile=args.compile)
     for index, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
         expected = None if args.do_sample else \
             speculative_generate(target, None, prompt, max_new_tokens=args.max_new_tokens).sequences

@@ -29,7 +29,7 @@ def compiled_generate(target, draft, prompt, **kwargs):
     return speculative_generate(target, draft, prompt, compile=True, **kwargs)
 
 
-# The compiled engine drafts chains; a tree schedule there is refused (tests/test_tree.py).
+# Tree schedules on the compiled engine: tests/test_tree.py.
 CHAIN_SCHEDULES = [name for name, schedule in SCHEDULES.items() if not schedule.grows_tree]
 
 

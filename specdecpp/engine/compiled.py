@@ -14,13 +14,16 @@ from transformers import PreTrainedModel, StaticCache
 
 from specdecpp.checks import vocab_size
 from specdecpp.compat import (COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs,
-                              compile_guarded_state, is_sliding, special_layers)
+                              compile_guarded_state, is_sliding, move_cache_positions, special_layers)
 from specdecpp.engine.draft_step import proposed_step
 from specdecpp.engine.processing import Processing
+from specdecpp.engine.schedules import MAX_TREE_NODES
 from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, make_warpers, proposed_token, widened
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
+# The row counts a token tree's forwards are padded to: powers of two, then a whole verification (root and nodes).
+TREE_ROWS = (*(1 << i for i in range(1, MAX_TREE_NODES.bit_length())), MAX_TREE_NODES + 1)
 
 
 def capacity_for(max_length: int) -> int:
@@ -72,6 +75,18 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_
                                          lambda capacity: CompiledDraft(draft, capacity, sampling, head))
     if head is not None:  # the weights of this head, into the engine of its shape
         draft_model.judge.load(head)
+    return target_model, draft_model, seconds + draft_seconds
+
+
+def compiled_tree_models(target: PreTrainedModel, draft: PreTrainedModel, max_length: int, with_hidden_states: bool
+                         ) -> tuple[TreeModel, TreeModel, float]:
+    """The compiled target and draft as a token tree's round feeds them (`TreeModel`), empty, for at least
+    `max_length` tokens, the draft's forwards returning its hidden states too (`with_hidden_states`); returns them
+    and the seconds this call spent compiling."""
+    length = max_length + TREE_ROWS[-1]  # a round's nodes sit past its prefix until it keeps one path
+    target_model, seconds = _engine(target, ("tree target",), length, lambda capacity: TreeModel(target, capacity))
+    draft_model, draft_seconds = _engine(draft, ("tree draft", with_hidden_states), length,
+                                         lambda capacity: TreeModel(draft, capacity, with_hidden_states))
     return target_model, draft_model, seconds + draft_seconds
 
 
@@ -337,6 +352,80 @@ class ProcessedDraft:
 
     def crop(self, length: int) -> None:
         self.forward.crop(length)
+
+
+class TreeModel(StaticModel):
+    """A model on a `StaticCache` as a token tree's round feeds it (`draft_step.CachedModel`'s `forward`, `run` and
+    `keep`): each forward one graph over tokens at given positions under a 4D mask, their rows padded to a count
+    of `TREE_ROWS` (each padding row sees itself alone and leaves the cache after the forward), so that no round
+    compiles; longer inputs (a prompt) run eagerly."""
+
+    def __init__(self, model: PreTrainedModel, capacity: int, with_hidden_states: bool = False):
+        self.with_hidden_states = with_hidden_states
+        super().__init__(model, capacity)
+        if with_hidden_states:
+            _check_last_hidden_state(model)
+
+    def build_graphs(self) -> None:
+        self.tree_graph = _compile(self._tree_forward, dynamic=None, cuda=self.cuda_graphs)
+
+    def warm_up(self) -> None:
+        """Run the graph once per row count (a CUDA graph is recorded on its second call)."""
+        with torch.inference_mode():
+            for rows in TREE_ROWS:
+                for _ in range(self.warm_up_calls):
+                    self._feed([0])
+                    self.run([0] * rows, list(range(1, rows + 1)), None, rows)
+            self.reset()
+
+    def forward(self, seq: list[int], num_logits: int,
+                with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` (the tokens the cache has not
+        seen fed causally) and (if `with_hidden_states`) the last layer's hidden state at the last position."""
+        logits, hidden = self.run(seq[self.length:], list(range(self.length, len(seq))), None, num_logits,
+                                  with_hidden_states)
+        return logits, hidden[-1] if hidden is not None else None
+
+    def run(self, tokens: list[int], positions: list[int], attention_mask: torch.Tensor | None, num_logits: int,
+            with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed `tokens` at `positions` after the cache (`attention_mask`: a 4D mask `[1, 1, tokens, cached +
+        tokens]`, None: causal); the logits `[num_logits, vocab]` of the last `num_logits` of them and (if
+        `with_hidden_states`) the draft's last hidden states there."""
+        count = len(tokens)
+        rows = next((rows for rows in TREE_ROWS if rows >= count), count)
+        past, dtype = self.length, self.model.dtype
+        visible = torch.zeros(rows, self.capacity, dtype=torch.bool, device=self.device)
+        if attention_mask is None:
+            visible[:count, :past + count] = torch.ones(count, past + count, dtype=torch.bool,
+                                                        device=self.device).tril(past)
+        else:
+            visible[:count, :past + count] = attention_mask[0, 0] == 0
+        padding = torch.arange(count, rows, device=self.device)
+        visible[padding, past + padding] = True
+        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill(~visible, torch.finfo(dtype).min)
+        ids = self._ids(tokens + [0] * (rows - count))
+        inputs = (ids, torch.tensor([positions + positions[-1:] * (rows - count)], device=self.device), mask[None, None])
+        if rows in TREE_ROWS:
+            for tensor in inputs:  # one graph for every row count
+                torch._dynamo.mark_dynamic(tensor, tensor.dim() - 2 if tensor.dim() == 4 else 1)
+            logits, hidden = self._run(self.tree_graph, *inputs)
+        else:
+            logits, hidden = self._tree_forward(*inputs)
+        self.length = past + rows
+        self.crop(past + count)
+        hidden = hidden[count - num_logits:count] if with_hidden_states else None
+        return logits[count - num_logits:count], hidden
+
+    def keep(self, start: int, sources: list[int], length: int) -> None:
+        """Move the cache's positions `sources` to `start, start + 1, ...`, then keep its first `length`."""
+        move_cache_positions(self.cache, start, sources)
+        self.crop(length)
+
+    def _tree_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                      attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                         output_hidden_states=self.with_hidden_states, **self.model_kwargs)
+        return out.logits[0], out.hidden_states[-1][0] if self.with_hidden_states else out.logits.new_zeros(())
 
 
 def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from specdecpp.checks import eos_ids, generation_eos, trim_at_eos
 from specdecpp.compat import ModelOutput
-from specdecpp.engine.compiled import compiled_models, recompiles_forbidden
+from specdecpp.engine.compiled import compiled_models, compiled_tree_models, recompiles_forbidden
 from specdecpp.engine.draft_step import CachedModel, Draft, EagerDraft, Target
 from specdecpp.engine.processing import Processing, build_processing
 from specdecpp.engine.sampling import residual_distribution, sample
@@ -162,6 +162,8 @@ def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings
     if not settings.compile:
         judge = LeanJudge(head, draft.device) if head is not None and draft is not None else None
         return CachedModel(target), EagerDraft(draft, processing, judge) if draft else None, 0.0
+    if settings.schedule is not None and settings.schedule_class.grows_tree:
+        return compiled_tree_models(target, draft, max_length, head is not None and head.reads_hidden_states)
     sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
     return compiled_models(target, draft, max_length, processing, head, sampling,
                            longest_verification=max(settings.bound[1], settings.num_assistant_tokens) + 1)

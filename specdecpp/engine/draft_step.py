@@ -71,6 +71,11 @@ class CachedModel:
         self.base_model, self.output_layer = model.base_model, model.get_output_embeddings()
         self.split = None if self.base_model is not model and self.output_layer is not None else False
 
+    @property
+    def length(self) -> int:
+        """How many tokens the cache holds."""
+        return self.cache.get_seq_length()
+
     def logits(self, seq: list[int], num_logits: int) -> torch.Tensor:
         return self.forward(seq, num_logits)[0]
 
@@ -78,7 +83,7 @@ class CachedModel:
                 with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` and (if
         `with_hidden_states`) the last layer's hidden state at the last position."""
-        seen = self.cache.get_seq_length()
+        seen = self.length
         logits, hidden = self.run(seq[seen:], list(range(seen, len(seq))), None, num_logits, with_hidden_states)
         return logits, hidden[-1] if hidden is not None else None
 

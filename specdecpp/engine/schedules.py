@@ -388,12 +388,6 @@ class TreeSchedule(Schedule):
     def prices_rounds(cls, settings) -> bool:
         return settings.tree_nodes == "auto"
 
-    @classmethod
-    def check(cls, settings, name):
-        if settings.compile:
-            raise ValueError(f"schedule {settings.schedule!r} drafts a token tree, which the compiled engine does not "
-                             f"run: decode it with {name('compile')}=False")
-
     def max_draft(self) -> int:
         return self.max_k
 

@@ -232,7 +232,7 @@ def verify_tree(target: CachedModel, seq: list[int], tree: TokenTree, processing
     """One target forward over the last verified token and every node of `tree`, each node after its own path;
     returns the accepted path (nodes) and the token the target adds. Greedy follows the target's argmax down the
     tree; sampling runs recursive rejection sampling over each node's children in their draw order."""
-    seen, prefix = target.cache.get_seq_length(), len(seq)
+    seen, prefix = target.length, len(seq)
     unseen, nodes = seq[seen:], list(range(len(tree)))
     # The verified tokens the cache has not seen yet (the last one at least) come first, causally.
     columns = torch.arange(prefix + len(tree))

@@ -58,10 +58,8 @@ def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
                                       len(demo.stop_threshold), len(demo.online_thresholds)) > 1:
         raise ValueError("choosing among several --constant_ks, --confidence_thresholds, --stop_threshold or "
                          "--online_thresholds values needs --tune_prompts >= 1")
-    # The token tree beside the chains, where its engine runs (trees are not compiled), at a fixed size: `auto`
-    # would need step times stored with the head.
-    trees = [] if demo.compile else ["ada-tree"]
-    grid = MethodGrid(schedule=["constant", "dynamic", "online", "ada", *trees], num_assistant_tokens=demo.constant_ks,
+    # The token tree beside the chains at a fixed size: `auto` would need step times stored with the head.
+    grid = MethodGrid(schedule=["constant", "dynamic", "online", "ada", "ada-tree"], num_assistant_tokens=demo.constant_ks,
                       assistant_confidence_threshold=demo.confidence_thresholds, stop_threshold=demo.stop_threshold,
                       online_threshold=demo.online_thresholds, tree_nodes=[str(demo.tree_nodes)],
                       baselines=["target", "hf:dynamic"])
