@@ -125,8 +125,7 @@ class HeadOnDraft(nn.Module):
 
     def __init__(self, head: AcceptancePredictionHead, draft: PreTrainedModel | None = None):
         super().__init__()
-        self.head = head
-        self.draft = draft
+        self.head, self.draft = head, draft
         if draft is not None:
             draft.requires_grad_(False)
 
@@ -218,9 +217,7 @@ def check_head_fits(saved: dict, config: dict, where: str) -> None:
 
 def head_config_from(model_args: ModelArguments, hidden_size: int) -> dict:
     """The config of the head to train."""
-    features = [name for name in model_args.head_features if name != "none"]
-    if model_args.head_alignment == "reader":
-        features = []
+    features = [] if model_args.head_alignment == "reader" else [f for f in model_args.head_features if f != "none"]
     if not model_args.head_reads_hidden_states:
         if not features:
             raise ValueError("--head_reads_hidden_states false needs --head_features (a proposer head's logit features)")
@@ -322,17 +319,11 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
     eval_set = examples_dataset(eval_records, *layout) if eval_records else None
     if args.cache_hidden_states:
         cache_dir = os.path.join(args.output_dir, "hidden_states_cache")
-        draft.to(args.device)
-        batch = args.per_device_eval_batch_size
-        train_set = cache_hidden_states(draft, head.features, train_set, os.path.join(cache_dir, "train"), batch,
-                                        args.device)
-        if eval_set is not None:
-            eval_set = cache_hidden_states(draft, head.features, eval_set, os.path.join(cache_dir, "eval"), batch,
-                                           args.device)
-        model = HeadOnDraft(head)
-        del draft
-    else:
-        model = HeadOnDraft(head, draft)
+        train_set, eval_set = (examples if examples is None else cache_hidden_states(
+            draft.to(args.device), head.features, examples, os.path.join(cache_dir, name),
+            args.per_device_eval_batch_size, args.device) for name, examples in (("train", train_set), ("eval", eval_set)))
+        draft = None  # the head trains on the stored states alone
+    model = HeadOnDraft(head, draft)
 
     card = {"draft": pair.draft, "target": pair.target,
             "training_data": ", ".join(p for p in (data_args.records, data_args.eval_records) if p)}

@@ -189,10 +189,8 @@ def draft_candidates(log_q: torch.Tensor, log_p: torch.Tensor, proposals: torch.
         keys = keys - torch.empty_like(keys).exponential_(generator=generator).log()
     keys = keys.scatter(-1, proposals[:, None], float("inf"))
     candidates = keys.topk(min(num_candidates, keys.shape[-1]), dim=-1).indices
-    if generator is None:
-        labels = (candidates == target_choice[:, None]).to(log_p.dtype)
-    else:
-        labels = recursive_rejection_acceptance(log_q, log_p, candidates)
+    labels = (candidates == target_choice[:, None]).to(log_p.dtype) if generator is None \
+        else recursive_rejection_acceptance(log_q, log_p, candidates)
     has_mass = log_q.gather(-1, candidates) > float("-inf")
     return ([row[:n] for row, n in zip(candidates.tolist(), has_mass.sum(-1).tolist())],
             [row[:n] for row, n in zip(labels.tolist(), has_mass.sum(-1).tolist())])

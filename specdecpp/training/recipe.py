@@ -89,11 +89,9 @@ class Recipe:
         missing = [name for name in ("target", "draft", "prompts") if not getattr(self, name)]
         if missing:
             raise ValueError(f"the recipe needs {', '.join(missing)} (--{' --'.join(missing)} or in the recipe file)")
-        counts = {"n_train": self.n_train, "n_dev": self.n_dev, "eval_n": self.eval_n, "batch_size": self.batch_size,
-                  "train_batch_size": self.train_batch_size, "nproc_per_node": self.nproc_per_node,
-                  "max_new_tokens": self.max_new_tokens, "eval_max_new_tokens": self.eval_max_new_tokens,
-                  "threads": self.threads}
-        if bad := [f"{name} {value}" for name, value in counts.items() if value < 1]:
+        counts = ("n_train", "n_dev", "eval_n", "batch_size", "train_batch_size", "nproc_per_node", "max_new_tokens",
+                  "eval_max_new_tokens", "threads")
+        if bad := [f"{name} {getattr(self, name)}" for name in counts if getattr(self, name) < 1]:
             raise ValueError(f"must be >= 1: {', '.join(bad)}")
         if len(self.bound) != 2 or not 1 <= self.bound[0] <= self.bound[1]:
             raise ValueError(f"bound must be MIN MAX with 1 <= MIN <= MAX, got {self.bound}")
@@ -190,11 +188,8 @@ def _flag_values(**flags) -> list[str]:
     """`--name value...` for each set flag (None and False left out, True bare)."""
     argv = []
     for name, value in flags.items():
-        if value is None or value is False:
-            continue
-        argv.append(f"--{name}")
-        if value is not True:
-            argv.extend(str(v) for v in (value if isinstance(value, list) else [value]))
+        if value is not None and value is not False:
+            argv += [f"--{name}", *([] if value is True else map(str, value if isinstance(value, list) else [value]))]
     return argv
 
 

@@ -116,17 +116,13 @@ def train_lm(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments,
     whichever ends first. Returns the log."""
     device = torch.device(args.device)
     model.to(device).train()
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95))
+    groups = [{"params": [p for p in model.parameters() if (p.ndim >= 2) == decay], "weight_decay": 0.1 * decay}
+              for decay in (True, False)]  # no weight decay on biases and norms
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
     start, step, loss_ema = time.perf_counter(), 0, None
     bar = tqdm(total=steps, desc=desc, dynamic_ncols=True)
-    while True:
-        progress = max(step / steps, (time.perf_counter() - start) / (60 * minutes))
-        if progress >= 1:
-            break
+    while (progress := max(step / steps, (time.perf_counter() - start) / (60 * minutes))) < 1:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, progress, lr, args.warmup_steps)
         offsets = torch.randint(0, len(stream) - args.seq_len, (args.batch_size,), generator=gen)
@@ -184,8 +180,7 @@ def save_model(model, tokenizer, path: Path) -> None:
     model.to("cpu", torch.float16).save_pretrained(path)
     tokenizer.save_pretrained(path)
     config_path = path / "config.json"
-    config = json.loads(config_path.read_text())
-    config["dtype"] = "float32"
+    config = json.loads(config_path.read_text()) | {"dtype": "float32"}
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -354,22 +349,18 @@ def build(args: ZooArguments) -> dict:
     """Run the whole build into `args.output` and return the card."""
     from transformers import LlamaForCausalLM
 
-    build_start = time.perf_counter()
-    out = Path(args.output)
+    build_start, out = time.perf_counter(), Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-
     texts = train_texts(args)
     tokenizer = train_tokenizer(texts, args.vocab_size)
     stream = encode_corpus(tokenizer, texts)
     print(f"corpus: {len(texts)} train files, {len(stream):,} tokens, vocabulary {len(tokenizer)}", flush=True)
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         target = LlamaForCausalLM(llama_config(args, args.target_layers, tokenizer))
     target_log = train_lm(target, lm_loss, stream, args, args.target_steps, args.target_minutes, args.target_lr,
                        "target", args.seed)
     draft, draft_log = distill_draft(target, tokenizer, stream, args)
-
     save_model(target, tokenizer, out / "target")
     save_model(draft, tokenizer, out / "draft")
     figures = evaluate_pair(out / "target", out / "draft", args)
@@ -382,12 +373,10 @@ def build(args: ZooArguments) -> dict:
         "models": {"vocab_size": len(tokenizer), "width": args.width,
                    "target": {"layers": args.target_layers, "params": count_params(target)},
                    "draft": {"layers": args.draft_layers, "params": count_params(draft)}},
-        "training": {"target": target_log, "draft": draft_log},
-        "figures": figures,
-        "targets": check_targets(figures),
+        "training": {"target": target_log, "draft": draft_log}, "figures": figures, "targets": check_targets(figures),
         "build_minutes": round((time.perf_counter() - build_start) / 60, 2),
+        "bytes": dir_bytes(out / "target") + dir_bytes(out / "draft"),
     }
-    card["bytes"] = dir_bytes(out / "target") + dir_bytes(out / "draft")
     write_card(out, card)
     print(json.dumps(figures, indent=2), flush=True)
     return card
