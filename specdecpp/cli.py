@@ -1,5 +1,5 @@
 """The `specdecpp` console script: each command is a module's `main(argv)`, all sharing one flag vocabulary
-(`ALIASES`, `common_field`) and reporting rejected input in one line (`input_errors`)."""
+(`ALIASES`, `common_field`, `option`) and reporting rejected input in one line (`input_errors`)."""
 from __future__ import annotations
 
 import importlib
@@ -30,6 +30,13 @@ def common_field(name: str, *, aliases: tuple[str, ...] = (), **kwargs: Any) -> 
     """A dataclass field for the common flag `--name`, also accepted under `ALIASES[name]` and `aliases`."""
     options = {key: kwargs.pop(key) for key in ("default", "default_factory") if key in kwargs}
     return field(**options, metadata={"aliases": [*ALIASES[name], *aliases], **kwargs})
+
+
+def option(default: Any, help: str, **metadata: Any) -> Field:
+    """A dataclass field for the flag of this name: its `default` (a list copied for each instance) and `help`."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **metadata})
+    return field(default=default, metadata={"help": help, **metadata})
 
 
 @contextmanager

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import HfArgumentParser
 
-from specdecpp.cli import input_errors
+from specdecpp.cli import input_errors, option
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.hf_baselines import count_forwards, hf_assistant_settings, rounds_from_target_calls
 from specdecpp.evaluation.methods import Counts, Method, MethodSpec, method_specs
@@ -29,9 +29,8 @@ __all__ = ["BASELINES", "FLAGS", "ZOO_DIR", "Counts", "DecodingArguments", "Deco
 class EvaluateArguments:
     """What only the command sets: the process's torch threads."""
 
-    threads: int = field(default=0, metadata={
-        "help": "torch CPU threads (0: torch's default); small models run as fast on one, which also keeps "
-                "other processes on a shared machine from slowing the run down"})
+    threads: int = option(0, "torch CPU threads (0: torch's default); small models run as fast on one, which also "
+        "keeps other processes on a shared machine from slowing the run down")
 
 
 FLAGS = (HeadPairArguments, MethodGrid, DecodingArguments, PromptSource, RunOptions, EvaluateArguments)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from glob import glob
 
 import torch
@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specdecpp import checks
 from specdecpp.checks import is_peft_adapter, peft_base, vocab_size
-from specdecpp.cli import common_field
+from specdecpp.cli import common_field, option
 from specdecpp.head.model import AcceptancePredictionHead
 
 DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -24,18 +24,14 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "b
 class PairArguments:
     """The pair a command works on and how it loads it, under the same flags in every command."""
 
-    target: str | None = common_field("target", default=None, help=(
-        "the target model: Hub id, folder, or PEFT adapter folder"))
-    draft: str | None = common_field("draft", default=None, help=(
-        "the draft model: Hub id, folder, or PEFT adapter folder"))
-    torch_dtype: str | None = field(default=None, metadata={
-        "help": f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: the checkpoint's own, "
-                "except that a float16/bfloat16 checkpoint loaded onto a CPU runs in float32)"})
+    target: str | None = common_field("target", default=None, help="the target: Hub id, folder, or PEFT adapter folder")
+    draft: str | None = common_field("draft", default=None, help="the draft: Hub id, folder, or PEFT adapter folder")
+    torch_dtype: str | None = option(None, f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: "
+        "the checkpoint's own, except that a float16/bfloat16 checkpoint loaded onto a CPU runs in float32)")
     device: str | None = common_field("device", default=None, help=(
         "where the models go, passed to from_pretrained as device_map: a device (cpu, cuda:1) or 'auto' for a "
         "model larger than one GPU (default: the command's choice, one GPU per rank where there are GPUs)"))
-    trust_remote_code: bool = field(default=False, metadata={
-        "help": "allow models whose code lives in their Hub repo (off unless you trust it)"})
+    trust_remote_code: bool = option(False, "allow models whose code lives in their Hub repo (off unless you trust it)")
 
     def require(self, *roles: str) -> PairArguments:
         """ValueError naming the flags unless every one of `roles` is given; returns the arguments."""

@@ -9,7 +9,7 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from accelerate import PartialState
@@ -21,7 +21,7 @@ from transformers.trainer import SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_AR
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from specdecpp.checks import check_data_fits_draft, check_head_fits_draft, hidden_size, text_config
-from specdecpp.cli import common_field, input_errors
+from specdecpp.cli import common_field, input_errors, option
 from specdecpp.data.io import read_records
 from specdecpp.head.inputs import head_inputs, judged_states, make_example, pad_batch
 from specdecpp.head.model import ALIGNMENTS, FEATURES, AcceptancePredictionHead
@@ -40,20 +40,16 @@ def examples_dataset(records: list[dict], mixing_ratio: float, seed: int, alignm
 class ModelArguments:
     """The head to train; `--target`, the pair's other model, is only recorded in the card."""
 
-    resnet_num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
-    head_alignment: str = field(default="proposer", metadata={"choices": ALIGNMENTS, "help": (
-        "which draft state judges a drafted token: 'proposer' (the forward that proposes it; trained on the "
-        "target's continuation, no mixing) or 'reader' (the reference's: the state that has read it, one draft "
-        "step later; trained with --mixing_ratio)")})
-    head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={"help": (
-        f"features of the judged token under the proposing logits that a proposer head also reads "
-        f"(any of {', '.join(FEATURES)}; 'none' for the hidden state alone); reader heads read none")})
-    head_width: int | None = field(default=None, metadata={"help": (
-        "width of the residual blocks, the inputs projected to it first: fewer weights per judgement (default: the "
-        "inputs' own width, no projection)")})
-    head_reads_hidden_states: bool = field(default=True, metadata={"help": (
-        "whether the head reads the draft's hidden state; false: a head of the logit features alone "
-        "(hidden_size 0 in its config), which fits any draft")})
+    resnet_num_layers: int = option(3, "residual blocks in the head")
+    head_alignment: str = option("proposer", "which draft state judges a drafted token: 'proposer' (the forward that "
+        "proposes it; trained on the target's continuation, no mixing) or 'reader' (the reference's: the state that "
+        "has read it, one draft step later; trained with --mixing_ratio)", choices=ALIGNMENTS)
+    head_features: list[str] = option(["log_q", "entropy"], "features of the judged token under the proposing logits "
+        f"that a proposer head also reads (any of {', '.join(FEATURES)}; 'none' for the hidden state alone)")
+    head_width: int | None = option(None, "width of the residual blocks, the inputs projected to it first: fewer "
+        "weights per judgement (default: the inputs' own width, no projection)")
+    head_reads_hidden_states: bool = option(True, "whether the head reads the draft's hidden state; false: a head of "
+        "the logit features alone (hidden_size 0 in its config), which fits any draft")
 
 
 @dataclass
@@ -62,28 +58,24 @@ class DataArguments:
         "training records (JSON Lines or the reference's JSON)"))
     eval_records: str | None = common_field("eval_records", default=None, help=(
         "eval records (reports binary KL)"))
-    mixing_ratio: float = field(default=0.15, metadata={
-        "help": "reader heads only: probability that a position shows the target's token instead of the draft's "
-                "(its label ignored); a proposer head trains on the target's continuation and needs no mixing"})
-    train_candidates: int = field(default=0, metadata={"help": (
-        "proposer heads with --head_features: train (and evaluate) on each position's first N candidates of the "
-        "records (build_data --num_candidates), each judged from the state that proposed it with its own "
-        "features and labelled by candidate_p_acc, so that the head also judges a token tree's siblings; "
-        "0: the drafted token alone")})
+    mixing_ratio: float = option(0.15, "reader heads only: probability that a position shows the target's token "
+        "instead of the draft's (its label ignored); a proposer head trains on the target's continuation, unmixed")
+    train_candidates: int = option(0, "proposer heads with --head_features: train (and evaluate) on each position's "
+        "first N candidates of the records (build_data --num_candidates), each judged from the state that proposed it "
+        "with its own features and labelled by candidate_p_acc, so that the head also judges a token tree's siblings")
 
 
 @dataclass
 class HeadTrainingArguments(TrainingArguments):
     # TrainingArguments' own fields, under the common flags as well (`--output`, `--random_seed`)
-    output_dir: str | None = field(default=None, metadata={"aliases": ["--output"], "help": (
-        "the head's folder: the trained head and its checkpoint-* folders go there")})
+    output_dir: str | None = option(None, "the head's folder: the trained head and its checkpoint-* folders go there",
+                                    aliases=["--output"])
     seed: int = common_field("seed", default=42, help="seeds the head's initial weights, the data order and mixing")
-    weight_mismatch: float = field(default=6.0, metadata={"help": "weight of the reject side of the BCE"})
-    cache_hidden_states: bool = field(default=False, metadata={
-        "help": "run the frozen draft once and train on the stored hidden states (fast when the draft is the cost)"})
+    weight_mismatch: float = option(6.0, "weight of the reject side of the BCE")
+    cache_hidden_states: bool = option(False, "run the frozen draft once and train on the stored hidden states (fast)")
     # Trainer's defaults would drop our columns and look for labels in the model's signature
-    remove_unused_columns: bool = field(default=False, metadata={"help": "keep the dataset's columns (needed)"})
-    label_names: list[str] | None = field(default_factory=lambda: ["labels"], metadata={"help": "label columns"})
+    remove_unused_columns: bool = option(False, "keep the dataset's columns (needed)")
+    label_names: list[str] | None = option(["labels"], "label columns")
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,7 +16,7 @@ from transformers import HfArgumentParser
 
 from specdecpp.calibration.threshold import choose_threshold
 from specdecpp.checks import check_data_fits_draft
-from specdecpp.cli import common_field, input_errors
+from specdecpp.cli import common_field, input_errors, option
 from specdecpp.costs import FLAT_COST, MEASURED_COST, StepTimes, flat_costs
 from specdecpp.data.io import atomic_write, read_records
 from specdecpp.engine.settings import default
@@ -32,39 +32,31 @@ from specdecpp.models import HeadPairArguments, load_head, load_model
 class CalibrationArguments:
     """What to report, next to the pair (`HeadPairArguments`)."""
 
-    records: str = common_field("records", aliases=("--data_path",), help=(
-        "held-out records (JSON Lines or the reference's JSON)"))
-    mixing_ratio: float = field(default=0.15, metadata={"help": "as in training (its eval split uses the same draws)"})
+    records: str = common_field("records", aliases=("--data_path",), help="held-out records (JSON Lines or JSON)")
+    mixing_ratio: float = option(0.15, "as in training (its eval split uses the same draws)")
     seed: int = common_field("seed", default=42, help="mixing seed; training's default --seed is 42")
-    batch_size: int = field(default=8, metadata={"help": "records per draft forward"})
-    num_bins: int = field(default=10, metadata={"help": "equal-width probability bins"})
-    weight_mismatch: float = field(default=1.0, metadata={
-        "help": "the head's training weight w: undo it (w s / (1 - s + w s)) before comparing with the labels; "
-                "1 judges the raw predictions"})
-    plot_path: str = field(default="reliability.png", metadata={"help": "where the reliability diagram goes"})
+    batch_size: int = option(8, "records per draft forward")
+    num_bins: int = option(10, "equal-width probability bins")
+    weight_mismatch: float = option(1.0, "the head's training weight w: undo it (w s / (1 - s + w s)) before comparing "
+        "with the labels; 1 judges the raw predictions")
+    plot_path: str = option("reliability.png", "where the reliability diagram goes")
     output: str | None = common_field("output", default=None, help="also write the report as JSON here")
-    choose_threshold: bool = field(default=False, metadata={"help": (
-        "also choose the head's stop threshold by replaying rounds on these records (greedy, or expected over "
-        "p_acc for sampled records: choose on data of the mode you decode in) with the pair's measured costs "
-        "(needs --target and a proposer head), and store it in the head folder")})
-    bound: list[int] = field(default_factory=lambda: list(default("bound")), metadata={
-        "help": "ada's MIN MAX drafted tokens per round, as decoding will use them (for --choose_threshold)"})
-    rank_plot_path: str = field(default="reliability_by_rank.png", metadata={"help": (
-        "where the reliability diagram by candidate rank goes (records with candidates, a proposer head)")})
-    threshold_plot_path: str = field(default="threshold.png", metadata={
-        "help": "where the replayed cost-against-threshold plot goes (for --choose_threshold)"})
-    step_times_from: str | None = field(default=None, metadata={"help": (
-        "a head folder (or a calibration --output file) whose threshold selection holds step times measured "
-        "earlier (say, on a quiet "
-        "machine): --choose_threshold replays with those instead of timing the pair now, so that heads "
-        "compared side by side are priced alike")})
-    compile: bool = field(default=False, metadata={"help": (
-        "--choose_threshold times the compiled engine's steps (decoding will run with compile=True); the "
-        "selection records which engine its times came from")})
-    threads: int = field(default=1, metadata={"help": (
-        "torch CPU threads while --choose_threshold times the steps: the count decoding will use (evaluate's and "
-        "the demo's --threads; 1 in `specdecpp head`), as step times hold only for the count they were timed "
-        "with; 0: torch's default")})
+    choose_threshold: bool = option(False, "also choose the head's stop threshold by replaying rounds on these records "
+        "(greedy, or expected over p_acc for sampled records: choose on data of the mode you decode in) with the "
+        "pair's measured costs (needs --target and a proposer head), and store it in the head folder")
+    bound: list[int] = option(list(default("bound")), "ada's MIN MAX drafted tokens per round, as decoding will use "
+        "them (for --choose_threshold)")
+    rank_plot_path: str = option("reliability_by_rank.png", "where the reliability diagram by candidate rank goes "
+        "(records with candidates, a proposer head)")
+    threshold_plot_path: str = option("threshold.png", "where --choose_threshold's cost-against-threshold plot goes")
+    step_times_from: str | None = option(None, "a head folder (or a calibration --output file) whose threshold "
+        "selection holds step times measured earlier (say, on a quiet machine): --choose_threshold replays with those "
+        "instead of timing the pair now, so that heads compared side by side are priced alike")
+    compile: bool = option(False, "--choose_threshold times the compiled engine's steps (decoding will run with "
+        "compile=True); the selection records which engine its times came from")
+    threads: int = option(1, "torch CPU threads while --choose_threshold times the steps: the count decoding will use "
+        "(evaluate's and the demo's --threads; 1 in `specdecpp head`), as step times hold only for the count they were "
+        "timed with; 0: torch's default")
 
     def __post_init__(self):
         if self.num_bins < 1 or self.batch_size < 1:

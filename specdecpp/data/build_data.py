@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from glob import glob
 
@@ -19,7 +19,7 @@ from transformers import GenerationConfig, HfArgumentParser, LogitsProcessor, Lo
 
 from specdecpp import checks
 from specdecpp.checks import trim_at_eos
-from specdecpp.cli import common_field, input_errors
+from specdecpp.cli import common_field, input_errors, option
 from specdecpp.data.io import atomic_write, read_complete_lines, to_json_line, write_records
 from specdecpp.data.prompts import FORMATS, load_prompts, tokenize_prompt
 from specdecpp.engine.processing import NEUTRAL, Processing, build_processing
@@ -33,28 +33,26 @@ from specdecpp.models import (PairArguments, check_tokenizer, load_model, load_t
 class BuildDataArguments:
     """What to build, next to the pair (`PairArguments`)."""
 
-    prompts: str = common_field("prompts", help=(
-        "prompts: a registered set (humaneval), a .json/.jsonl file, or a Hub dataset"))
+    prompts: str = common_field("prompts", help="a registered set (humaneval), a .json/.jsonl file, or a Hub dataset")
     output: str = common_field("output", help="where the records go (JSON Lines)")
-    max_new_tokens: int = field(default=128, metadata={"help": "length of each target continuation"})
-    do_sample: bool = field(default=False, metadata={"help": "sample (else greedy): continuations and draft proposals"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (both models)"})
-    top_k: int = field(default=0, metadata={"help": "top-k filtering when sampling (0: off)"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus filtering when sampling (1: off)"})
-    repetition_penalty: float = field(default=1.0, metadata={
-        "help": "generate's repetition penalty, applied to both models' logits as decoding will apply it (1: off)"})
-    num_candidates: int = field(default=4, metadata={"help": (
-        "the draft's candidates kept per position, the proposal first, each with its acceptance quantity "
-        "(`candidates`, `candidate_p_acc`; 0: none)")})
-    batch_size: int = field(default=8, metadata={"help": "prompts per batch on each rank"})
+    max_new_tokens: int = option(128, "length of each target continuation")
+    do_sample: bool = option(False, "sample (else greedy): continuations and draft proposals")
+    temperature: float = option(1.0, "sampling temperature (both models)")
+    top_k: int = option(0, "top-k filtering when sampling (0: off)")
+    top_p: float = option(1.0, "nucleus filtering when sampling (1: off)")
+    repetition_penalty: float = option(1.0, "generate's repetition penalty, on both models' logits as decoding applies "
+        "it (1: off)")
+    num_candidates: int = option(4, "the draft's candidates kept per position, the proposal first, each with its "
+        "acceptance quantity (`candidates`, `candidate_p_acc`; 0: none)")
+    batch_size: int = option(8, "prompts per batch on each rank")
     seed: int = common_field("seed", default=0, help="seed of the sampling draws (each batch is seeded from it)")
-    n_begin: int = field(default=0, metadata={"help": "first prompt of the source to use"})
-    n_end: int | None = field(default=None, metadata={"help": "one past the last prompt to use (default: all)"})
+    n_begin: int = option(0, "first prompt of the source to use")
+    n_end: int | None = option(None, "one past the last prompt to use (default: all)")
     prompts_split: str | None = common_field("prompts_split", default=None, help=(
         "split of a Hub dataset (default per dataset)"))
-    prompt_format: str = field(default="auto", metadata={"help": f"one of {', '.join(FORMATS)}"})
-    tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer (default: the target's)"})
-    overwrite: bool = field(default=False, metadata={"help": "rebuild even if the output (or a partial build) exists"})
+    prompt_format: str = option("auto", f"one of {', '.join(FORMATS)}")
+    tokenizer_name: str | None = option(None, "tokenizer (default: the target's)")
+    overwrite: bool = option(False, "rebuild even if the output (or a partial build) exists")
 
     def __post_init__(self):
         if self.max_new_tokens <= 0 or self.batch_size <= 0:

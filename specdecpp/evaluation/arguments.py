@@ -6,14 +6,14 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from transformers import PreTrainedModel
 
 from specdecpp.checks import (check_can_roll_back, check_head_fits_draft, check_same_vocab, read_head_config,
                               text_config, vocab_size)
-from specdecpp.cli import common_field
+from specdecpp.cli import common_field, option
 from specdecpp.data.prompts import FORMATS, HUB_DEFAULTS, PROMPT_SETS, load_prompts, tokenize_prompt
 from specdecpp.engine.schedules import SCHEDULES
 from specdecpp.engine.settings import DecodingSettings, default
@@ -34,60 +34,46 @@ def zoo_pair(pair: HeadPairArguments) -> HeadPairArguments:
 class MethodGrid:
     """The methods compared: our schedules, one per K, threshold (per head) and confidence, and the baselines."""
 
-    schedule: list[str] = field(default_factory=lambda: ["constant", "ada"], metadata={
-        "aliases": ["--num_assistant_tokens_schedule"], "choices": SCHEDULES,
-        "help": "our engine's schedules to evaluate (several at once); 'none' runs the baselines only"})
-    num_assistant_tokens: list[int] = field(default_factory=lambda: [default("num_assistant_tokens")], metadata={
-        "help": "K for constant (one method per value); heuristic, ours and Hugging Face's, starts from the first"})
-    assistant_confidence_threshold: list[float] = field(default_factory=lambda: [
-            default("assistant_confidence_threshold")], metadata={
-        "help": "dynamic: stop drafting when the draft's token probability falls below this (one method of ours "
-                "per value; Hugging Face's dynamic starts from the first and moves it itself)"})
-    dynamic_num_assistant_tokens: int = field(default=20, metadata={
-        "help": "dynamic: the most tokens drafted per round (Hugging Face's default, 20)"})
-    stop_threshold: list[str] = field(default_factory=list, metadata={
-        "help": "ada stop thresholds (one method per value and head); 'auto' uses the threshold stored in each "
-                "head that has one, chosen again at this processor's step times. Default: 'auto' for a head that "
-                f"stores a threshold selection, else {default('stop_threshold')}"})
-    tree_nodes: list[str] = field(default_factory=lambda: [str(default("tree_nodes"))], metadata={
-        "help": "ada-tree and confidence-tree: the most nodes a tree drafts (one method per value); 'auto' admits "
-                "nodes while they pay for their measured cost"})
-    online: bool = field(default=False, metadata={
-        "help": "ada also with online recalibration (one more method per head and threshold, 'ada-online'): "
-                "the head's logit corrected from the rounds' outcomes, one correction learning over the prompts "
-                "in order"})
-    online_threshold: list[float] = field(default_factory=lambda: [0.5], metadata={
-        "help": "the online schedule's stop thresholds (vLLM's estimator under ada's stop rule; one method per "
-                "value, each one estimator learning over the prompts in order)"})
-    step_times_from: str | None = field(default=None, metadata={
-        "help": "verify-budget and ada-budget: a head folder (or a calibration --output file) whose threshold "
-                "selection stores the step times that price their verifications (default: ada-budget's own head's, "
-                "and for verify-budget the first --head that stores them)"})
-    baselines: list[str] = field(default_factory=lambda: list(BASELINES), metadata={
-        "choices": BASELINES, "help": "baselines run next to the schedules (the target alone always runs)"})
+    schedule: list[str] = option(["constant", "ada"], "our engine's schedules to evaluate (several at once); 'none' "
+        "runs the baselines only", aliases=["--num_assistant_tokens_schedule"], choices=SCHEDULES)
+    num_assistant_tokens: list[int] = option([default("num_assistant_tokens")], "K for constant (one method per "
+        "value); heuristic, ours and Hugging Face's, starts from the first")
+    assistant_confidence_threshold: list[float] = option([default("assistant_confidence_threshold")], "dynamic: stop "
+        "drafting when the draft's token probability falls below this (one method of ours per value; Hugging Face's "
+        "dynamic starts from the first and moves it itself)")
+    dynamic_num_assistant_tokens: int = option(20, "dynamic: the most tokens drafted per round (Hugging Face's default)")
+    stop_threshold: list[str] = option([], "ada stop thresholds (one method per value and head); 'auto' uses the "
+        "threshold stored in each head that has one, chosen again at this processor's step times. Default: 'auto' for a "
+        f"head that stores a threshold selection, else {default('stop_threshold')}")
+    tree_nodes: list[str] = option([str(default("tree_nodes"))], "ada-tree and confidence-tree: the most nodes a tree "
+        "drafts (one method per value); 'auto' admits nodes while they pay for their measured cost")
+    online: bool = option(False, "ada also with online recalibration (one more method per head and threshold, "
+        "'ada-online'): the head's logit corrected from the rounds' outcomes, learning over the prompts in order")
+    online_threshold: list[float] = option([0.5], "the online schedule's stop thresholds (vLLM's estimator under ada's "
+        "stop rule; one method per value, each one estimator learning over the prompts in order)")
+    step_times_from: str | None = option(None, "verify-budget and ada-budget: a head folder (or a calibration --output "
+        "file) whose threshold selection stores the step times that price their verifications (default: ada-budget's "
+        "own head's, and for verify-budget the first --head that stores them)")
+    baselines: list[str] = option(list(BASELINES), "baselines run next to the schedules (the target alone always "
+        "runs)", choices=BASELINES)
 
 
 @dataclass
 class DecodingArguments:
     """How every method decodes (`settings()`: the engine's `DecodingSettings`)."""
 
-    bound: list[int] | None = field(default=None, metadata={
-        "help": "ada: MIN MAX drafted tokens per round (default: the bound a head's threshold selection was made "
-                f"with, else {' '.join(map(str, default('bound')))})"})
-    max_new_tokens: int = field(default=default("max_new_tokens"), metadata={
-        "help": "tokens generated per prompt at most"})
-    do_sample: bool = field(default=default("do_sample"), metadata={"help": "sample instead of greedy decoding"})
+    bound: list[int] | None = option(None, "ada: MIN MAX drafted tokens per round (default: the bound a head's "
+        f"threshold selection was made with, else {' '.join(map(str, default('bound')))})")
+    max_new_tokens: int = option(default("max_new_tokens"), "tokens generated per prompt at most")
+    do_sample: bool = option(default("do_sample"), "sample instead of greedy decoding")
     temperature: float = default("temperature")
     top_k: int = default("top_k")
     top_p: float = default("top_p")
-    repetition_penalty: float = field(default=1.0, metadata={
-        "help": "generate's repetition penalty (1: off), for every method, Hugging Face's baselines included; "
-                "ada's 'auto' threshold fits best when chosen on records built with the same (build_data's flag)"})
-    tree_width: int = field(default=default("tree_width"), metadata={
-        "help": "ada-tree and confidence-tree: the children each expanded node proposes"})
-    compile: bool = field(default=default("compile"), metadata={
-        "help": "run our methods (the target and draft alone included) on the compiled engine: static caches, "
-                "each step one torch.compile'd graph, compiled in the warm-up (its time is reported, not timed)"})
+    repetition_penalty: float = option(1.0, "generate's repetition penalty (1: off), for every method, Hugging Face's "
+        "baselines included; ada's 'auto' threshold fits best when chosen on records built with the same")
+    tree_width: int = option(default("tree_width"), "ada-tree and confidence-tree: children per expanded node")
+    compile: bool = option(default("compile"), "run our methods (the target and draft alone included) on the compiled "
+        "engine: static caches, each step one torch.compile'd graph, compiled in the (reported, untimed) warm-up")
 
     def settings(self) -> DecodingSettings:
         return DecodingSettings(bound=tuple(self.bound) if self.bound is not None else None,
@@ -103,14 +89,11 @@ class PromptSource:
 
     prompts: str = common_field("prompts", aliases=("--data_path",), default="humaneval", help=(
         "prompts: a prompt set name (humaneval, ...), a .json/.jsonl file, or a Hub dataset"))
-    prompts_split: str | None = common_field("prompts_split", default=None, help=(
-        "Hub dataset split (default: the dataset's usual one)"))
-    prompt_format: str = field(default="auto", metadata={
-        "choices": FORMATS, "help": "how prompts are shown to the model"})
-    n_begin: int = field(default=0, metadata={"help": "first prompt index"})
-    n_end: int | None = field(default=None, metadata={"help": "one past the last prompt index (default: all)"})
-    max_length: int | None = field(default=None, metadata={
-        "help": "the reference's limit on prompt + generated tokens; overrides --max_new_tokens when given"})
+    prompts_split: str | None = common_field("prompts_split", default=None, help="Hub dataset split (default: its usual)")
+    prompt_format: str = option("auto", "how prompts are shown to the model", choices=FORMATS)
+    n_begin: int = option(0, "first prompt index")
+    n_end: int | None = option(None, "one past the last prompt index (default: all)")
+    max_length: int | None = option(None, "the reference's limit on prompt + generated tokens; overrides --max_new_tokens")
 
 
 @dataclass
@@ -119,18 +102,14 @@ class RunOptions:
 
     output: str = common_field("output", default="outputs/evaluate", help="folder for records, summary and plots")
     seed: int = common_field("seed", default=47, help="seeds each prompt's sampling (the seed plus the prompt index)")
-    warmup_tokens: int = field(default=16, metadata={
-        "help": "each method first generates this many tokens on the first prompt, untimed (0: no warm-up)"})
-    cost_steps_per_prompt: int = field(default=5, metadata={
-        "help": "draft steps and target verifications timed after each prompt for the cost ratio c"})
-    plots: bool = field(default=True, metadata={"help": "draw the PNG figures (--no_plots to skip)"})
-    progress: bool = field(default=True, metadata={"help": "show a progress bar (--no_progress to hide)"})
-    resume: bool = field(default=False, metadata={
-        "help": "keep the prompts already in --output's records file (an interrupted run with the same flags) "
-                "and run only the rest"})
-    overwrite: bool = field(default=False, metadata={
-        "help": "replace the records already in --output's records file (without --resume or this, a run "
-                "refuses to start over finished prompts)"})
+    warmup_tokens: int = option(16, "each method first generates this many tokens on the first prompt, untimed (0: none)")
+    cost_steps_per_prompt: int = option(5, "draft steps and verifications timed after each prompt for the cost ratio c")
+    plots: bool = option(True, "draw the PNG figures (--no_plots to skip)")
+    progress: bool = option(True, "show a progress bar (--no_progress to hide)")
+    resume: bool = option(False, "keep the prompts already in --output's records file (an interrupted run with the "
+        "same flags) and run only the rest")
+    overwrite: bool = option(False, "replace the records already in --output's records file (without --resume or this, "
+        "a run refuses to start over finished prompts)")
 
 
 def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSettings, source: PromptSource,

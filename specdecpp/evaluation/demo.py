@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import HfArgumentParser
 from transformers import logging as hf_logging
 
-from specdecpp.cli import common_field
+from specdecpp.cli import common_field, option
 from specdecpp.costs import FLAT_COST
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.evaluation.methods import MethodSpec
@@ -22,31 +22,23 @@ from specdecpp.models import HeadPairArguments
 class DemoArguments:
     """What the demo runs, beside the pair (by default the embedded one, in float32)."""
 
-    prompts: str = common_field("prompts", aliases=("--data_path",), default="humaneval", help=(
-        "prompt set or file (see specdecpp evaluate)"))
-    num_prompts: int = field(default=20, metadata={"help": "prompts evaluated"})
-    tune_prompts: int = field(default=4, metadata={
-        "help": "prompts before those, used only to choose K (and the threshold)"})
-    max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt at most"})
-    constant_ks: list[int] = field(default_factory=lambda: [2, 3, 4, 5], metadata={
-        "help": "K values to choose from"})
-    confidence_thresholds: list[float] = field(default_factory=lambda: [0.4, 0.3, 0.5], metadata={
-        "help": "our dynamic schedule's draft-confidence thresholds to choose from; Hugging Face's dynamic "
-                "schedule starts from the first"})
-    stop_threshold: list[str] = field(default_factory=lambda: ["auto"], metadata={
-        "help": "ada thresholds to choose from; 'auto' (the default) is the one stored in the head, chosen from "
-                "the pair's costs when the head was calibrated"})
-    online_thresholds: list[float] = field(default_factory=lambda: [0.5], metadata={
-        "help": "stop thresholds of vLLM's online acceptance estimator (the online schedule) to choose from"})
-    tree_nodes: int = field(default=16, metadata={"help": "ada-tree's nodes per round"})
+    prompts: str = common_field("prompts", aliases=("--data_path",), default="humaneval", help="prompt set or file")
+    num_prompts: int = option(20, "prompts evaluated")
+    tune_prompts: int = option(4, "prompts before those, used only to choose K (and the threshold)")
+    max_new_tokens: int = option(128, "tokens generated per prompt at most")
+    constant_ks: list[int] = option([2, 3, 4, 5], "K values to choose from")
+    confidence_thresholds: list[float] = option([0.4, 0.3, 0.5], "our dynamic schedule's draft-confidence thresholds "
+        "to choose from; Hugging Face's dynamic schedule starts from the first")
+    stop_threshold: list[str] = option(["auto"], "ada thresholds to choose from; 'auto' (the default) is the one "
+        "stored in the head, chosen from the pair's costs when the head was calibrated")
+    online_thresholds: list[float] = option([0.5], "the online schedule's stop thresholds (vLLM's estimator) to choose from")
+    tree_nodes: int = option(16, "ada-tree's nodes per round")
     output: str = common_field("output", default="outputs/demo", help="folder for records, summary and figures")
     seed: int = common_field("seed", default=47, help="seeds each prompt's sampling")
-    threads: int = field(default=1, metadata={
-        "help": "torch CPU threads: the embedded pair runs as fast on one, and one thread is not slowed down "
-                "by other processes the way a team of threads is"})
-    progress: bool = field(default=True, metadata={"help": "progress bars (--no_progress to hide)"})
-    compile: bool = field(default=False, metadata={
-        "help": "run our methods on the compiled engine (see specdecpp evaluate --compile)"})
+    threads: int = option(1, "torch CPU threads: the embedded pair runs as fast on one, and one thread is not slowed "
+        "down by other processes the way a team of threads is")
+    progress: bool = option(True, "progress bars (--no_progress to hide)")
+    compile: bool = option(False, "run our methods on the compiled engine (see specdecpp evaluate --compile)")
 
 
 def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:

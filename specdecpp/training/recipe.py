@@ -8,14 +8,14 @@ import shutil
 import subprocess
 import sys
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from glob import glob
 from pathlib import Path
 
 import yaml
 from transformers import HfArgumentParser
 
-from specdecpp.cli import common_field, input_errors
+from specdecpp.cli import common_field, input_errors, option
 from specdecpp.head.folder import CARD_FACTS, record_card_facts, write_card
 
 RECIPE_FILE = "recipe.yaml"
@@ -30,57 +30,43 @@ class Recipe:
     target: str | None = common_field("target", default=None, help="the target model (required)")
     draft: str | None = common_field("draft", default=None, help="the draft model (required)")
     prompts: str | None = common_field("prompts", default=None, help=(
-        "training prompts (required): a registered set (stdlib-train, humaneval), a .json/.jsonl file or a Hub "
-        "dataset"))
+        "training prompts (required): a registered set (stdlib-train, humaneval), a .json/.jsonl file or Hub dataset"))
     prompts_split: str | None = common_field("prompts_split", default=None, help="split of a Hub dataset")
-    n_train: int = field(default=2000, metadata={"help": "training prompts: the source's first n_train"})
-    n_dev: int = field(default=200, metadata={"help": "dev prompts (training's eval and calibration): the next n_dev"})
-    max_new_tokens: int = field(default=512, metadata={"help": "target continuation per training/dev prompt"})
-    batch_size: int = field(default=8, metadata={"help": "prompts per batch and rank while building records"})
-    do_sample: bool = field(default=False, metadata={"help": (
-        "sampled records (a head for sampled decoding) and a sampled evaluation; else greedy")})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (with --do_sample)"})
+    n_train: int = option(2000, "training prompts: the source's first n_train")
+    n_dev: int = option(200, "dev prompts (training's eval and calibration): the next n_dev")
+    max_new_tokens: int = option(512, "target continuation per training/dev prompt")
+    batch_size: int = option(8, "prompts per batch and rank while building records")
+    do_sample: bool = option(False, "sampled records (a head for sampled decoding) and evaluation; else greedy")
+    temperature: float = option(1.0, "sampling temperature (with --do_sample)")
     seed: int = common_field("seed", default=0, help="seed of every stage (sampling draws, the head's weights)")
-    torch_dtype: str | None = field(default=None, metadata={
-        "help": "dtype the models run in (default: each command's)"})
-    trust_remote_code: bool = field(default=False, metadata={"help": "allow models whose code lives in their repo"})
-    nproc_per_node: int = field(default=1, metadata={"help": (
-        "ranks of the distributed stages (records, training): one per GPU, or CPU processes")})
+    torch_dtype: str | None = option(None, "dtype the models run in (default: each command's)")
+    trust_remote_code: bool = option(False, "allow models whose code lives in their repo")
+    nproc_per_node: int = option(1, "ranks of the distributed stages (records, training): one per GPU, or CPUs")
     # the head and its training
-    head_features: list[str] = field(default_factory=lambda: ["log_q", "entropy"], metadata={
-        "help": "logit features the head reads besides the draft's hidden state (none: the hidden state alone)"})
-    num_layers: int = field(default=3, metadata={"help": "residual blocks in the head"})
-    head_width: int | None = field(default=None, metadata={"help": (
-        "project the head's inputs to this width before its blocks (fewer weights per judgement; default: none)")})
-    epochs: float = field(default=3.0, metadata={"help": "training epochs"})
-    learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate (cosine schedule)"})
-    train_batch_size: int = field(default=4, metadata={"help": "records per training step and rank"})
-    weight_mismatch: float = field(default=1.0, metadata={"help": (
-        "weight of the reject side of the BCE; 1 keeps the head calibrated, as its threshold needs")})
-    cache_hidden_states: bool = field(default=False, metadata={"help": (
-        "run the frozen draft once and train on stored states (fast on a CPU; the cache takes disk)")})
+    head_features: list[str] = option(["log_q", "entropy"], "logit features the head reads besides the draft's hidden "
+        "state (none: the hidden state alone)")
+    num_layers: int = option(3, "residual blocks in the head")
+    head_width: int | None = option(None, "project the head's inputs to this width before its blocks (fewer weights "
+        "per judgement; default: none)")
+    epochs: float = option(3.0, "training epochs")
+    learning_rate: float = option(1e-3, "peak learning rate (cosine schedule)")
+    train_batch_size: int = option(4, "records per training step and rank")
+    weight_mismatch: float = option(1.0, "weight of the BCE's reject side; 1 keeps the head calibrated, as its threshold needs")
+    cache_hidden_states: bool = option(False, "run the frozen draft once, train on stored states (fast on a CPU; takes disk)")
     # calibration and the threshold
-    bound: list[int] = field(default_factory=lambda: [1, 20], metadata={
-        "help": "MIN MAX drafted tokens per round the threshold is chosen for"})
-    step_times_from: str | None = field(default=None, metadata={"help": (
-        "price the threshold's replay with the step times stored in this head folder (or calibration report) "
-        "instead of timing the pair now (default: time it, on the machine the head will decode on)")})
-    threads: int = field(default=1, metadata={"help": (
-        "torch CPU threads the calibration times the steps with and the short evaluation decodes with: one count "
-        "for both, as step times hold only for the thread count they were timed with")})
+    bound: list[int] = option([1, 20], "MIN MAX drafted tokens per round the threshold is chosen for")
+    step_times_from: str | None = option(None, "price the threshold's replay with the step times stored in this head "
+        "folder (or calibration report) instead of timing the pair now, on the machine the head will decode on")
+    threads: int = option(1, "torch CPU threads the calibration times the steps with and the short evaluation decodes "
+        "with: one count for both, as step times hold only for the thread count they were timed with")
     # the short evaluation
-    eval_prompts: str = field(default="humaneval", metadata={"help": (
-        "evaluation prompts; when they are the training source, the ones after the dev prompts")})
-    eval_n: int = field(default=20, metadata={"help": "evaluation prompts"})
-    eval_max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per evaluation prompt"})
-    eval_num_assistant_tokens: list[int] = field(default_factory=lambda: [2, 3, 4], metadata={
-        "help": "constant K baselines"})
-    eval_confidence_thresholds: list[float] = field(default_factory=lambda: [0.4, 0.2, 0.6], metadata={
-        "help": "our dynamic schedule's draft-confidence thresholds"})
-    eval_stop_thresholds: list[str] = field(default_factory=lambda: ["auto"], metadata={
-        "help": "the head's thresholds ('auto': the one calibration stored)"})
-    eval_baselines: list[str] = field(default_factory=lambda: ["target"], metadata={
-        "help": "baselines besides our schedules (target, draft, hf:constant, hf:heuristic, hf:dynamic)"})
+    eval_prompts: str = option("humaneval", "evaluation prompts; when they are the training source, those after the dev ones")
+    eval_n: int = option(20, "evaluation prompts")
+    eval_max_new_tokens: int = option(128, "tokens generated per evaluation prompt")
+    eval_num_assistant_tokens: list[int] = option([2, 3, 4], "constant K baselines")
+    eval_confidence_thresholds: list[float] = option([0.4, 0.2, 0.6], "our dynamic schedule's confidence thresholds")
+    eval_stop_thresholds: list[str] = option(["auto"], "the head's thresholds ('auto': the one calibration stored)")
+    eval_baselines: list[str] = option(["target"], "baselines besides our schedules (target, draft, hf:constant, ...)")
 
     def __post_init__(self):
         hints = typing.get_type_hints(Recipe)
@@ -331,9 +317,8 @@ class HeadCommandArguments:
     """Where the head goes and which recipe file, if any, gives the settings the flags do not."""
 
     output: str = common_field("output", aliases=("--output_dir",), help="the head folder to make (or resume)")
-    recipe: str | None = field(default=None, metadata={"help": (
-        "a recipe YAML file; flags given beside it override it (default: the output folder's recipe.yaml, "
-        "when it has one, so rerunning with --output alone resumes)")})
+    recipe: str | None = option(None, "a recipe YAML file; flags given beside it override it (default: the output "
+        "folder's recipe.yaml, when it has one, so rerunning with --output alone resumes)")
 
 
 FLAGS = (Recipe, HeadCommandArguments)
