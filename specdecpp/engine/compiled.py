@@ -22,8 +22,9 @@ from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, 
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
-# The row counts a token tree's forwards are padded to: powers of two, then a whole verification (root and nodes).
-TREE_ROWS = (*(1 << i for i in range(1, MAX_TREE_NODES.bit_length())), MAX_TREE_NODES + 1)
+# The row counts a token tree's forwards are padded to: each power of two (a level of nodes) and one more (a tree
+# of that many nodes after its root).
+TREE_ROWS = tuple(sorted({rows for i in range(1, MAX_TREE_NODES.bit_length()) for rows in (1 << i, (1 << i) + 1)}))
 
 
 def capacity_for(max_length: int) -> int:

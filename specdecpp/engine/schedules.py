@@ -6,6 +6,7 @@ state, with its capabilities as class attributes. A class that sets `name` is in
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import ClassVar
 
@@ -392,8 +393,10 @@ class TreeSchedule(Schedule):
         return self.max_k
 
     def score_children(self, logits: torch.Tensor, probs: torch.Tensor, raw_probs: torch.Tensor | None,
-                       state: torch.Tensor | None, tokens: list[int]) -> list[float]:
-        """Each child's P(accept), given that its earlier siblings were not accepted."""
+                       states: torch.Tensor | None, children: list[list[int]]) -> list[list[float]]:
+        """Each child's P(accept), given that its earlier siblings were not accepted, for the nodes of one level:
+        node `i`'s raw `logits[i]`, processed `probs[i]` (`raw_probs[i]`: unprocessed, None when processing changed
+        them), draft state `states[i]` and children `children[i]`."""
         raise NotImplementedError
 
     def valued(self, candidates: list, parent_value: float) -> list:
@@ -502,20 +505,25 @@ class AdaTree(TreeSchedule):
                              "proposes it; this head is a reader")
         settings.head.resolve_stop_threshold(settings.stop_threshold)
 
-    def score_children(self, logits, probs, raw_probs, state, tokens):
-        judge = self.judge
-        if self.by_features:
-            count = len(tokens)
-            scores = judge(state.expand(count, -1) if state is not None else None, logits.expand(count, -1),
-                           torch.tensor(tokens, device=logits.device),
-                           raw_probs.expand(count, -1) if raw_probs is not None else None)
-            return scores.tolist()
-        first = float(judge(state, logits, torch.tensor(tokens[0], device=logits.device), raw_probs))
-        rest = draft_scores(probs, tokens, self.do_sample)[1:]
-        if not self.do_sample and rest:
-            others = sum(rest)
-            rest = [(1.0 - first) * score / others if others > 0 else 0.0 for score in rest]
-        return [first] + rest
+    def score_children(self, logits, probs, raw_probs, states, children):
+        judge, counts = self.judge, [len(tokens) for tokens in children]
+        if self.by_features:  # every child of the level in one judgement
+            rows = torch.repeat_interleave(torch.arange(len(children), device=logits.device),
+                                           torch.tensor(counts, device=logits.device))
+            flat = judge(states[rows] if states is not None else None, logits[rows],
+                         torch.tensor([t for tokens in children for t in tokens], device=logits.device),
+                         raw_probs[rows] if raw_probs is not None else None).tolist()
+            return [flat[start - count:start] for start, count in zip(itertools.accumulate(counts), counts)]
+        firsts = judge(states, logits, torch.tensor([tokens[0] for tokens in children], device=logits.device),
+                       raw_probs).tolist()
+        scores = []
+        for first, row, tokens in zip(firsts, probs, children):
+            rest = draft_scores(row, tokens, self.do_sample)[1:]
+            if not self.do_sample and rest:
+                others = sum(rest)
+                rest = [(1.0 - first) * score / others if others > 0 else 0.0 for score in rest]
+            scores.append([first] + rest)
+        return scores
 
 
 class ConfidenceTree(TreeSchedule):
@@ -536,8 +544,8 @@ class ConfidenceTree(TreeSchedule):
             raise ValueError(f"schedule 'confidence-tree' has no stored threshold: give {name('stop_threshold')} a "
                              "number")
 
-    def score_children(self, logits, probs, raw_probs, state, tokens):
-        return draft_scores(probs, tokens, self.do_sample)
+    def score_children(self, logits, probs, raw_probs, states, children):
+        return [draft_scores(row, tokens, self.do_sample) for row, tokens in zip(probs, children)]
 
 
 def draft_scores(probs: torch.Tensor, tokens: list[int], do_sample: bool) -> list[float]:

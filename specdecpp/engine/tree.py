@@ -128,16 +128,19 @@ def processed_rows(processing: Processing, seq: list[int], paths: list[list[int]
 
 
 def proposals(processed: torch.Tensor, width: int, do_sample: bool,
-              generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-    """A node's children from its processed logits `[vocab]`: greedy its `width` most likely tokens, sampling
-    `width` draws without replacement (the exponential race, whose first draw is the chain's token), leaving out
-    tokens of probability 0; and the distribution `[vocab]` they come from."""
+              generator: torch.Generator | None) -> tuple[list[list[int]], torch.Tensor]:
+    """Each node's children from its row of processed logits `[nodes, vocab]`: greedy its `width` most likely
+    tokens, sampling `width` draws without replacement (the exponential race, whose first draw is the chain's
+    token; one noise draw per row, in order), leaving out tokens of probability 0; and the distributions
+    `[nodes, vocab]` they come from."""
     probs = processed.softmax(-1)
     if not do_sample:
-        return processed.topk(width).indices.tolist(), probs
-    race = probs / draft_noise(probs.shape[-1], probs.device, generator)
-    order = race.topk(width).indices
-    return order[probs[order] > 0].tolist(), probs
+        return processed.topk(width, dim=-1).indices.tolist(), probs
+    children = []
+    for row in probs:
+        order = (row / draft_noise(row.shape[-1], row.device, generator)).topk(width).indices
+        children.append(order[row[order] > 0].tolist())
+    return children, probs
 
 
 def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, processing: Processing,
@@ -157,19 +160,18 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
         levels += 1
         paths = [[] if n == ROOT else [drafted[a].token for a in _ancestry(drafted, n)] for n in expanded]
         processed = processed_rows(processing, seq, paths, rows)
+        children, probs = proposals(processed, policy.width, processing.do_sample, generator)
+        scores = policy.score_children(widened(rows), probs, None if processing.changes_logits else probs, states,
+                                       children)
         newest = []
         for i, parent in enumerate(expanded):
-            tokens, probs = proposals(processed[i], policy.width, processing.do_sample, generator)
-            raw_probs = None if processing.changes_logits else probs
-            scores = policy.score_children(widened(rows[i]), probs, raw_probs,
-                                           states[i] if states is not None else None, tokens)
             depth = 1 if parent == ROOT else drafted[parent].depth + 1
-            children = policy.valued([Candidate(parent, rank, token, score, depth) for rank, (token, score)
-                                      in enumerate(zip(tokens, scores))],
-                                     1.0 if parent == ROOT else drafted[parent].path_value)
-            for child in children:
-                child.probs = probs if processing.do_sample else None
-            newest += children
+            valued = policy.valued([Candidate(parent, rank, token, score, depth) for rank, (token, score)
+                                    in enumerate(zip(children[i], scores[i]))],
+                                   1.0 if parent == ROOT else drafted[parent].path_value)
+            for child in valued:
+                child.probs = probs[i] if processing.do_sample else None
+            newest += valued
         first = len(drafted)
         drafted += newest
         drafted_at = time.perf_counter()
