@@ -117,7 +117,4 @@ def generation_eos(model: PreTrainedModel) -> int | list[int] | None:
 
 def trim_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
     """`tokens` up to and including the first id in `eos`."""
-    for i, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: i + 1]
-    return tokens
+    return next((tokens[: i + 1] for i, token in enumerate(tokens) if token in eos), tokens)

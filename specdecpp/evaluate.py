@@ -29,8 +29,7 @@ __all__ = ["BASELINES", "FLAGS", "ZOO_DIR", "Counts", "DecodingArguments", "Deco
 class EvaluateArguments:
     """What only the command sets: the process's torch threads."""
 
-    threads: int = option(0, "torch CPU threads (0: torch's default); small models run as fast on one, which also "
-        "keeps other processes on a shared machine from slowing the run down")
+    threads: int = option(0, "torch CPU threads (0: torch's default; small models run as fast, and steadier, on one)")
 
 
 FLAGS = (HeadPairArguments, MethodGrid, DecodingArguments, PromptSource, RunOptions, EvaluateArguments)

@@ -29,8 +29,7 @@ class PairArguments:
     torch_dtype: str | None = option(None, f"dtype passed to from_pretrained: one of {', '.join(DTYPES)} (default: "
         "the checkpoint's own, except that a float16/bfloat16 checkpoint loaded onto a CPU runs in float32)")
     device: str | None = common_field("device", default=None, help=(
-        "where the models go, passed to from_pretrained as device_map: a device (cpu, cuda:1) or 'auto' for a "
-        "model larger than one GPU (default: the command's choice, one GPU per rank where there are GPUs)"))
+        "from_pretrained's device_map: a device (cpu, cuda:1) or 'auto' (default: one GPU per rank where there are)"))
     trust_remote_code: bool = option(False, "allow models whose code lives in their Hub repo (off unless you trust it)")
 
     def require(self, *roles: str) -> PairArguments:
@@ -48,8 +47,7 @@ class PairArguments:
 class HeadPairArguments(PairArguments):
     """The pair and its acceptance prediction head(s), `--head`: for the commands that read a head."""
 
-    head: list[str] = common_field("head", default_factory=list, help=(
-        "the acceptance prediction head: a folder or Hub id (evaluate takes several and compares them)"))
+    head: list[str] = common_field("head", default_factory=list, help="a head folder or Hub id (several for evaluate)")
 
     def single_head(self) -> str | None:
         """The one head given (None without one); ValueError for several."""

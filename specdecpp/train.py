@@ -42,8 +42,8 @@ class ModelArguments:
 
     resnet_num_layers: int = option(3, "residual blocks in the head")
     head_alignment: str = option("proposer", "which draft state judges a drafted token: 'proposer' (the forward that "
-        "proposes it; trained on the target's continuation, no mixing) or 'reader' (the reference's: the state that "
-        "has read it, one draft step later; trained with --mixing_ratio)", choices=ALIGNMENTS)
+        "proposes it) or 'reader' (the reference's: one draft step later; trained with --mixing_ratio)",
+                                 choices=ALIGNMENTS)
     head_features: list[str] = option(["log_q", "entropy"], "features of the judged token under the proposing logits "
         f"that a proposer head also reads (any of {', '.join(FEATURES)}; 'none' for the hidden state alone)")
     head_width: int | None = option(None, "width of the residual blocks, the inputs projected to it first: fewer "
@@ -54,15 +54,12 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    records: str | None = common_field("records", aliases=("--data_path",), default=None, help=(
-        "training records (JSON Lines or the reference's JSON)"))
-    eval_records: str | None = common_field("eval_records", default=None, help=(
-        "eval records (reports binary KL)"))
+    records: str | None = common_field("records", aliases=("--data_path",), default=None, help="training records")
+    eval_records: str | None = common_field("eval_records", default=None, help="eval records (reports binary KL)")
     mixing_ratio: float = option(0.15, "reader heads only: probability that a position shows the target's token "
         "instead of the draft's (its label ignored); a proposer head trains on the target's continuation, unmixed")
     train_candidates: int = option(0, "proposer heads with --head_features: train (and evaluate) on each position's "
-        "first N candidates of the records (build_data --num_candidates), each judged from the state that proposed it "
-        "with its own features and labelled by candidate_p_acc, so that the head also judges a token tree's siblings")
+        "first N candidates (build_data --num_candidates), each judged with its own features, by candidate_p_acc")
 
 
 @dataclass
@@ -313,7 +310,8 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
         cache_dir = os.path.join(args.output_dir, "hidden_states_cache")
         train_set, eval_set = (examples if examples is None else cache_hidden_states(
             draft.to(args.device), head.features, examples, os.path.join(cache_dir, name),
-            args.per_device_eval_batch_size, args.device) for name, examples in (("train", train_set), ("eval", eval_set)))
+            args.per_device_eval_batch_size, args.device) for name, examples in (("train", train_set),
+                                                                                 ("eval", eval_set)))
         draft = None  # the head trains on the stored states alone
     model = HeadOnDraft(head, draft)
 

@@ -42,21 +42,16 @@ class CalibrationArguments:
     plot_path: str = option("reliability.png", "where the reliability diagram goes")
     output: str | None = common_field("output", default=None, help="also write the report as JSON here")
     choose_threshold: bool = option(False, "also choose the head's stop threshold by replaying rounds on these records "
-        "(greedy, or expected over p_acc for sampled records: choose on data of the mode you decode in) with the "
-        "pair's measured costs (needs --target and a proposer head), and store it in the head folder")
-    bound: list[int] = option(list(default("bound")), "ada's MIN MAX drafted tokens per round, as decoding will use "
-        "them (for --choose_threshold)")
-    rank_plot_path: str = option("reliability_by_rank.png", "where the reliability diagram by candidate rank goes "
-        "(records with candidates, a proposer head)")
+        "(in their decoding mode) at the pair's measured costs, and store it (needs --target and a proposer head)")
+    bound: list[int] = option(list(default("bound")), "ada's MIN MAX drafted tokens per round (for --choose_threshold)")
+    rank_plot_path: str = option("reliability_by_rank.png", "reliability diagram by candidate rank (with candidates)")
     threshold_plot_path: str = option("threshold.png", "where --choose_threshold's cost-against-threshold plot goes")
-    step_times_from: str | None = option(None, "a head folder (or a calibration --output file) whose threshold "
-        "selection holds step times measured earlier (say, on a quiet machine): --choose_threshold replays with those "
-        "instead of timing the pair now, so that heads compared side by side are priced alike")
+    step_times_from: str | None = option(None, "a head folder (or calibration --output file) whose step times "
+        "--choose_threshold replays with instead of timing the pair now (so heads compared are priced alike)")
     compile: bool = option(False, "--choose_threshold times the compiled engine's steps (decoding will run with "
         "compile=True); the selection records which engine its times came from")
-    threads: int = option(1, "torch CPU threads while --choose_threshold times the steps: the count decoding will use "
-        "(evaluate's and the demo's --threads; 1 in `specdecpp head`), as step times hold only for the count they were "
-        "timed with; 0: torch's default")
+    threads: int = option(1, "torch CPU threads while --choose_threshold times the steps: the count decoding will use, "
+        "as step times hold for that count only (1 in `specdecpp head`); 0: torch's default")
 
     def __post_init__(self):
         if self.num_bins < 1 or self.batch_size < 1:
@@ -100,10 +95,9 @@ def calibration_report(labels: np.ndarray, predictions: np.ndarray, num_bins: in
     for b in range(num_bins):
         in_bin = index == b
         count = int(in_bin.sum())
-        mean_pred = float(predictions[in_bin].mean()) if count else None
-        mean_label = float(labels[in_bin].mean()) if count else None
-        if count:
-            ece += count / len(labels) * abs(mean_pred - mean_label)
+        mean_pred, mean_label = (float(predictions[in_bin].mean()), float(labels[in_bin].mean())) if count \
+            else (None, None)
+        ece += count / len(labels) * abs(mean_pred - mean_label) if count else 0.0
         bins.append({"low": float(edges[b]), "high": float(edges[b + 1]), "count": count,
                      "mean_prediction": mean_pred, "mean_label": mean_label})
     return {"positions": int(len(labels)), "ece": float(ece), "brier": float(np.mean((predictions - labels) ** 2)),
@@ -180,17 +174,15 @@ def format_report(report: dict) -> str:
              f"mean label       {report['mean_label']:.4f}   mean prediction {report['mean_prediction']:.4f}",
              "", "bin           count  mean pred  mean label"]
     for b in report["bins"]:
-        pred = f"{b['mean_prediction']:.3f}" if b["count"] else "-"
-        label = f"{b['mean_label']:.3f}" if b["count"] else "-"
+        pred, label = (f"{b['mean_prediction']:.3f}", f"{b['mean_label']:.3f}") if b["count"] else ("-", "-")
         lines.append(f"[{b['low']:.2f}, {b['high']:.2f})  {b['count']:6d}  {pred:>9}  {label:>10}")
     return "\n".join(lines)
 
 
 def check_outputs(args: CalibrationArguments) -> None:
     """FileNotFoundError for an output path in a folder that does not exist."""
-    outputs = {"--plot_path": args.plot_path, "--output": args.output, "--rank_plot_path": args.rank_plot_path}
-    if args.choose_threshold:
-        outputs["--threshold_plot_path"] = args.threshold_plot_path
+    outputs = {"--plot_path": args.plot_path, "--output": args.output, "--rank_plot_path": args.rank_plot_path,
+               "--threshold_plot_path": args.threshold_plot_path if args.choose_threshold else None}
     for flag, path in outputs.items():
         if path and not os.path.isdir(folder := os.path.dirname(os.path.abspath(path))):
             raise FileNotFoundError(f"{flag} {path}: no folder {folder}; create it or choose another path")

@@ -162,11 +162,8 @@ def choose_threshold(head: AcceptancePredictionHead, draft: PreTrainedModel, tar
     greedy = all(np.isin(a, (0.0, 1.0)).all() for a in accept)
     plain, judged = times or measure_costs(target, draft, probe_input(records), bound[1], head=head,
                                            do_sample=not greedy, repeats=timing_repeats, compile=compile)
-
     draft_probs = [np.exp(np.asarray(r["log_p_draft"], dtype=np.float64)) for r in records]
-
     calls, round_weights = {}, {}  # by method: [target calls, draft calls] per token; its rounds' weights
-
     def cost(method: str, round_length: RoundLength, times: StepTimes = plain,
              values: list[np.ndarray] = predictions) -> float:
         replayed = replay(accept, values, round_length, bound[1], times, times is judged, plain.target_alone_ms)

@@ -40,16 +40,14 @@ class BuildDataArguments:
     temperature: float = option(1.0, "sampling temperature (both models)")
     top_k: int = option(0, "top-k filtering when sampling (0: off)")
     top_p: float = option(1.0, "nucleus filtering when sampling (1: off)")
-    repetition_penalty: float = option(1.0, "generate's repetition penalty, on both models' logits as decoding applies "
-        "it (1: off)")
+    repetition_penalty: float = option(1.0, "generate's repetition penalty on both models' logits (1: off)")
     num_candidates: int = option(4, "the draft's candidates kept per position, the proposal first, each with its "
         "acceptance quantity (`candidates`, `candidate_p_acc`; 0: none)")
     batch_size: int = option(8, "prompts per batch on each rank")
     seed: int = common_field("seed", default=0, help="seed of the sampling draws (each batch is seeded from it)")
     n_begin: int = option(0, "first prompt of the source to use")
     n_end: int | None = option(None, "one past the last prompt to use (default: all)")
-    prompts_split: str | None = common_field("prompts_split", default=None, help=(
-        "split of a Hub dataset (default per dataset)"))
+    prompts_split: str | None = common_field("prompts_split", default=None, help="split of a Hub dataset")
     prompt_format: str = option("auto", f"one of {', '.join(FORMATS)}")
     tokenizer_name: str | None = option(None, "tokenizer (default: the target's)")
     overwrite: bool = option(False, "rebuild even if the output (or a partial build) exists")

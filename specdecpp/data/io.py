@@ -22,18 +22,14 @@ def _parse_list(value, where: str, name: str) -> list:
     """A list, or the reference's string form of one (JSON, or Python's repr with inf/nan)."""
     if not isinstance(value, str):
         return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        pass
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        pass
-    try:  # Python's repr of float('inf') / float('nan') is neither JSON nor a literal
-        return json.loads(re.sub(r"\b(-?)inf\b", r"\1Infinity", value).replace("nan", "NaN"))
-    except json.JSONDecodeError:
-        raise ValueError(f"{where}: field {name!r} is a string that is not a list: {value[:60]!r}") from None
+    # Python's repr of float('inf') / float('nan') is neither JSON nor a literal: the last try
+    for parse in (json.loads, ast.literal_eval,
+                  lambda text: json.loads(re.sub(r"\b(-?)inf\b", r"\1Infinity", text).replace("nan", "NaN"))):
+        try:
+            return parse(value)
+        except (ValueError, SyntaxError):  # json.JSONDecodeError is a ValueError
+            pass
+    raise ValueError(f"{where}: field {name!r} is a string that is not a list: {value[:60]!r}")
 
 
 def _rename_size_fields(record: dict, where: str) -> dict:

@@ -39,23 +39,19 @@ class MethodGrid:
     num_assistant_tokens: list[int] = option([default("num_assistant_tokens")], "K for constant (one method per "
         "value); heuristic, ours and Hugging Face's, starts from the first")
     assistant_confidence_threshold: list[float] = option([default("assistant_confidence_threshold")], "dynamic: stop "
-        "drafting when the draft's token probability falls below this (one method of ours per value; Hugging Face's "
-        "dynamic starts from the first and moves it itself)")
-    dynamic_num_assistant_tokens: int = option(20, "dynamic: the most tokens drafted per round (Hugging Face's default)")
-    stop_threshold: list[str] = option([], "ada stop thresholds (one method per value and head); 'auto' uses the "
-        "threshold stored in each head that has one, chosen again at this processor's step times. Default: 'auto' for a "
-        f"head that stores a threshold selection, else {default('stop_threshold')}")
+        "drafting when the draft's token probability falls below this (a method per value; Hugging Face's: the first)")
+    dynamic_num_assistant_tokens: int = option(20, "dynamic: the most tokens drafted per round (as Hugging Face's)")
+    stop_threshold: list[str] = option([], "ada stop thresholds (one method per value and head); 'auto': each head's "
+        f"stored one, priced here (the default where a head stores one, else {default('stop_threshold')})")
     tree_nodes: list[str] = option([str(default("tree_nodes"))], "ada-tree and confidence-tree: the most nodes a tree "
         "drafts (one method per value); 'auto' admits nodes while they pay for their measured cost")
     online: bool = option(False, "ada also with online recalibration (one more method per head and threshold, "
         "'ada-online'): the head's logit corrected from the rounds' outcomes, learning over the prompts in order")
     online_threshold: list[float] = option([0.5], "the online schedule's stop thresholds (vLLM's estimator under ada's "
         "stop rule; one method per value, each one estimator learning over the prompts in order)")
-    step_times_from: str | None = option(None, "verify-budget and ada-budget: a head folder (or a calibration --output "
-        "file) whose threshold selection stores the step times that price their verifications (default: ada-budget's "
-        "own head's, and for verify-budget the first --head that stores them)")
-    baselines: list[str] = option(list(BASELINES), "baselines run next to the schedules (the target alone always "
-        "runs)", choices=BASELINES)
+    step_times_from: str | None = option(None, "verify-budget and ada-budget: a head folder (or calibration --output "
+        "file) storing the step times that price them (default: the schedule's head, else the first --head with some)")
+    baselines: list[str] = option(list(BASELINES), "besides the schedules (the target always runs)", choices=BASELINES)
 
 
 @dataclass
@@ -88,12 +84,12 @@ class PromptSource:
     """Which prompts, and how they are shown to the model."""
 
     prompts: str = common_field("prompts", aliases=("--data_path",), default="humaneval", help=(
-        "prompts: a prompt set name (humaneval, ...), a .json/.jsonl file, or a Hub dataset"))
-    prompts_split: str | None = common_field("prompts_split", default=None, help="Hub dataset split (default: its usual)")
+        "a prompt set (humaneval, ...), a .json/.jsonl file, or a Hub dataset"))
+    prompts_split: str | None = common_field("prompts_split", default=None, help="Hub dataset split (None: its usual)")
     prompt_format: str = option("auto", "how prompts are shown to the model", choices=FORMATS)
     n_begin: int = option(0, "first prompt index")
     n_end: int | None = option(None, "one past the last prompt index (default: all)")
-    max_length: int | None = option(None, "the reference's limit on prompt + generated tokens; overrides --max_new_tokens")
+    max_length: int | None = option(None, "the reference's cap on prompt + new tokens; overrides --max_new_tokens")
 
 
 @dataclass
@@ -102,7 +98,7 @@ class RunOptions:
 
     output: str = common_field("output", default="outputs/evaluate", help="folder for records, summary and plots")
     seed: int = common_field("seed", default=47, help="seeds each prompt's sampling (the seed plus the prompt index)")
-    warmup_tokens: int = option(16, "each method first generates this many tokens on the first prompt, untimed (0: none)")
+    warmup_tokens: int = option(16, "tokens each method first generates on the first prompt, untimed (0: none)")
     cost_steps_per_prompt: int = option(5, "draft steps and verifications timed after each prompt for the cost ratio c")
     plots: bool = option(True, "draw the PNG figures (--no_plots to skip)")
     progress: bool = option(True, "show a progress bar (--no_progress to hide)")
@@ -154,22 +150,20 @@ def budget_step_times_from(grid: MethodGrid, schedule: str, heads: list[str]) ->
     return next((head_dir for head_dir in heads if stores_step_times(head_dir)), None)
 
 
+def _local_config(head_dir: str) -> dict | None:
+    """The `config.json` of a local head folder; None for a Hub id (or no such file)."""
+    config_file = os.path.join(head_dir, "config.json")
+    return json.loads(Path(config_file).read_text(encoding="utf-8")) if os.path.isfile(config_file) else None
+
+
 def stores_step_times(head_dir: str) -> bool:
     """Whether `head_dir` is a local head folder whose threshold selection stores step times."""
-    config_file = os.path.join(head_dir, "config.json")
-    if not os.path.isfile(config_file):
-        return False
-    with open(config_file, encoding="utf-8") as f:
-        return "judged_step_times" in (json.load(f).get("threshold_selection") or {})
+    return "judged_step_times" in ((_local_config(head_dir) or {}).get("threshold_selection") or {})
 
 
 def may_store_threshold(head_dir: str) -> bool:
     """False for a local head folder without a stored threshold; a Hub id is checked once loaded."""
-    config_file = os.path.join(head_dir, "config.json")
-    if not os.path.isfile(config_file):
-        return True
-    with open(config_file, encoding="utf-8") as f:
-        return json.load(f).get("stop_threshold") is not None
+    return (config := _local_config(head_dir)) is None or config.get("stop_threshold") is not None
 
 
 def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
@@ -180,7 +174,8 @@ def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
         policy = SCHEDULES[schedule]
         if policy.grows_tree and not policy.needs_head:  # 'auto' is a head's threshold: a method per number only
             thresholds = [t for t in thresholds if t != "auto"]
-        sizes = [_as_int(n) for n in grid.tree_nodes] if policy.grows_tree else [default("tree_nodes")]
+        sizes = [int(n) if n.isdigit() else n for n in grid.tree_nodes] if policy.grows_tree \
+            else [default("tree_nodes")]
         for k, t, c, n in itertools.product(grid.num_assistant_tokens, thresholds, grid.assistant_confidence_threshold,
                                             sizes):
             replace(decoding, schedule=schedule, stop_threshold=t, num_assistant_tokens=k,
@@ -188,10 +183,6 @@ def check_decoding_flags(grid: MethodGrid, decoding: DecodingSettings) -> None:
                         "online_threshold" if schedule == "online" and name == "stop_threshold" else name))
     replace(decoding, schedule="dynamic", num_assistant_tokens=grid.dynamic_num_assistant_tokens).validate(
         lambda name: "--" + ("dynamic_" + name if name == "num_assistant_tokens" else name))
-
-
-def _as_int(text: str) -> int | str:
-    return int(text) if text.isdigit() else text
 
 
 def _as_threshold(text: str) -> float | str:

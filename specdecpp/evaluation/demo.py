@@ -29,14 +29,12 @@ class DemoArguments:
     constant_ks: list[int] = option([2, 3, 4, 5], "K values to choose from")
     confidence_thresholds: list[float] = option([0.4, 0.3, 0.5], "our dynamic schedule's draft-confidence thresholds "
         "to choose from; Hugging Face's dynamic schedule starts from the first")
-    stop_threshold: list[str] = option(["auto"], "ada thresholds to choose from; 'auto' (the default) is the one "
-        "stored in the head, chosen from the pair's costs when the head was calibrated")
-    online_thresholds: list[float] = option([0.5], "the online schedule's stop thresholds (vLLM's estimator) to choose from")
+    stop_threshold: list[str] = option(["auto"], "ada thresholds to choose from ('auto': the one the head stores)")
+    online_thresholds: list[float] = option([0.5], "the online schedule's thresholds to choose from")
     tree_nodes: int = option(16, "ada-tree's nodes per round")
     output: str = common_field("output", default="outputs/demo", help="folder for records, summary and figures")
     seed: int = common_field("seed", default=47, help="seeds each prompt's sampling")
-    threads: int = option(1, "torch CPU threads: the embedded pair runs as fast on one, and one thread is not slowed "
-        "down by other processes the way a team of threads is")
+    threads: int = option(1, "torch CPU threads (one is as fast for the embedded pair, and less slowed by other work)")
     progress: bool = option(True, "progress bars (--no_progress to hide)")
     compile: bool = option(False, "run our methods on the compiled engine (see specdecpp evaluate --compile)")
 

@@ -39,20 +39,13 @@ PLACEHOLDER_REPO = "this-repo-or-folder"
 REPLAYED_ROUNDS = {"greedy": "greedy rounds", "sampling": "sampled rounds (in expectation over p_acc)"}
 
 
-def write_custom_generate(folder: str | os.PathLike) -> list[Path]:
-    """Make head folder `folder` a `custom_generate` target for `generate`; returns the paths written."""
-    written = []
+def write_head_files(folder: str | os.PathLike, repo_id: str | None = None) -> Path:
+    """Write `custom_generate/` (a `custom_generate` target for `generate`) and the model card into `folder`; returns
+    the card's path."""
     for name, text in CUSTOM_GENERATE_FILES.items():
         path = Path(folder) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
-
-
-def write_head_files(folder: str | os.PathLike, repo_id: str | None = None) -> Path:
-    """Write `custom_generate/` and the model card into `folder`; returns the card's path."""
-    write_custom_generate(folder)
     return write_card(folder, repo_id)
 
 

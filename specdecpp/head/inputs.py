@@ -114,9 +114,7 @@ def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: lis
                                        batch["attention_mask"].to(device), batch.get("candidates", None))
         judged = head.accept_prob(judged_states(hidden, features), features).cpu()
         judged = judged.unsqueeze(-1).expand_as(batch["labels"]) if judged.dim() < batch["labels"].dim() else judged
-        keep = batch["labels"] != IGNORE
-        if num_candidates:
-            keep = keep.any(-1)
+        keep = (batch["labels"] != IGNORE).any(-1) if num_candidates else batch["labels"] != IGNORE
         labels.append(batch["labels"][keep].numpy())
         predictions.append(judged[keep].numpy())
     return np.concatenate(labels).astype(np.float64), np.concatenate(predictions).astype(np.float64)

@@ -164,13 +164,8 @@ class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIB
             raise ValueError("logit features describe the token a state proposes: they need alignment='proposer'")
         if stop_threshold is not None and not 0.0 <= stop_threshold <= 1.0:
             raise ValueError(f"stop_threshold must lie in [0, 1], got {stop_threshold}")
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.alignment = alignment
-        self.features = features
-        self.stop_threshold = stop_threshold
-        self.threshold_selection = threshold_selection
-        self.width = width
+        self.hidden_size, self.num_layers, self.alignment, self.features = hidden_size, num_layers, alignment, features
+        self.stop_threshold, self.threshold_selection, self.width = stop_threshold, threshold_selection, width
         if width is not None:  # the inputs projected to the blocks' width: fewer weights to read
             self.projection = nn.Linear(hidden_size + len(features), width)
         width = width or hidden_size + len(features)
@@ -199,9 +194,7 @@ class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIB
     @property
     def threshold_mode(self) -> str | None:
         """The decoding mode (`greedy` or `sampling`) the stored threshold was chosen in, or None without one."""
-        if self.stop_threshold is None:
-            return None
-        return (self.threshold_selection or {}).get("mode", "greedy")
+        return None if self.stop_threshold is None else (self.threshold_selection or {}).get("mode", "greedy")
 
     @property
     def threshold_processing(self) -> dict:

@@ -20,9 +20,8 @@ def summarize(records: list[dict], cost_ratio: float) -> list[dict]:
 
 def _summarize_method(rows: list[dict], cost_ratio: float) -> dict:
     tokens = sum(r["generated_length"] for r in rows)
-    target_calls = _total(rows, "num_LM_call")
-    draft_calls = _total(rows, "draft_calls")
-    discarded = _total(rows, "num_mismatched_tokens")
+    target_calls, draft_calls, discarded = (_total(rows, name) for name in ("num_LM_call", "draft_calls",
+                                                                           "num_mismatched_tokens"))
     accepted = [a for r in rows for a in (r["accepted_lengths"] or [])]
     checked = [r["matches_target"] for r in rows if r["matches_target"] is not None]
     row = {name: rows[0].get(name) for name in IDENTITY_FIELDS}  # records of older runs lack the newer fields

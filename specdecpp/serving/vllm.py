@@ -1,14 +1,7 @@
-"""SpecDec++ in vLLM's own draft loop: vLLM's `draft_model` drafts, the head stops each request and the batch
-(docs/design.md, Serving).
-
-    LLM(model=TARGET,
-        speculative_config={"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 20},
-        additional_config={"specdecpp": {"head": HEAD, "stop_threshold": "auto", "bound": [1, 20]}})
-
-`specdecpp.serving.vllm_plugin.register` plugs it in; this module is the part that needs no vLLM at import: the
-section, the checks (the source of the vLLM code the plugin relies on among them), the batch's judgement and priced
-stop, and where vLLM's step prices are kept.
-"""
+"""SpecDec++ in vLLM's own draft loop (`additional_config={"specdecpp": {"head": HEAD, ...}}`): vLLM's
+`draft_model` drafts, the head stops each request and the batch (docs/design.md, Serving). The part that needs no
+vLLM at import: the section, the checks (the vLLM code the plugin relies on among them), the batch's judgement and
+priced stop, and where vLLM's step prices are kept; `specdecpp.serving.vllm_plugin.register` plugs it in."""
 from __future__ import annotations
 
 import ast
@@ -99,10 +92,6 @@ def relied_on_source(name: str) -> str:
     return "".join(source.splitlines(True)[branch.body[0].lineno - 1:branch.body[-1].end_lineno])
 
 
-def source_hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
-
-
 @functools.cache  # the installed vLLM does not change within a process; tests clear it
 def vllm_code_problems() -> tuple[str, ...]:
     """What differs between the installed vLLM's code and what `RELIED_ON` recorded: one line per piece of code
@@ -110,7 +99,7 @@ def vllm_code_problems() -> tuple[str, ...]:
     problems = []
     for name, recorded in RELIED_ON.items():
         try:
-            found = source_hash(relied_on_source(name))
+            found = hashlib.sha256(relied_on_source(name).encode()).hexdigest()[:16]
         except (ImportError, AttributeError, OSError, TypeError) as error:
             problems.append(f"{name} is gone ({type(error).__name__}: {error})")
             continue

@@ -153,8 +153,7 @@ def measure_prices(target: str, draft: str, head: str, max_draft: int, batch_siz
 def ensure_prices(vllm_config, head_location: str, head) -> VllmPrices:
     """This engine's `VllmPrices`: kept ones, else measured now in a process of its own (seconds to minutes, once
     per pair, head, processor and vLLM) and kept."""
-    prices = cached_prices(vllm_config, head)
-    if prices is not None:
+    if (prices := cached_prices(vllm_config, head)) is not None:
         return prices
     path = prices_path(vllm_config, head)
     model, spec = vllm_config.model_config, vllm_config.speculative_config
@@ -170,8 +169,7 @@ def ensure_prices(vllm_config, head_location: str, head) -> VllmPrices:
     start = time.perf_counter()
     subprocess.run(command, check=True, env={**os.environ, TIMING_ENV: "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     print(f"specdecpp: timed in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    prices = cached_prices(vllm_config, head)
-    if prices is None:
+    if (prices := cached_prices(vllm_config, head)) is None:
         raise RuntimeError(f"specdecpp: timing vLLM's steps wrote no prices that cover this engine to {path}")
     return prices
 

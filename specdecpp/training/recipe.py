@@ -46,13 +46,12 @@ class Recipe:
     head_features: list[str] = option(["log_q", "entropy"], "logit features the head reads besides the draft's hidden "
         "state (none: the hidden state alone)")
     num_layers: int = option(3, "residual blocks in the head")
-    head_width: int | None = option(None, "project the head's inputs to this width before its blocks (fewer weights "
-        "per judgement; default: none)")
+    head_width: int | None = option(None, "project the head's inputs to this width before its blocks (default: none)")
     epochs: float = option(3.0, "training epochs")
     learning_rate: float = option(1e-3, "peak learning rate (cosine schedule)")
     train_batch_size: int = option(4, "records per training step and rank")
-    weight_mismatch: float = option(1.0, "weight of the BCE's reject side; 1 keeps the head calibrated, as its threshold needs")
-    cache_hidden_states: bool = option(False, "run the frozen draft once, train on stored states (fast on a CPU; takes disk)")
+    weight_mismatch: float = option(1.0, "the BCE's reject weight; 1 keeps the head calibrated for its threshold")
+    cache_hidden_states: bool = option(False, "run the frozen draft once and train on stored states (fast on a CPU)")
     # calibration and the threshold
     bound: list[int] = option([1, 20], "MIN MAX drafted tokens per round the threshold is chosen for")
     step_times_from: str | None = option(None, "price the threshold's replay with the step times stored in this head "
@@ -60,7 +59,7 @@ class Recipe:
     threads: int = option(1, "torch CPU threads the calibration times the steps with and the short evaluation decodes "
         "with: one count for both, as step times hold only for the thread count they were timed with")
     # the short evaluation
-    eval_prompts: str = option("humaneval", "evaluation prompts; when they are the training source, those after the dev ones")
+    eval_prompts: str = option("humaneval", "evaluation prompts (from the training source: those after the dev ones)")
     eval_n: int = option(20, "evaluation prompts")
     eval_max_new_tokens: int = option(128, "tokens generated per evaluation prompt")
     eval_num_assistant_tokens: list[int] = option([2, 3, 4], "constant K baselines")

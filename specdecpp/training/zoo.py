@@ -29,8 +29,7 @@ EOS = "<|endoftext|>"
 @dataclass
 class ZooArguments:
     """Options of `specdecpp zoo build`; every one is recorded in the card."""
-    output: str = common_field("output", aliases=("--output_dir",), default="checkpoints/zoo",
-                               help="the folder the pair (target/, draft/) and its card go to")
+    output: str = common_field("output", aliases=("--output_dir",), default="checkpoints/zoo", help="the pair's folder")
     device: str = common_field("device", default="cpu", help="'cuda' with a larger budget trains a stronger pair")
     seed: int = common_field("seed", default=0, help="seeds the models' initialisation and the training batches")
     threads: int = 0  # torch CPU threads the command sets for training; 0 keeps torch's default
