@@ -33,6 +33,7 @@ class Method:
     name: str
     settings: dict
     runs: list[GenerationStats] = field(default_factory=list)
+    tree_head: str | None = None  # ada-tree's head, by name
 
 
 def methods(head, tree_heads: dict, args) -> list[Method]:
@@ -52,16 +53,20 @@ def methods(head, tree_heads: dict, args) -> list[Method]:
             for t in args.tree_confidences]
         out += [Method(f"ada-tree[{name}]@{tree_head.stop_threshold if t == 'auto' else float(t):g},nodes={nodes}",
                        dict(chain, head=tree_head, schedule="ada-tree", stop_threshold=t if t == "auto" else float(t),
-                            tree_nodes=size, tree_width=args.tree_width))
+                            tree_nodes=size, tree_width=args.tree_width), tree_head=name)
                 for name, tree_head in tree_heads.items() for t in args.ada_tree_thresholds]
     return out
 
 
 def predicted_ms(stats: GenerationStats, times: StepTimes) -> float:
     """A generation's time at `times`: each round's verification of its drafted nodes, every draft step at the
-    median step's price, and the loop's overhead per round."""
-    step = statistics.median(times.draft_ms)
-    return sum(times.verify_at(n) for n in stats.draft_lengths) + stats.draft_calls * step \
+    median step's price (a tree's level, where `times` price levels, at its width's), and the loop's overhead per
+    round."""
+    if times.level_ms and stats.tree_level_widths:
+        drafting = sum(times.level_price(1, width) for width in stats.tree_level_widths)
+    else:
+        drafting = stats.draft_calls * statistics.median(times.draft_ms)
+    return sum(times.verify_at(n) for n in stats.draft_lengths) + drafting \
         + len(stats.draft_lengths) * times.round_overhead_ms
 
 
@@ -116,12 +121,16 @@ def main(argv: list[str] | None = None) -> dict:
     times = device_step_times(target, draft, head, compile=args.compile) if args.time_steps else stored_step_times(args.head)[1]
     prompts = [p.to(args.device) for p in load_prompt_ids(args.prompts, n_begin=args.n_begin, n_end=args.n_end)]
     tree_heads = {Path(path.rstrip("/")).name: load_head(path).to(args.device) for path in args.tree_heads or [args.head]}
+    # An ada-tree's levels are priced by width with its own head's judgement, where timed here.
+    prices = {name: device_step_times(target, draft, tree_head, compile=args.compile, tree_width=args.tree_width)
+              for name, tree_head in tree_heads.items()} if args.time_steps else {}
     compared = methods(head, tree_heads, args)
 
     def run(method: Method, prompt: torch.Tensor, max_new_tokens: int, seed: int = 0,
             expected: torch.Tensor | None = None) -> GenerationStats:
         # Step times price `auto` trees; an `ada` given them would choose its threshold again at them.
-        priced = {"step_times": times} if method.settings.get("tree_nodes") == "auto" else {}
+        priced = {"step_times": prices.get(method.tree_head, times)} if method.settings.get("tree_nodes") == "auto" \
+            else {}
         out = speculative_generate(target, draft, prompt, max_new_tokens=max_new_tokens, do_sample=args.do_sample,
                                    generator=torch.Generator(args.device).manual_seed(seed), **priced,
                                    compile=args.compile, **method.settings)
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
             speculative_generate(target, None, prompt, max_new_tokens=args.max_new_tokens).sequences
         for method in rotated(compared, index):
             method.runs.append(run(method, prompt, args.max_new_tokens, index, expected))
-    rows = [summary(method, times) for method in compared]
+    rows = [summary(method, prices.get(method.tree_head, times)) for method in compared]
     source = "timed here" if args.time_steps else "stored with the head"
     report = {"args": vars(args), "table": table(rows),
               "step_times": f"{times.device} {times.engine} {times.processor or ''} ({source})", "methods": rows}

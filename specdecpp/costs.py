@@ -98,6 +98,7 @@ class StepTimes:
     verify_ms_measured: list[float] = field(default_factory=list)
     spread: float = 0.0
     busy: bool = False
+    level_ms: list[float] = field(default_factory=list)  # a token tree's level by the nodes it expands: [width - 1]
 
     def __post_init__(self):
         self._drafting_ms = [0.0] + list(itertools.accumulate(self.draft_ms))
@@ -120,10 +121,18 @@ class StepTimes:
         last = len(self.verify_ms) - 1
         return self.verify_ms[min(num_drafted, last)] + max(num_drafted - last, 0) * self._verify_slope
 
-    def tree_round_ms(self, levels: int, num_nodes: int) -> float:
-        """A token tree's round: `levels` draft steps (each priced as the chain's step at that place) and the
-        verification of `num_nodes` nodes."""
-        return self.verify_at(num_nodes) + self.drafting_ms(levels) + self.round_overhead_ms
+    def level_price(self, place: int, width: int) -> float:
+        """A token tree's draft level at `place` (0: the root's) that expands `width` nodes: its timed price by
+        width (past the widest timed, the widest's), else without `level_ms` the chain's draft step at `place`."""
+        if self.level_ms:
+            return self.level_ms[min(width, len(self.level_ms)) - 1]
+        return self.drafting_ms(place + 1) - self.drafting_ms(place)
+
+    def tree_round_ms(self, widths: list[int], num_nodes: int) -> float:
+        """A token tree's round: a draft level expanding `widths[i]` nodes at each place `i` and the verification
+        of `num_nodes` nodes."""
+        return self.verify_at(num_nodes) + sum(self.level_price(place, width) for place, width in enumerate(widths)) \
+            + self.round_overhead_ms
 
     def rounds_ms(self, round_weights: list[float], judged: bool = False) -> float:
         """The time of `round_weights[k]` rounds of `k` tokens each, every token judged when `judged`."""

@@ -21,7 +21,7 @@ from specdecpp.engine.processing import CRITERIA_FIELDS, PROCESSOR_FIELDS, Proce
 from specdecpp.engine.settings import DecodingSettings, default_schedule
 from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.costs import StepTimes
-from specdecpp.measuring.step_timing import auto_step_times
+from specdecpp.measuring.step_timing import auto_step_times, device_step_times
 
 
 # What `generate` prepares that the loop may ignore: it keeps its own caches and gets the built criteria.
@@ -54,13 +54,19 @@ def speculative_generate(target: PreTrainedModel, draft: PreTrainedModel | None,
 
 def auto_priced(settings: DecodingSettings, target: PreTrainedModel, draft: PreTrainedModel | None
                 ) -> DecodingSettings:
-    """`settings` with the head's defaults (`with_head_defaults`) and an `ada` `"auto"` threshold chosen at this
-    processor's step times (`auto_step_times`: timed once and kept) unless `step_times` are given."""
+    """`settings` with the head's defaults (`with_head_defaults`) and, unless `step_times` are given, this
+    processor's step times (timed once and kept): an `auto`-sized `ada-tree`'s with its levels priced by width
+    (`device_step_times`), else where an `ada` `"auto"` threshold needs them (`auto_step_times`)."""
     if settings.schedule is None:
         settings = replace(settings, schedule=default_schedule(draft, settings.head))
     settings = settings.with_head_defaults()
-    if settings.schedule in ("ada", "ada-tree") and settings.stop_threshold == "auto" and settings.step_times is None \
-            and settings.head is not None and settings.head.stop_threshold is not None and draft is not None:
+    if settings.step_times is not None or settings.head is None or draft is None:
+        return settings
+    if settings.schedule == "ada-tree" and settings.tree_nodes == "auto":
+        return replace(settings, step_times=device_step_times(target, draft, settings.head, settings.compile,
+                                                              tree_width=settings.tree_width))
+    if settings.schedule in ("ada", "ada-tree") and settings.stop_threshold == "auto" \
+            and settings.head.stop_threshold is not None:
         return replace(settings, step_times=auto_step_times(settings.head, target, draft, settings.compile))
     return settings
 
@@ -72,28 +78,16 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
     stats: GenerationStats | None = None
 
 
-def hf_generate(
-    model: PreTrainedModel,
-    input_ids: torch.LongTensor,
-    logits_processor: LogitsProcessorList | None = None,
-    stopping_criteria: StoppingCriteriaList | None = None,
-    generation_config: GenerationConfig | None = None,
-    synced_gpus: bool = False,
-    streamer: BaseStreamer | None = None,
-    *,
-    draft: PreTrainedModel | None = None,
-    head: AcceptancePredictionHead | str | os.PathLike | None = None,
-    schedule: str | None = None,
-    stop_threshold: float | str | None = None,
-    bound: tuple[int, int] | None = None,
-    compile: bool = False,
-    online: bool = False,
-    estimator: OnlineAcceptanceEstimator | None = None,
-    step_times: StepTimes | None = None,
-    tree_nodes: int | str | None = None,
-    tree_width: int | None = None,
-    **model_kwargs,
-) -> torch.LongTensor | SpeculativeGenerateOutput:
+def hf_generate(model: PreTrainedModel, input_ids: torch.LongTensor,
+                logits_processor: LogitsProcessorList | None = None,
+                stopping_criteria: StoppingCriteriaList | None = None,
+                generation_config: GenerationConfig | None = None, synced_gpus: bool = False,
+                streamer: BaseStreamer | None = None, *, draft: PreTrainedModel | None = None,
+                head: AcceptancePredictionHead | str | os.PathLike | None = None, schedule: str | None = None,
+                stop_threshold: float | str | None = None, bound: tuple[int, int] | None = None, compile: bool = False,
+                online: bool = False, estimator: OnlineAcceptanceEstimator | None = None,
+                step_times: StepTimes | None = None, tree_nodes: int | str | None = None, tree_width: int | None = None,
+                **model_kwargs) -> torch.LongTensor | SpeculativeGenerateOutput:
     """The SpecDec++ loop as a `custom_generate` callable. `head` is a head or a folder / Hub id;
     `stop_threshold` and `bound` left out are the head's (`auto_priced`). ValueError for what it cannot honour."""
     config = generation_config if generation_config is not None else model.generation_config

@@ -7,6 +7,8 @@ import time
 import pytest
 import torch
 
+from specdecpp import custom_generate
+from specdecpp.costs import StepTimes
 from specdecpp.engine import compiled
 from specdecpp.engine.decoding import GenerationStats, draft_round
 from specdecpp.engine.draft_step import CachedModel, EagerDraft
@@ -178,3 +180,29 @@ def test_the_probe_times_the_engines_of_the_generations_it_prices(tiny_pair, mon
     probe = StepProbe(target, draft, context, max_draft=2, warmup=0, compile=True, max_length=300)
     probe.sample()
     assert {capacity for model in (target, draft) for _, capacity in compiled._engines[model]} == {512}
+
+
+def test_a_tree_level_is_timed_by_the_nodes_it_expands(tiny_pair, monkeypatch):
+    """Each width's price comes from trees whose levels after the root expand exactly that many nodes, less the
+    root's level alone; an auto-sized ada-tree left without step times is priced with them, timed once."""
+    target, draft = tiny_pair
+    grown, real = [], step_timing.grow_tree
+
+    def recording(*args):
+        out = real(*args)
+        grown.append(args[-1].tree_level_widths)
+        return out
+
+    monkeypatch.setattr(step_timing, "grow_tree", recording)
+    head = proposer_head(0.5)
+    level_ms = step_timing.measure_level_ms(target, draft, torch.tensor([[5, 9, 17, 3]]), head, 3, depth=4,
+                                            repeats=2)
+    assert len(level_ms) == 3 and all(ms > 0 for ms in level_ms)
+    assert {tuple(widths) for widths in grown} == {(1,), (1, 1, 1, 1), (1, 2, 2, 2), (1, 3, 3, 3)}
+
+    timed = []
+    monkeypatch.setattr(custom_generate, "device_step_times", lambda *args, **kwargs: timed.append(kwargs) or
+                        StepTimes(draft_ms=[0.1], verify_ms=[1.0] * 4, target_alone_ms=1.0, level_ms=level_ms))
+    stats = speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), head=head, schedule="ada-tree",
+                                 stop_threshold=0.9, bound=(1, 4), tree_width=3, max_new_tokens=6).stats
+    assert timed == [{"tree_width": 3}] and stats.generated_length == 6

@@ -243,13 +243,13 @@ def candidates(*rows) -> list[Candidate]:
 def test_selection_keeps_the_most_valuable_nodes_under_kept_parents():
     # root -> 0 (0.9) -> 2 (0.9 * 0.8) -> 4 (0.72 * 0.5); root -> 1 (0.08) -> 3 (0.08 * 0.9)
     drafted = candidates((ROOT, 0, 0.9, 1), (ROOT, 1, 0.08, 1), (0, 0, 0.8, 2), (1, 0, 0.9, 2), (2, 0, 0.5, 3))
-    assert ConfidenceTree(4, 3, 0.5, (1, 8), False).select(drafted, 3) == [0, 2, 4]
-    assert ConfidenceTree(4, 5, 0.5, (1, 8), False).select(drafted, 3) == [0, 2, 4, 1, 3]
+    assert ConfidenceTree(4, 3, 0.5, (1, 8), False).select(drafted, [1, 1, 1]) == [0, 2, 4]
+    assert ConfidenceTree(4, 5, 0.5, (1, 8), False).select(drafted, [1, 1, 1]) == [0, 2, 4, 1, 3]
     # Steep verification: a node only while its value pays for the verification's growth at the round's rate
     # (node 4: 0.36 x 1.9 ms < 2.62 tokens x 0.3 ms).
     steep = StepTimes(draft_ms=[0.1] * 4, verify_ms=[1.0 + 0.3 * k for k in range(9)], target_alone_ms=1.0)
-    assert ConfidenceTree(4, "auto", 0.5, (1, 8), False, steep).select(drafted, 3) == [0, 2]
-    assert ConfidenceTree(4, "auto", 0.5, (1, 8), False, FLAT).select(drafted, 3) == [0, 2, 4, 1, 3]
+    assert ConfidenceTree(4, "auto", 0.5, (1, 8), False, steep).select(drafted, [1, 1, 1]) == [0, 2]
+    assert ConfidenceTree(4, "auto", 0.5, (1, 8), False, FLAT).select(drafted, [1, 1, 1]) == [0, 2, 4, 1, 3]
 
 
 def test_sampled_selection_values_a_sibling_by_its_chance_of_being_tried():
@@ -258,4 +258,17 @@ def test_sampled_selection_values_a_sibling_by_its_chance_of_being_tried():
                              1.0)
     assert [c.value for c in siblings] == pytest.approx([1.0, 0.7, 0.07])  # not their own scores
     assert [c.path_value for c in siblings] == pytest.approx([0.3, 0.63, 0.035])
-    assert policy.select(siblings, 1) == [0, 1]
+    assert policy.select(siblings, [1]) == [0, 1]
+
+
+def test_auto_expands_a_level_only_while_its_values_pay_for_its_price_at_its_width():
+    # Two root children (path values 0.6 and 0.5) both keep the product rule: the next level would expand both.
+    # Flat verification (1 ms), so both are verified: 2.1 expected tokens for 1 ms + the root level's price.
+    newest = candidates((ROOT, 0, 0.6, 1), (ROOT, 1, 0.5, 1))
+
+    def expanded(level_ms):
+        times = StepTimes(draft_ms=[0.1], verify_ms=[1.0] * 4, target_alone_ms=1.0, level_ms=level_ms)
+        return ConfidenceTree(2, "auto", 0.5, (1, 8), False, times).expand(newest, newest, [1])
+
+    assert expanded([0.1, 0.2]) == [0, 1]  # 1.1 tokens x 1.1 ms >= 2.1 tokens x 0.2 ms
+    assert expanded([0.1, 0.7]) == []  # 1.1 x 1.1 < 2.1 x 0.7: a level of two nodes costs too much

@@ -25,10 +25,10 @@ from specdecpp.head.model import LeanJudge
 
 @dataclass
 class GenerationStats:
-    """Counts for one generation: forward passes (`target_calls`, `draft_calls`), per round the
-    tokens drafted, verified and accepted, the drafted tokens not kept, and seconds spent drafting,
-    verifying, in the schedule and compiling (outside `wall_time`). Without a stop inside the last
-    round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`. For
+    """Counts for one generation: forward passes (`target_calls`, `draft_calls`), per round the tokens drafted,
+    verified and accepted, the drafted tokens not kept, for token trees the nodes each draft level expanded, and
+    seconds spent drafting, verifying, in the schedule and compiling (outside `wall_time`). Without a stop inside
+    the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`. For
     `stop_threshold="auto"`: the threshold used and where the step times that chose it were timed."""
 
     target_calls: int = 0
@@ -37,6 +37,7 @@ class GenerationStats:
     accepted_lengths: list[int] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)
     verified_lengths: list[int] = field(default_factory=list)
+    tree_level_widths: list[int] = field(default_factory=list)  # token trees: the nodes each draft level expanded
     generated_length: int = 0
     wall_time: float = 0.0
     draft_time: float = 0.0

@@ -410,10 +410,10 @@ class TreeSchedule(Schedule):
             reach *= 1.0 - candidate.score
         return candidates
 
-    def expand(self, newest: list, drafted: list, levels: int) -> list[int]:
-        """Which of the newest level's candidates the next draft forward expands: the `width` most valuable whose
-        path value keeps the product rule going, while a node of theirs could still enter the tree (and, `auto`,
-        their values pay for the draft step)."""
+    def expand(self, newest: list, drafted: list, widths: list[int]) -> list[int]:
+        """Which of the newest level's candidates the next draft forward expands, after levels that expanded
+        `widths` nodes each (the root's 1 first): the `width` most valuable whose path value keeps the product rule
+        going, while a node of theirs could still enter the tree (and, `auto`, their values pay for that level)."""
         order = sorted(range(len(newest)), key=lambda i: (-newest[i].path_value, newest[i].rank))[:self.width]
         picked = [i for i in order if newest[i].depth < self.min_draft
                   or 1.0 - newest[i].path_value <= self.stop_threshold]
@@ -423,19 +423,19 @@ class TreeSchedule(Schedule):
         if sum(candidate.value > best for candidate in drafted) >= self.nodes:
             return []
         if self.auto:
-            selected = self.select(drafted, levels)
+            selected = self.select(drafted, widths)
             first = len(drafted) - len(newest)
             if not any(first + i in selected for i in picked):  # none of them is worth verifying: nor their children
                 return []
             chosen = [drafted[i] for i in selected]
             expected = 1.0 + sum(candidate.path_value for candidate in chosen)
-            spent = self.times.tree_round_ms(levels, len(chosen))
-            step = self.times.draft_ms[min(levels, len(self.times.draft_ms) - 1)]
+            spent = self.times.tree_round_ms(widths, len(chosen))
+            step = self.times.level_price(len(widths), len(picked))
             if sum(newest[i].path_value for i in picked) * spent < expected * step:
                 return []
         return picked
 
-    def select(self, drafted: list, levels: int) -> list[int]:
+    def select(self, drafted: list, widths: list[int]) -> list[int]:
         """The drafted candidates the target verifies, parents first: the most valuable, each under a kept parent
         (and, sampling, after its earlier siblings), at most `tree_nodes` (`auto`: while each pays for the
         verification's growth at the round's expected tokens per millisecond)."""
@@ -450,7 +450,7 @@ class TreeSchedule(Schedule):
             if self.do_sample and candidate.rank and (candidate.parent, candidate.rank - 1) not in kept_ranks:
                 continue
             if self.auto:
-                spent = self.times.tree_round_ms(levels, len(chosen))
+                spent = self.times.tree_round_ms(widths, len(chosen))
                 extra = self.times.verify_at(len(chosen) + 1) - self.times.verify_at(len(chosen))
                 if candidate.value * spent < expected * extra:
                     break
@@ -459,10 +459,10 @@ class TreeSchedule(Schedule):
             kept_ranks.add((candidate.parent, candidate.rank))
             expected += candidate.path_value
         if self.auto and not self.do_sample:
-            return self._cheaper_than_its_chain(drafted, chosen, levels)
+            return self._cheaper_than_its_chain(drafted, chosen, widths)
         return chosen
 
-    def _cheaper_than_its_chain(self, drafted: list, chosen: list[int], levels: int) -> list[int]:
+    def _cheaper_than_its_chain(self, drafted: list, chosen: list[int], widths: list[int]) -> list[int]:
         """`chosen`, or the chain of first children inside it where the costs price that chain's expected tokens
         per millisecond higher (greedy: which nodes are verified may depend on their own scores)."""
         first_child = {drafted[i].parent: i for i in chosen if drafted[i].rank == 0}
@@ -472,7 +472,7 @@ class TreeSchedule(Schedule):
             chain.append(node)
 
         def rate(nodes: list[int]) -> float:
-            return (1.0 + sum(drafted[i].path_value for i in nodes)) / self.times.tree_round_ms(levels, len(nodes))
+            return (1.0 + sum(drafted[i].path_value for i in nodes)) / self.times.tree_round_ms(widths, len(nodes))
 
         return chain if rate(chain) > rate(chosen) else chosen
 

@@ -154,10 +154,10 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
         return TokenTree(), {}
     start = time.perf_counter()
     logits, hidden = draft.forward(seq, num_logits=1, with_hidden_states=draft.with_hidden_states)
-    prefix, expanded, levels = len(seq), [ROOT], 0
+    prefix, expanded, widths = len(seq), [ROOT], []
     rows, states = logits, hidden[None] if hidden is not None else None
     while True:
-        levels += 1
+        widths.append(len(expanded))
         paths = [[] if n == ROOT else [drafted[a].token for a in _ancestry(drafted, n)] for n in expanded]
         processed = processed_rows(processing, seq, paths, rows)
         children, probs = proposals(processed, policy.width, processing.do_sample, generator)
@@ -177,7 +177,7 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
         drafted_at = time.perf_counter()
         stats.draft_time += drafted_at - start
         stats.draft_calls += 1
-        expanded = [first + i for i in policy.expand(newest, drafted, levels)
+        expanded = [first + i for i in policy.expand(newest, drafted, widths)
                     if newest[i].depth < max_depth]
         stats.schedule_time += time.perf_counter() - drafted_at
         if not expanded:
@@ -188,7 +188,8 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
     tree = TokenTree()
     node_of = {ROOT: ROOT}
     fed = {}
-    for index in policy.select(drafted, levels):
+    stats.tree_level_widths += widths
+    for index in policy.select(drafted, widths):
         candidate = drafted[index]
         if candidate.parent not in node_of:
             continue

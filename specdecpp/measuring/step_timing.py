@@ -23,8 +23,9 @@ from specdecpp.costs import StepTimes, busy_machine, cost_ratio, fit_verify_ms, 
 from specdecpp.engine.decoding import GenerationStats, decode, draft_round, step_models, verify
 from specdecpp.engine.draft_step import DraftStep
 from specdecpp.engine.processing import sampling_only
-from specdecpp.engine.schedules import HeadJudge, Schedule
+from specdecpp.engine.schedules import MAX_TREE_NODES, HeadJudge, Schedule, make_schedule
 from specdecpp.engine.settings import DecodingSettings, default
+from specdecpp.engine.tree import grow_tree
 from specdecpp.head.model import AcceptancePredictionHead
 
 
@@ -33,9 +34,8 @@ def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: to
                   repeats: int = 8, compile: bool = False) -> tuple[StepTimes, StepTimes | None]:
     """`(plain, judged)` `StepTimes` on the context `input_ids`, round overhead included; `judged` (`ada` with
     `head`) is None without a head."""
-    probes = [StepProbe(target, draft, input_ids, max_draft, do_sample=do_sample, compile=compile)]
-    if head is not None:
-        probes.append(StepProbe(target, draft, input_ids, max_draft, head=head, do_sample=do_sample, compile=compile))
+    probes = [StepProbe(target, draft, input_ids, max_draft, head=judge, do_sample=do_sample, compile=compile)
+              for judge in ([None] if head is None else [None, head])]
     for _ in range(repeats):
         for probe in probes:
             probe.sample()
@@ -148,6 +148,48 @@ class TimedRound(Schedule):
                 for before, after in zip(totals, totals[1:])]
 
 
+class LevelsOfWidth:
+    """A token tree's policy for timing: `policy`'s scoring, every level after the root's expanding its first
+    `nodes` candidates, nothing verified."""
+
+    def __init__(self, policy, nodes: int):
+        self.width, self.nodes = policy.width, nodes
+        self.score_children, self.valued = policy.score_children, policy.valued
+
+    def expand(self, newest: list, drafted: list, widths: list[int]) -> list[int]:
+        return list(range(min(self.nodes, len(newest))))
+
+    def select(self, drafted: list, widths: list[int]) -> list[int]:
+        return []
+
+
+def measure_level_ms(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
+                     head: AcceptancePredictionHead, tree_width: int, compile: bool = False, depth: int = 5,
+                     repeats: int = 4) -> list[float]:
+    """`ada-tree`'s draft level by the nodes it expands, `[w - 1]` for `w` in `1..tree_width` (ms, medians over
+    `repeats`): a tree of `depth` levels, less its root level alone, over the levels after the root, each level
+    one draft forward over `w` nodes and the head's judgement of their children, on the context `input_ids`."""
+    settings = DecodingSettings(schedule="ada-tree", head=head, stop_threshold=1.0, tree_nodes=MAX_TREE_NODES,
+                                tree_width=tree_width, compile=compile, bound=(1, depth)).with_head_defaults()
+    seq, processing = input_ids[0].tolist(), sampling_only(False)
+    _, draft_model, _ = step_models(target, draft, settings, processing, len(seq) + depth * tree_width + 1)
+    policy = make_schedule(settings)
+
+    def grown_ms(nodes: int, levels: int) -> float:
+        stats = GenerationStats()
+        grow_tree(draft_model, seq, LevelsOfWidth(policy, nodes), levels, processing, None, stats)
+        draft_model.crop(len(seq) - 1)
+        return 1000 * (stats.draft_time + stats.schedule_time)
+
+    with torch.inference_mode():
+        draft_model.forward(seq, num_logits=1)
+        draft_model.crop(len(seq) - 1)
+        for nodes in range(1, tree_width + 1):  # warm-up, every width
+            grown_ms(nodes, depth)
+        return [statistics.median((grown_ms(nodes, depth) - grown_ms(nodes, 1)) / (depth - 1) for _ in range(repeats))
+                for nodes in range(1, tree_width + 1)]
+
+
 def loaded_models(models, seq: list[int], generator: torch.Generator | None = None) -> tuple:
     """The engine's target and draft (`decoding.step_models`) with the context `seq` in their caches."""
     target_model, draft_model = models()
@@ -215,9 +257,12 @@ class CostProbe:
         self.sample(warmup_steps)
 
     def sample(self, steps: int) -> tuple[list[float], list[float]]:
-        """`steps` alternating timings (ms): `(draft step times, verification times)`."""
+        """`steps` alternating timings (ms), so that load hits both alike: `(draft step times, verification times)`."""
         self.steps.load()
-        draft_ms, (target_ms,) = time_alternately(self.steps.draft_step, [self.steps.verify], steps)
+        draft_ms, target_ms = [], []
+        for _ in range(steps):
+            draft_ms.append(1000 * timed(self.steps.draft_step))
+            target_ms.append(1000 * timed(self.steps.verify))
         return draft_ms, target_ms
 
 
@@ -226,17 +271,6 @@ def measure_cost_ratio(target: PreTrainedModel, draft: PreTrainedModel, input_id
     """`c` on this machine now, from `steps` alternating timings (`costs.cost_ratio`'s figures plus `steps`)."""
     draft_ms, target_ms = CostProbe(target, draft, input_ids, k, warmup_steps).sample(steps)
     return {**cost_ratio(draft_ms, target_ms, k), "steps": steps}
-
-
-def time_alternately(draft_step: Callable[[], None], verifies: list[Callable[[], None]],
-                     steps: int) -> tuple[list[float], list[list[float]]]:
-    """Times (ms) of `steps` rounds of one draft step then each of `verifies`, alternating so load hits them alike."""
-    draft_ms, verify_ms = [], [[] for _ in verifies]
-    for _ in range(steps):
-        for times, verification in zip(verify_ms, verifies):
-            draft_ms.append(1000 * timed(draft_step))
-            times.append(1000 * timed(verification))
-    return draft_ms, verify_ms
 
 
 def timed(step: Callable[[], None]) -> float:
@@ -283,13 +317,16 @@ def auto_step_times(head: AcceptancePredictionHead, target: PreTrainedModel, dra
 
 def device_step_times(target: PreTrainedModel, draft: PreTrainedModel, head: AcceptancePredictionHead,
                       compile: bool = False, context: int = 128, repeats: int = 4,
-                      cache_dir: Path | None = None) -> StepTimes:
-    """`ada`'s step times with `head` for this pair where it runs, cached in `cache_dir` (default
-    `STEP_TIMES_CACHE`); measured on a random context of `context` tokens when not cached."""
+                      cache_dir: Path | None = None, tree_width: int = 0) -> StepTimes:
+    """`ada`'s step times with `head` for this pair where it runs, with `ada-tree`'s `level_ms` up to `tree_width`
+    nodes (0: none), cached in `cache_dir` (default `STEP_TIMES_CACHE`); measured on a random context of
+    `context` tokens when not cached."""
     key = {"target": target.name_or_path, "draft": draft.name_or_path, "head": head.config,
            "device": processor_name(target.device),
            "dtype": str(target.dtype), "engine": "compiled" if compile else "eager",
            "threads": torch.get_num_threads(), "specdecpp": __version__}
+    if tree_width:
+        key["tree_width"] = tree_width
     path = Path(cache_dir or STEP_TIMES_CACHE) / (hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
                               + ".json")
     if path.exists():  # priced again from the kept medians, with today's fit
@@ -302,7 +339,8 @@ def device_step_times(target: PreTrainedModel, draft: PreTrainedModel, head: Acc
     bound = (head.threshold_selection or {}).get("bound") or [1, 20]
     start = time.perf_counter()
     plain, judged = measure_costs(target, draft, input_ids, bound[1], head=head, repeats=repeats, compile=compile)
-    judged = replace(judged, target_alone_ms=plain.target_alone_ms)
+    judged = replace(judged, target_alone_ms=plain.target_alone_ms, level_ms=measure_level_ms(
+        target, draft, input_ids, head, tree_width, compile) if tree_width else [])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"key": key, "judged_step_times": judged.as_dict()}, indent=1, default=str) + "\n")
     print(f"specdecpp: timed in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
