@@ -40,12 +40,27 @@ from specdecpp.calibration.threshold import (CONFIDENCES, THRESHOLDS, RoundLengt
                                              oracle_length, replay)
 from specdecpp.costs import StepTimes, cost_per_token, flat_spent
 from specdecpp.data.io import read_records
-from specdecpp.engine.online import OnlineAcceptanceEstimator, fit_offline, log_odds
+from specdecpp.engine.online import L2, OnlineAcceptanceEstimator, log_odds
 from specdecpp.head.folder import stored_step_times
 from specdecpp.head.inputs import predict
 
 BLOCKS = tuple(range(1, 9))  # K for constant, verify-budget and ada-budget
 CURVE = (10, 50)  # the learning curve's first prompts (and all)
+
+
+def fit_offline(observations: list[tuple[int, float, float]], num_positions: int, iterations: int = 50,
+                ridge: float = L2) -> OnlineAcceptanceEstimator:
+    """The estimator's form fitted to convergence on all `observations` `(position, feature, label)`, frozen."""
+    estimator = OnlineAcceptanceEstimator(num_positions, refit_interval=1, damping=0.0, ridge=ridge)
+    for _ in range(iterations):
+        before = (estimator.slope, list(estimator.intercepts))
+        for position, feature, label in observations:
+            estimator._add(position, feature, estimator.predict(position, feature), label)
+        estimator.refit()
+        if max(abs(estimator.slope - before[0]),
+               max(abs(x - y) for x, y in zip(estimator.intercepts, before[1]))) < 1e-10:
+            break
+    return estimator.frozen()
 
 
 class Replayed:

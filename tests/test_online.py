@@ -6,9 +6,10 @@ import random
 
 import numpy as np
 import pytest
+from test_benchmarks import load_benchmark
 
-from specdecpp.engine.online import (OnlineAcceptanceEstimator, best_verify_length, fit_offline, log_odds,
-                                     log_odds_from_log, sigmoid)
+from specdecpp.engine.online import (OnlineAcceptanceEstimator, best_verify_length, log_odds, log_odds_from_log,
+                                     sigmoid)
 
 
 def test_cold_start_is_vllms():
@@ -112,7 +113,7 @@ def test_offline_fit_converges_to_the_maximum_likelihood():
     rounds = recorded_rounds(600, 4, seed=3)
     observations = [(k, f, float(k < accepted)) for features, verified, accepted in rounds
                     for k, f in enumerate(features) if k <= accepted and k < verified]
-    fitted = fit_offline(observations, 4)
+    fitted = load_benchmark("online_estimators").fit_offline(observations, 4)
     assert not fitted.learn
     p = np.array([fitted.predict(k, f) for k, f, _ in observations])
     labels = np.array([y for *_, y in observations])

@@ -60,7 +60,7 @@ class OnlineAcceptanceEstimator:
     refits: int = 0
     # Per position, sums of w f^2, w f, w, (y - p) f, (y - p) and the count of labelled tokens.
     window: list[list[float]] = field(default_factory=list)
-    # When a list, every labelled (position, feature, label), for `fit_offline`.
+    # When a list, every labelled (position, feature, label), for an offline fit.
     history: list[tuple[int, float, float]] | None = None
 
     def __post_init__(self):
@@ -141,21 +141,6 @@ class OnlineAcceptanceEstimator:
 
 def _state_file(path: str | os.PathLike) -> str:
     return os.path.join(path, RECALIBRATION_FILE) if os.path.isdir(path) else str(path)
-
-
-def fit_offline(observations: list[tuple[int, float, float]], num_positions: int, iterations: int = 50,
-                ridge: float = L2) -> OnlineAcceptanceEstimator:
-    """The estimator's form fitted to convergence on all `observations` `(position, feature, label)`, frozen."""
-    estimator = OnlineAcceptanceEstimator(num_positions, refit_interval=1, damping=0.0, ridge=ridge)
-    for _ in range(iterations):
-        before = (estimator.slope, list(estimator.intercepts))
-        for position, feature, label in observations:
-            estimator._add(position, feature, estimator.predict(position, feature), label)
-        estimator.refit()
-        if max(abs(estimator.slope - before[0]),
-               max(abs(x - y) for x, y in zip(estimator.intercepts, before[1]))) < 1e-10:
-            break
-    return estimator.frozen()
 
 
 def best_verify_length(survival: list[float], round_costs: list[float]) -> int:
