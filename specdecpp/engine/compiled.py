@@ -57,11 +57,9 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_
                     head: AcceptancePredictionHead | None = None,
                     sampling: tuple[float, int, float] | None = None, longest_verification: int = 3
                     ) -> tuple[StaticModel, CompiledDraft | ProcessedDraft | None, float]:
-    """The compiled target and (unless None) draft, empty, for at least `max_length` tokens: the
-    draft judging with `head` and sampling with `(temperature, top_k, top_p)` inside its graph, or,
-    under processors beyond the sampling warpers, a `ProcessedDraft`. Engines are built and warmed
-    up on first use, the target for verifications of up to `longest_verification` tokens; returns
-    them and the seconds this call spent compiling."""
+    """The compiled target and (unless None) draft, empty, for at least `max_length` tokens, the draft judging with
+    `head` and sampling with `(temperature, top_k, top_p)` in its graph (a `ProcessedDraft` under other processors);
+    built and warmed up on first use. Returns them and the seconds this call spent compiling."""
     target_model, seconds = _engine(target, ("target",), max_length, lambda capacity: StaticModel(target, capacity))
     seconds += target_model.warm_lengths(longest_verification)
     if draft is None:
@@ -82,8 +80,7 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_
 def compiled_tree_models(target: PreTrainedModel, draft: PreTrainedModel, max_length: int, with_hidden_states: bool
                          ) -> tuple[TreeModel, TreeModel, float]:
     """The compiled target and draft as a token tree's round feeds them (`TreeModel`), empty, for at least
-    `max_length` tokens, the draft's forwards returning its hidden states too (`with_hidden_states`); returns them
-    and the seconds this call spent compiling."""
+    `max_length` tokens; returns them and the seconds this call spent compiling."""
     length = max_length + TREE_ROWS[-1]  # a round's nodes sit past its prefix until it keeps one path
     target_model, seconds = _engine(target, ("tree target",), length, lambda capacity: TreeModel(target, capacity))
     draft_model, draft_seconds = _engine(draft, ("tree draft", with_hidden_states), length,
@@ -100,9 +97,8 @@ def head_shape(head: AcceptancePredictionHead | None) -> tuple | None:
 
 
 def _engine(model: PreTrainedModel, key: tuple, max_length: int, build) -> tuple[StaticModel, float]:
-    """The engine for `model` and `key` of `capacity_for(max_length)` (never a larger one: each step's attention reads
-    the whole cache), reset, else one built by `build(capacity)`; warmed up when new or when the state its graphs
-    guard on changed. Returns it and the seconds spent compiling."""
+    """The engine for `model` and `key` of `capacity_for(max_length)`, reset, else one built by `build(capacity)`;
+    warmed up when new or when the state its graphs guard on changed. Returns it and the seconds spent compiling."""
     key = (*key, model.dtype, model.device)  # the graphs do not check the parameters: a cast model gets new ones
     engines, capacity = _engines.setdefault(model, {}), capacity_for(max_length)
     start = time.perf_counter()
@@ -113,8 +109,7 @@ def _engine(model: PreTrainedModel, key: tuple, max_length: int, build) -> tuple
             engine = engines[key, capacity] = build(capacity)
     if engine.compiled_for == (state := compile_guarded_state()):
         return engine, 0.0
-    if engine.compiled_for is not NotImplemented:
-        # New graphs, not a recompile, which would spend the graph's recompile budget.
+    if engine.compiled_for is not NotImplemented:  # new graphs: a recompile would spend their recompile budget
         engine.build_graphs()
     engine.warm_up()
     engine.compiled_for = state
@@ -129,9 +124,8 @@ def uses_cuda_graphs(device: torch.device) -> bool:
 def _compile(method, dynamic: bool | None, cuda: bool):
     """`torch.compile` of a private copy of the bound `method`, so each engine keeps its own graphs,
     guards and recompile budget; guarded on tensors and the global context only (`COMPILE_GUARD_FILTER`)."""
-    function = method.__func__
-    own = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
-                             function.__defaults__, function.__closure__)
+    f = method.__func__
+    own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
     options = {"triton.cudagraphs": True} if cuda else {}  # mode="reduce-overhead", which excludes options
     if COMPILE_GUARD_FILTER is not None:
         options["guard_filter_fn"] = COMPILE_GUARD_FILTER
@@ -166,8 +160,7 @@ class StaticModel:
         self.verify_graph = _compile(self._logits, dynamic=None, cuda=self.cuda_graphs)
 
     def logits(self, seq: list[int], num_logits: int) -> torch.Tensor:
-        """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` from the verification
-        graph, unseen earlier tokens fed eagerly first."""
+        """Logits `[num_logits, vocab]` for the last `num_logits` of `seq` (earlier unseen tokens fed eagerly)."""
         self._feed(seq[:-num_logits])
         logits = self._run(self.verify_graph, self._ids(seq[-num_logits:]))
         self.length = len(seq)
@@ -188,9 +181,8 @@ class StaticModel:
         self.warm_lengths(3)
 
     def warm_lengths(self, longest: int) -> float:
-        """Run the verification for every length up to `longest` tokens not run since the warm-up, until
-        its CUDA graph (one per length of the dynamic graph) is recorded, so that none is recorded
-        mid-generation; on other devices only the first warm-up runs. Returns the seconds spent."""
+        """Run the verification for each length up to `longest` not run since the warm-up until its CUDA graph is
+        recorded, so none is recorded mid-generation (elsewhere only the first warm-up runs); returns the seconds."""
         lengths = range(self.warmed_lengths + 1, longest + 1) if self.cuda_graphs or not self.warmed_lengths else ()
         if not lengths:
             return 0.0
@@ -206,8 +198,7 @@ class StaticModel:
         return time.perf_counter() - start
 
     def _logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), **self.model_kwargs)
-        return out.logits[0]
+        return self.model(input_ids=input_ids, position_ids=self._positions(input_ids), **self.model_kwargs).logits[0]
 
     def _positions(self, input_ids: torch.Tensor) -> torch.Tensor:
         # Positions from the cache's own counter (a tensor), so the graph holds for every length.
@@ -216,10 +207,7 @@ class StaticModel:
     def _feed(self, tokens: list[int]) -> None:
         """Eager forward over the tokens the cache has not seen, after cropping it to `tokens`."""
         self.crop(len(tokens))
-        if len(tokens) > self.capacity:
-            raise ValueError(f"the compiled engine's cache holds {self.capacity} tokens and this generation needs "
-                             f"{len(tokens)}")
-        if len(tokens) > self.length:
+        if len(tokens) > self.length:  # `_ids` raises past the capacity
             self._logits(self._ids(tokens[self.length:]))
             self.length = len(tokens)
 
@@ -251,8 +239,7 @@ class StaticModel:
     def _run(self, graph, *inputs):
         if not self.cuda_graphs:
             return graph(*inputs)
-        # A CUDA graph's outputs live in its own memory pool, overwritten by its next replay.
-        torch.compiler.cudagraph_mark_step_begin()
+        torch.compiler.cudagraph_mark_step_begin()  # a CUDA graph's outputs are overwritten by its next replay
         out = graph(*inputs)
         return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
 
@@ -389,9 +376,8 @@ class TreeModel(StaticModel):
 
     def run(self, tokens: list[int], positions: list[int], attention_mask: torch.Tensor | None, num_logits: int,
             with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed `tokens` at `positions` after the cache (`attention_mask`: a 4D mask `[1, 1, tokens, cached +
-        tokens]`, None: causal); the logits `[num_logits, vocab]` of the last `num_logits` of them and (if
-        `with_hidden_states`) the draft's last hidden states there."""
+        """Feed `tokens` at `positions` after the cache (`attention_mask`: 4D `[1, 1, tokens, cached + tokens]`, None:
+        causal); the logits `[num_logits, vocab]` of the last `num_logits` and (or None) the hidden states there."""
         count = len(tokens)
         rows = next((rows for rows in TREE_ROWS if rows >= count), count)
         past, dtype = self.length, self.model.dtype
@@ -439,8 +425,7 @@ def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:
 
 
 def _check_last_hidden_state(model: PreTrainedModel) -> None:
-    """ValueError unless the draft's last `output_hidden_states` entry is its output layer's input (the
-    state a head reads)."""
+    """ValueError unless the draft's last `output_hidden_states` entry is its output layer's input (what a head reads)."""
     output_layer = model.get_output_embeddings()
     captured = []
     handle = output_layer.register_forward_pre_hook(lambda module, args: captured.append(args[0])) \

@@ -25,11 +25,9 @@ from specdecpp.head.model import LeanJudge
 
 @dataclass
 class GenerationStats:
-    """Counts for one generation: forward passes (`target_calls`, `draft_calls`), per round the tokens drafted,
-    verified and accepted, the drafted tokens not kept, for token trees the nodes each draft level expanded, and
-    seconds spent drafting, verifying, in the schedule and compiling (outside `wall_time`). Without a stop inside
-    the last round, `generated_length == sum(accepted_lengths) + len(accepted_lengths)`. For
-    `stop_threshold="auto"`: the threshold used and where the step times that chose it were timed."""
+    """Counts for one generation: forward passes, per round the tokens drafted, verified and accepted, and seconds
+    per phase (compiling outside `wall_time`); for `stop_threshold="auto"`, the threshold used and where its step
+    times were timed. Without a stop inside the last round, `generated_length == sum(accepted_lengths) + rounds`."""
 
     target_calls: int = 0
     draft_calls: int = 0
@@ -60,9 +58,8 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
            settings: DecodingSettings, *, attention_mask: torch.Tensor | None = None,
            generator: torch.Generator | None = None, streamer=None, tokenizer=None,
            processing: Processing | None = None) -> SpeculativeOutput:
-    """The loop for one prompt (batch size 1, no padding) with its settings in one `DecodingSettings` (what is left
-    out, the head's: `with_head_defaults`); `processing` is what `generate` already built (else built here from
-    `settings`). Greedy output equals `target.generate`'s token for token; sampled output follows its distribution."""
+    """The loop for one prompt (batch size 1, no padding) under `settings` (`processing`: as `generate` built it).
+    Greedy output equals `target.generate`'s token for token; sampled output follows its distribution."""
     if settings.schedule is None:
         settings = replace(settings, schedule=default_schedule(draft, settings.head))
     settings = settings.with_head_defaults()
@@ -95,8 +92,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     with torch.inference_mode(), recompiles_forbidden(settings.compile):
         while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
             policy.start_round()
-            # A round emits up to k + 1 tokens: never draft past the length limit.
-            longest = min(policy.max_draft(), remaining - 1)
+            longest = min(policy.max_draft(), remaining - 1)  # a round emits up to k + 1 tokens
             if policy.grows_tree:
                 accepted, next_token, num_drafted = tree_round(target_model, draft_model, seq, policy, longest,
                                                                processing, generator, stats)
@@ -121,8 +117,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
             stop = processing.stop_length(seq, new_tokens)
             new_tokens = new_tokens[:stop]
             seq += new_tokens
-            # Both caches keep everything but the last token, which the next round feeds.
-            if not policy.grows_tree:
+            if not policy.grows_tree:  # both caches keep all but the last token, which the next round feeds
                 target_model.crop(len(seq) - 1)
                 if draft_model is not None:
                     draft_model.crop(len(seq) - 1)
@@ -140,9 +135,8 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
 def tree_round(target_model: CachedModel, draft_model: EagerDraft, seq: list[int], policy: Schedule, longest: int,
                processing: Processing, generator: torch.Generator | None,
                stats: GenerationStats) -> tuple[list[int], int, int]:
-    """A token tree's round after `seq` (at most `longest` levels): grow the tree, verify it in one target forward,
-    and pack each cache's entries of the accepted path into place after `seq` (both caches then hold `seq` and the
-    path, less the token the next round feeds). Returns the accepted tokens, the target's token and the tree's size."""
+    """A token tree's round after `seq` (at most `longest` levels): grow, verify in one target forward, and pack each
+    cache's entries of the accepted path after `seq`. Returns the accepted tokens, the target's token, the tree's size."""
     tree, fed = grow_tree(draft_model, seq, policy, longest, processing, generator, stats)
     verify_start = time.perf_counter()
     path, next_token = verify_tree(target_model, seq, tree, processing, generator)
@@ -156,9 +150,8 @@ def tree_round(target_model: CachedModel, draft_model: EagerDraft, seq: list[int
 
 def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
                 processing: Processing, max_length: int) -> tuple[Target, Draft | None, float]:
-    """The target and (unless None) the draft as the loop steps them, empty, for up to `max_length`
-    tokens, the draft judging with `settings.judging_head`: eager, or compiled (`settings.compile`);
-    and the seconds spent compiling."""
+    """The target and (unless None) the draft as the loop steps them, empty, for up to `max_length` tokens, eager or
+    compiled (`settings.compile`), and the seconds spent compiling."""
     head = settings.judging_head
     if not settings.compile:
         judge = LeanJudge(head, draft.device) if head is not None and draft is not None else None
@@ -202,9 +195,8 @@ def verify(target_model: Target, seq: list[int], drafted: list[int], draft_probs
 
 def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: torch.Tensor, do_sample: bool,
             generator: torch.Generator | None) -> tuple[int, int]:
-    """The acceptance test on the target's processed logits `[k + 1, vocab]`: how many drafted tokens
-    are accepted and the token the target adds. Greedy: while the argmax agrees; sampling: accept
-    `y_i` with `min(1, p_i / q_i)`, resample a rejection from the residual, else sample `p_{k+1}`."""
+    """The acceptance test on the target's processed logits `[k + 1, vocab]`: (accepted count, the target's token).
+    Greedy: while the argmax agrees; sampling: `min(1, p_i / q_i)`, a rejection resampled from the residual."""
     if not do_sample:
         target_tokens = target_logits.argmax(-1).tolist()
         num_accepted = 0
@@ -226,11 +218,10 @@ def _draft_correct(target: PreTrainedModel, draft: PreTrainedModel, input_ids: t
     the target's token at each generated position (the oracle's knowledge, not counted in its stats)."""
     reference = decode(target, None, input_ids, replace(settings, schedule="none", head=None, compile=False),
                        processing=processing).sequences
-    generated = reference[0, input_ids.shape[1]:]
     with torch.inference_mode():
         logits = draft(input_ids=reference).logits[0, input_ids.shape[1] - 1: -1]
         proposals = processing.logits(reference[0, :-1].tolist(), logits).argmax(-1)
-    return (proposals == generated).tolist()
+    return (proposals == reference[0, input_ids.shape[1]:]).tolist()
 
 
 def _check_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:

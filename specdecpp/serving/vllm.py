@@ -1,7 +1,6 @@
-"""SpecDec++ in vLLM's own draft loop (`additional_config={"specdecpp": {"head": HEAD, ...}}`): vLLM's
-`draft_model` drafts, the head stops each request and the batch (docs/design.md, Serving). The part that needs no
-vLLM at import: the section, the checks (the vLLM code the plugin relies on among them), the batch's judgement and
-priced stop, and where vLLM's step prices are kept; `specdecpp.serving.vllm_plugin.register` plugs it in."""
+"""SpecDec++ in vLLM's own draft loop (`additional_config={"specdecpp": {"head": HEAD, ...}}`; docs/design.md,
+Serving): the part that needs no vLLM at import (the section, the checks, the batch's judgement and priced stop, where
+vLLM's step prices are kept); `specdecpp.serving.vllm_plugin.register` plugs it in."""
 from __future__ import annotations
 
 import ast
@@ -33,9 +32,8 @@ logger = logging.getLogger(__name__)
 MAX_PRICED_BATCH = 32  # batch sizes are timed up to this (and max_num_seqs); larger batches take its prices
 
 TESTED_VLLM = "0.32.0"  # the release whose code RELIED_ON records (vllm 0.33.0's reads the same)
-# The vLLM code the plugin wraps or relies on: "module:qualname" (with "#marker", the branch of it whose test
-# reads `marker`) -> the sha256 (first 16 hex digits) of its source in TESTED_VLLM. Any release where each reads the
-# same is served; one where any differs is refused (`vllm_code_problems`).
+# The vLLM code the plugin relies on, "module:qualname" ("#marker": the branch whose test reads `marker`) -> the
+# sha256 (16 hex digits) of its source in TESTED_VLLM; a release where any differs is refused (`vllm_code_problems`).
 RELIED_ON = {
     "vllm.v1.spec_decode.draft_model:DraftModelProposer.__init__": "3e61b2ce4f0d027a",
     "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose": "00baa3a1c6812556",
@@ -110,9 +108,8 @@ def vllm_code_problems() -> tuple[str, ...]:
 
 
 def check_config(vllm_config, hook_failure: str | None = None) -> DecodingSettings | None:
-    """The plugin's settings for this engine (None: the plugin stays out), once checked that the engine
-    can serve them; ValueError or RuntimeError naming what to change. `hook_failure` says why the plugin could not
-    hook into vLLM in this process (an engine with a section is then refused, never served without the head)."""
+    """The plugin's settings for this engine (None: the plugin stays out), checked that the engine can serve them
+    (ValueError or RuntimeError naming what to change; always, given a `hook_failure`: why the plugin is not hooked)."""
     settings = section_settings(vllm_config.additional_config)
     if settings is None:
         return None
@@ -141,8 +138,6 @@ def check_config(vllm_config, hook_failure: str | None = None) -> DecodingSettin
     parallel = vllm_config.parallel_config
     for size in ("data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(parallel, size) > 1:
-            # Each rank would run the head on its own copy of the step and stop where its own floats say:
-            # nothing makes the ranks take the same decision.
             raise ValueError(f"specdecpp's head stops drafting on each rank's own judgement, and nothing makes "
                              f"{size.removesuffix('_size').replace('_', ' ')} ranks take the same stop decision: "
                              f"{size} must be 1, got {getattr(parallel, size)}")
@@ -161,12 +156,9 @@ class StopDrafting(Exception):
 
 
 class BatchRound:
-    """One `propose` of a batch: a head forward judges every row after each draft step and each row stops on
-    its `ada` schedule. With more than one row, the batch drafts one more forward only while the expected accepted
-    tokens it adds (each drafting row's survival, the product of its judgements so far) are worth its price at
-    `prices` (`VllmPrices`, this batch size) against the round so far (`online.best_verify_length`); alone, a row
-    stops on its own rule. Every row stops after `max_draft` steps; stopped rows draft on unproposed until the
-    batch stops."""
+    """One `propose` of a batch: a head forward judges every row after each draft step, each row stops on its `ada`
+    schedule, and a batch of several drafts one more forward only while the expected tokens it adds are worth its
+    price at `prices` (`online.best_verify_length`). Stopped rows draft on unproposed until the batch stops."""
 
     def __init__(self, head, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None):
         self.judge = LeanJudge(head)
@@ -188,8 +180,7 @@ class BatchRound:
         self.tokens.append(tokens)
         if probs is not None:
             self.probs.append(probs)
-        p_accept = self.judge(hidden, logits, tokens).tolist()
-        self.p_accept.append(p_accept)
+        self.p_accept.append(p_accept := self.judge(hidden, logits, tokens).tolist())
         j = len(self.tokens)
         for row, length in enumerate(self.lengths):
             if length is None:
@@ -209,8 +200,7 @@ class BatchRound:
         return sum(1.0 + sum(survival) for survival in self.survival)
 
     def price_ms(self, steps: int, tokens: int) -> float:
-        """A round of this batch that drafts `steps` forwards and verifies `tokens` drafted tokens in all, at
-        `prices` (a verification of whole tokens per row; between two, pro rata)."""
+        """The price at `prices` of a round of this batch that drafts `steps` forwards and verifies `tokens` in all."""
         times, rows = self.prices.at(len(self.lengths)), len(self.lengths)
         per_row, share = divmod(tokens, rows)
         low = times.round_ms(steps, 0, per_row)
@@ -223,10 +213,9 @@ class BatchRound:
             return True
         j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
         tokens = sum(length or j for length in self.lengths)
-        expected = self.expected_tokens()
         added = sum(self.survival[row][-1] for row in drafting)
         costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
-        return best_verify_length([added / expected], costs) == 1
+        return best_verify_length([added / self.expected_tokens()], costs) == 1
 
     def proposals(self) -> list[list[int]]:
         """Each row's drafted tokens up to where it stopped."""
@@ -240,9 +229,8 @@ class BatchRound:
 
 @dataclass
 class VllmPrices:
-    """vLLM's own step times for a pair where it serves, per batch size (`times[b]`: `draft_ms[j]` the batch's
-    `j + 1`-th draft forward, the head's judgement in it; `verify_ms[k]` the step that verifies `k` drafted tokens
-    of every row, the engine's work around it included), measured up to `max_draft` drafted tokens."""
+    """vLLM's own step times for a pair where it serves, per batch size (`times[b]`, `verify_ms[k]` verifying `k`
+    drafted tokens of every row), measured up to `max_draft` drafted tokens."""
 
     times: dict[int, StepTimes]
     max_draft: int
@@ -260,8 +248,7 @@ class VllmPrices:
 
 
 def priced_batch_sizes(max_num_seqs: int) -> list[int]:
-    """The batch sizes an engine serving up to `max_num_seqs` requests at once is timed at: powers of four, then the
-    largest, up to `MAX_PRICED_BATCH`."""
+    """The batch sizes an engine of `max_num_seqs` is timed at: powers of four, then the largest, to `MAX_PRICED_BATCH`."""
     largest = min(max_num_seqs, MAX_PRICED_BATCH)
     return sorted({4 ** i for i in range(largest.bit_length()) if 4 ** i <= largest} | {largest})
 
@@ -291,8 +278,7 @@ def cached_prices(vllm_config, head) -> VllmPrices | None:
 
 
 def priced_settings(settings: DecodingSettings, prices: VllmPrices | None) -> DecodingSettings:
-    """`settings` with `auto` chosen at vLLM's prices for one request (`step_times`), where the head stores the
-    replayed rounds to choose from; else as they are (the stored threshold)."""
+    """`settings` with `auto` chosen at vLLM's prices for one request where the head stores rounds to choose from."""
     selection = settings.head.threshold_selection or {}
     if prices is None or settings.stop_threshold != "auto" or not selection.get("round_weights"):
         return settings
