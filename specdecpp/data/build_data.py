@@ -86,9 +86,8 @@ def continuation_logits(model: PreTrainedModel, sequences: torch.Tensor, attenti
     """Teacher-forced logits `[batch, n, vocab]` predicting the last `n` tokens of left-padded `sequences`."""
     device = model_device(model)
     sequences, attention_mask = sequences.to(device), attention_mask.to(device)
-    out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
-                logits_to_keep=n + 1, use_cache=False)
-    return out.logits[:, :-1]
+    return model(input_ids=sequences, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
+                 logits_to_keep=n + 1, use_cache=False).logits[:, :-1]
 
 
 class RowProcessing(LogitsProcessor):
@@ -105,8 +104,7 @@ class RowProcessing(LogitsProcessor):
 def processed_logits(processings: list[Processing], contexts: list[list[int]], logits: torch.Tensor,
                      lengths: list[int]) -> torch.Tensor:
     """The continuation logits `[sum(lengths), vocab]`, each row processed after its prefix in `contexts`."""
-    rows = logits.split(lengths)
-    return torch.cat([p.logits(context, chunk) for p, context, chunk in zip(processings, contexts, rows)])
+    return torch.cat([p.logits(context, chunk) for p, context, chunk in zip(processings, contexts, logits.split(lengths))])
 
 
 @torch.no_grad()
@@ -142,7 +140,6 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
     lengths = [len(c) for c in continuations]
     valid = torch.arange(n, device=sequences.device)[None, :] < torch.tensor(lengths, device=sequences.device)[:, None]
     mask = torch.cat([attention_mask, valid.long()], dim=1)
-
     draft_logits = continuation_logits(draft, sequences, mask, n)[valid.to(model_device(draft))]
     target_logits = continuation_logits(target, sequences, mask, n)[valid.to(model_device(target))]
     contexts = [prefix + tokens[:-1] for prefix, tokens in zip(prefixes, continuations)]
@@ -157,7 +154,6 @@ def build_batch(target: PreTrainedModel, draft: PreTrainedModel, prefixes: list[
     target_entropy = -(log_p.exp() * log_p.clamp_min(-1e4)).sum(-1)
     kept = draft_candidates(log_q, log_p, proposals, num_candidates, generator, target_choice) \
         if num_candidates else None
-
     records, start = [], 0
     for tokens in continuations:
         end = start + len(tokens)
@@ -175,11 +171,8 @@ def draft_candidates(log_q: torch.Tensor, log_p: torch.Tensor, proposals: torch.
                      generator: torch.Generator | None,
                      target_choice: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
     """Per position, the draft's first `num_candidates` tokens with mass under its processed `log_q`, the proposal
-    first, and each one's acceptance quantity (docs/design.md, The record format). Greedy (`generator` None): the
-    rest in `log_q`'s order, labelled 1.0 for the target's argmax `target_choice`. Sampled: the rest in the order of
-    the exponential race `q / E` (a draw without replacement given the proposal), labelled by recursive
-    rejection sampling: `min(1, r_i(x_i) / q_i(x_i))`, `r_1 = p`, `q_1 = q`, `r_{i+1}` the residual of `r_i`
-    over `q_i`, `q_{i+1}` `q_i` without `x_i`, renormalised."""
+    first, and each one's acceptance quantity (docs/design.md, The record format): greedy (`generator` None), in
+    `log_q`'s order, 1.0 for `target_choice`; sampled, in the exponential race's order, by recursive rejection."""
     keys = log_q.double()
     if generator is not None:
         keys = keys - torch.empty_like(keys).exponential_(generator=generator).log()
@@ -291,7 +284,6 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
     tokenizer = load_tokenizer(args.tokenizer_name or pair.target, pair.trust_remote_code)
     texts = load_prompts(args.prompts, args.prompts_split, args.n_begin, args.n_end)
     prompts = {args.n_begin + i: tokenize_prompt(text, tokenizer, args.prompt_format) for i, text in enumerate(texts)}
-
     settings = run_settings(args, pair)
     if not args.overwrite:
         check_settings(parts_dir, settings)
@@ -335,9 +327,7 @@ def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
             shard.flush()
             os.fsync(shard.fileno())
             bar.update(len(batch))
-    seconds = time.perf_counter() - start
-
-    totals = torch.tensor([float(new_tokens), seconds], dtype=torch.float64)
+    totals = torch.tensor([float(new_tokens), time.perf_counter() - start], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(totals[:1])
         dist.all_reduce(totals[1:], op=dist.ReduceOp.MAX)

@@ -148,10 +148,8 @@ class Dynamic(Constant):
 
 
 class Judge:
-    """P(accept) of each token a round judges: `value(step)` (the step's own `accept_prob` here, as
-    the draft steps and the replay hand it) or, with an `estimator`, the estimator's prediction from
-    that value as its feature, learned from each round's outcome. A step whose value is None judges
-    nothing (P = 1)."""
+    """P(accept) of each token a round judges: `value(step)` (here the step's `accept_prob`; None: P = 1) or, with an
+    `estimator`, its prediction from that value as its feature, learned from each round's outcome."""
 
     def __init__(self, estimator: OnlineAcceptanceEstimator | None = None):
         self.estimator = estimator
@@ -180,9 +178,8 @@ class Judge:
 
 
 class HeadJudge(Judge):
-    """The head's P(accept), as the draft step judged it (its logit the feature of a recalibrating
-    `estimator`). A `proposer` head judges `y_j` from the step that drafted it; a `reader` head judges
-    `y_{j-1}` from the step that drafts `y_j`, the last verified token (at `j == 1`) counting as accepted."""
+    """The head's P(accept) as the draft step judged it (its logit the feature of a recalibrating `estimator`); a
+    `reader` head judges `y_{j-1}` from the step that drafts `y_j`, the last verified token counting as accepted."""
 
     def __init__(self, head: AcceptancePredictionHead, estimator: OnlineAcceptanceEstimator | None = None):
         self.reader = head.alignment != "proposer"
@@ -298,9 +295,8 @@ class Online(ProductRule):
 
 
 class VerifyBudget(Schedule):
-    """`verify-budget`, vLLM's adaptive verification at batch 1: draft a block of `num_tokens`,
-    keep each slot's survival (the running product of `judge`'s scores) and verify the prefix with
-    the most expected tokens per round time at `times` (its judgements priced when `judged`)."""
+    """`verify-budget`, vLLM's adaptive verification at batch 1: draft `num_tokens`, verify the prefix with the most
+    expected tokens (survival: the running product of `judge`'s scores) per round time at `times`."""
 
     name = "verify-budget"
     greedy_only = reads_k = needs_step_times = True
@@ -358,7 +354,6 @@ class AdaBudget(VerifyBudget):
     @classmethod
     def check_head(cls, settings):
         if settings.head.alignment != "proposer":
-            # A reader head judges y_j only from the step that drafts y_{j+1}: a block's last token would go unscored.
             raise ValueError("schedule 'ada-budget' needs a proposer head, which scores every drafted token of the "
                              "block when it drafts it; this head is a reader")
 
@@ -562,9 +557,8 @@ def draft_scores(probs: torch.Tensor, tokens: list[int], do_sample: bool) -> lis
 
 
 class Oracle(Schedule):
-    """`oracle` (greedy, for measurement): each round drafts exactly the tokens the target will
-    accept; `draft_correct[i]` says whether the draft's greedy proposal at generated position `i`
-    is the target's token."""
+    """`oracle` (greedy, for measurement): each round drafts exactly the tokens the target will accept
+    (`draft_correct[i]`: whether the draft's greedy proposal at generated position `i` is the target's token)."""
 
     name = "oracle"
     greedy_only = knows_target = True
@@ -587,6 +581,5 @@ class Oracle(Schedule):
 
 
 def make_schedule(settings, draft_correct: list[bool] | None = None) -> Schedule:
-    """A fresh policy for one generation of `settings` (validated; what is left out, the head's); `oracle` needs
-    `draft_correct`."""
+    """A fresh policy for one generation of `settings` (validated); `oracle` needs `draft_correct`."""
     return SCHEDULES[settings.schedule].from_settings(settings.with_head_defaults(), draft_correct)

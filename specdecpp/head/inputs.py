@@ -17,10 +17,8 @@ NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
 def make_example(record: dict, index: int, mixing_ratio: float, seed: int, alignment: str = "reader",
                  num_candidates: int = 0) -> dict:
     """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a proposer,
-    `candidates`. A reader's mixing draws depend only on (seed, record index). A proposer with `num_candidates`
-    > 0 judges each position's first `num_candidates` of the record's `candidates`, labelled by
-    `candidate_p_acc`: `candidates` and `labels` then hold one list per position (padded with NO_CANDIDATE and
-    IGNORE)."""
+    `candidates` (with `num_candidates`, one padded list per position, as `labels`). A reader's mixing draws depend
+    only on (seed, record index)."""
     prefix, n = list(record["prefix"]), len(record["tokens"])
     if alignment == "proposer" and num_candidates:
         if "candidates" not in record:
@@ -37,8 +35,7 @@ def make_example(record: dict, index: int, mixing_ratio: float, seed: int, align
         return {"input_ids": prefix + list(record["tokens"][:n - 1]),
                 "labels": ignored + [float(p) for p in record["p_acc"]],
                 "candidates": [NO_CANDIDATE] * len(ignored) + list(record["draft"])}
-    rng = np.random.default_rng([seed, index])
-    mixed = rng.random(n) < mixing_ratio
+    mixed = np.random.default_rng([seed, index]).random(n) < mixing_ratio
     z = np.where(mixed, record["tokens"], record["draft"])
     labels = np.where(mixed, IGNORE, np.asarray(record["p_acc"], dtype=np.float64))
     return {"input_ids": prefix + z.tolist(), "labels": [IGNORE] * len(prefix) + labels.tolist()}
@@ -71,9 +68,8 @@ def pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
 
 def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: torch.Tensor,
                 attention_mask: torch.Tensor, candidates: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The draft's last hidden states `[batch, seq, hidden]` and, for `feature_names`, each position's candidate's
-    features (zeros where there is none): `[batch, seq, features]`, or `[batch, seq, candidates, features]` for
-    `candidates` `[batch, seq, candidates]`, each from the same logits."""
+    """The draft's last hidden states `[batch, seq, hidden]` and, for `feature_names`, each position's candidates'
+    features (zeros where there is none): `[batch, seq, (candidates,) features]`, all from the same logits."""
     if not feature_names:
         return last_hidden_states(draft, input_ids, attention_mask), None
     out = draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
@@ -100,9 +96,7 @@ def judged_states(hidden: torch.Tensor, features: torch.Tensor | None) -> torch.
 def predict(head: AcceptancePredictionHead, draft: PreTrainedModel, records: list[dict], mixing_ratio: float = 0.15,
             seed: int = 42, batch_size: int = 8, num_candidates: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """`(labels, predictions)`: `p_acc` and the head's P(accept) at every labelled position of the records; with
-    `num_candidates` (a proposer head), `[positions, num_candidates]`: each position's first candidates' labels and
-    P(accept), judged from the same state (IGNORE where a position has fewer). A head that reads no features of
-    the judged token gives every candidate of a position the same P(accept)."""
+    `num_candidates` (a proposer head), `[positions, num_candidates]`, IGNORE where a position has fewer."""
     check_head_fits_draft(head.hidden_size, hidden_size(draft.config))
     device = model_device(draft)
     head = head.to(device)

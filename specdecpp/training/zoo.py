@@ -74,8 +74,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 def encode_corpus(tokenizer, texts: list[str]) -> torch.Tensor:
     """All `texts` as one token stream, each starting with `<|endoftext|>` (int32)."""
-    ids = tokenizer(texts)["input_ids"]
-    return torch.tensor([t for doc in ids for t in doc], dtype=torch.int32)
+    return torch.tensor([t for doc in tokenizer(texts)["input_ids"] for t in doc], dtype=torch.int32)
 
 
 def llama_config(args: ZooArguments, num_layers: int, tokenizer):
@@ -83,9 +82,8 @@ def llama_config(args: ZooArguments, num_layers: int, tokenizer):
     from transformers import LlamaConfig
 
     eos = tokenizer.eos_token_id
-    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=args.width,
-                       intermediate_size=64 * math.ceil(8 * args.width / 3 / 64),
-                       num_hidden_layers=num_layers, num_attention_heads=args.width // 64,
+    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=args.width, num_hidden_layers=num_layers,
+                       intermediate_size=64 * math.ceil(8 * args.width / 3 / 64), num_attention_heads=args.width // 64,
                        num_key_value_heads=args.width // 64, max_position_embeddings=2 * args.seq_len,
                        tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
 
@@ -169,9 +167,8 @@ def distill_draft(target, tokenizer, stream: torch.Tensor, args: ZooArguments) -
     """A draft initialised from `target` and distilled on its logits over `stream`, with its training log."""
     draft = draft_from_target(target, llama_config(args, args.draft_layers, tokenizer))
     teacher = target.to(args.device).eval().requires_grad_(False)
-    log = train_lm(draft, distill_loss(teacher, args.draft_hard_label_weight), stream, args, args.draft_steps,
-                args.draft_minutes, args.draft_lr, "draft", args.seed + 1)
-    return draft, log
+    return draft, train_lm(draft, distill_loss(teacher, args.draft_hard_label_weight), stream, args, args.draft_steps,
+                            args.draft_minutes, args.draft_lr, "draft", args.seed + 1)
 
 
 def save_model(model, tokenizer, path: Path) -> None:
@@ -340,8 +337,7 @@ Cost ratio c = one draft step (1 token) / one target verify step (k = {c['k']}, 
 def build_command(args: ZooArguments) -> str:
     """The `specdecpp zoo build` command line that reproduces `args`, defaults left out."""
     defaults = ZooArguments()
-    changed = [f"--{k} {v}" for k, v in asdict(args).items() if v != getattr(defaults, k)]
-    return " ".join(["specdecpp zoo build", *changed])
+    return " ".join(["specdecpp zoo build", *(f"--{k} {v}" for k, v in asdict(args).items() if v != getattr(defaults, k))])
 
 
 def build(args: ZooArguments) -> dict:
@@ -364,8 +360,7 @@ def build(args: ZooArguments) -> dict:
     save_model(draft, tokenizer, out / "draft")
     figures = evaluate_pair(out / "target", out / "draft", args)
     card = {
-        "command": build_command(args),
-        "args": asdict(args),
+        "command": build_command(args), "args": asdict(args),
         "corpus": {"python": sys.version.split()[0], "train_files": len(texts),
                    "heldout_files": len(stdlib_corpus.read_split("heldout")), "train_tokens": len(stream),
                    "heldout_percent": stdlib_corpus.HELDOUT_PERCENT},
