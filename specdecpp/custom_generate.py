@@ -1,7 +1,6 @@
 """The public ways to decode: `speculative_generate`, and SpecDec++ from `transformers`' own `generate`:
 `custom_generate=HEAD_FOLDER_OR_REPO` (runs `generate_from_head`), or `custom_generate=specdecpp.hf_generate`
-with `draft=` and `head=`. Both leave `stop_threshold` and `bound` to the head's defaults and price `"auto"` for this
-processor (`auto_priced`)."""
+with `draft=` and `head=`; all price `"auto"` for this processor (`auto_priced`)."""
 from __future__ import annotations
 
 import functools
@@ -45,18 +44,16 @@ def _signature_from_settings(function):
 def speculative_generate(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.LongTensor, *,
                          attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
                          streamer=None, tokenizer=None, **settings) -> SpeculativeOutput:
-    """Generate from `target` (batch size 1, no padding) with `draft` proposing; `settings` are
-    `DecodingSettings`' fields with its defaults, `generate`'s processing fields among them (`auto_priced`). Greedy
-    output equals `target.generate`'s token for token; sampled output follows its distribution."""
+    """Generate from `target` (batch size 1, no padding) with `draft` proposing under `DecodingSettings`' fields.
+    Greedy output equals `target.generate`'s token for token; sampled output follows its distribution."""
     return decode(target, draft, input_ids, auto_priced(DecodingSettings(**settings), target, draft),
                   attention_mask=attention_mask, generator=generator, streamer=streamer, tokenizer=tokenizer)
 
 
 def auto_priced(settings: DecodingSettings, target: PreTrainedModel, draft: PreTrainedModel | None
                 ) -> DecodingSettings:
-    """`settings` with the head's defaults (`with_head_defaults`) and, unless `step_times` are given, this
-    processor's step times (timed once and kept): an `auto`-sized `ada-tree`'s with its levels priced by width
-    (`device_step_times`), else where an `ada` `"auto"` threshold needs them (`auto_step_times`)."""
+    """`settings` with the head's defaults and, unless `step_times` are given, this processor's step times (timed
+    once and kept) where an `auto`-sized `ada-tree` or an `ada` `"auto"` threshold needs them."""
     if settings.schedule is None:
         settings = replace(settings, schedule=default_schedule(draft, settings.head))
     settings = settings.with_head_defaults()

@@ -1,7 +1,6 @@
 """Calibration report of a trained acceptance head on held-out records, `python -m specdecpp.calibration.report
---head HEAD --draft DRAFT --records dev.jsonl`: ECE, Brier score, AUROC, binary KL, a reliability diagram, and for
-records with candidates the same by candidate rank; with `--choose_threshold --target TARGET` it also chooses and
-stores the head's threshold."""
+--head HEAD --draft DRAFT --records dev.jsonl`: ECE, Brier, AUROC, binary KL, a reliability diagram (by candidate
+rank too); `--choose_threshold --target TARGET` also chooses and stores the head's threshold."""
 from __future__ import annotations
 
 import json

@@ -13,9 +13,8 @@ SAMPLING_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 @dataclass
 class DraftStep:
-    """The `num_drafted`-th drafted token of a round: the token, its draft probability, the
-    distribution `probs` it was drawn from (`warped`: processed), the raw `logits`, the hidden state
-    a head reads (at the forward's input position) and `accept_prob` when the step judged it."""
+    """The `num_drafted`-th drafted token of a round: the token, its draft probability, the distribution `probs` it
+    was drawn from (`warped`: processed), the raw `logits`, the hidden state a head reads and its `accept_prob`."""
 
     num_drafted: int
     token_prob: float

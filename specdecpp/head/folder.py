@@ -1,9 +1,5 @@
-"""A head folder's files besides its weights: the model card (`README.md`) and `custom_generate/`.
-
-The card is always rendered by `render_card` from `config.json` and what the folder holds
-(`card_facts`: `card.json`, `calibration*.json`, `*.png`), never edited as text. This module
-imports no decoding code, so the head and training write folders without loading the engine.
-"""
+"""A head folder's files besides its weights: the model card (`README.md`, always rendered by `render_card` from
+`config.json` and `card_facts`, never edited as text) and `custom_generate/`. Imports no decoding code."""
 from __future__ import annotations
 
 import json

@@ -24,9 +24,8 @@ Linear = tuple[torch.Tensor, torch.Tensor]  # a layer's (weight, bias)
 
 def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
                    probs: torch.Tensor | None = None) -> torch.Tensor:
-    """The named `FEATURES` of `tokens` under the draft's raw temperature-1 `logits`, float32 `[..., len(names)]`:
-    the one code of the head's features for training, the eager step and the compiled graph. `probs`, their softmax
-    when already computed, spares one."""
+    """The named `FEATURES` of `tokens` under the draft's raw `logits` (`probs`: their softmax, when computed),
+    float32 `[..., len(names)]`: the one code of the head's features for training and every draft step."""
     logits = logits.float()
     probs = logits.softmax(-1) if probs is None else probs.float()
     index = tokens[..., None]
@@ -81,13 +80,11 @@ def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
 
 
 class LeanJudge:
-    """A head's judgement of a drafted token (or a batch of them) as every draft step makes it (eager, compiled,
-    in vLLM), without a host sync: the head's weights on `device` as views of one tensor, `weights`, which a
-    compiled graph reads as its one input for them."""
+    """A head's judgement of drafted tokens as every draft step makes it, without a host sync: the head's weights on
+    `device` as views of one tensor, `weights`, a compiled graph's one input for them."""
 
     def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None):
-        weight, bias = head.output()
-        # The softmax over (reject, accept) is the sigmoid of their difference: one dot product.
+        weight, bias = head.output()  # softmax over (reject, accept): the sigmoid of their difference
         projection = [head.input_projection()] if head.width else []
         layers = [*projection, *head.blocks(), (weight[1] - weight[0], bias[1] - bias[0])]
         tensors = [t.detach() for layer in layers for t in layer]
@@ -134,9 +131,8 @@ class ResBlock(nn.Module):
 
 class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIBRARY_NAME, tags=TAGS,
                                paper_url=PAPER_URL):
-    """Predicts whether the target accepts the judged token; `forward` gives logits over (reject, accept),
-    `accept_prob` P(accept). Takes keyword arguments or the reference's config dict (no `alignment`: a reader), and
-    loads the reference's checkpoints."""
+    """Predicts whether the target accepts the judged token (`forward`: logits over (reject, accept)); takes keyword
+    arguments or the reference's config dict (no `alignment`: a reader) and loads the reference's checkpoints."""
 
     def __init__(self, hidden_size: int | dict, num_layers: int = 3, alignment: str = "reader",
                  features: list[str] | None = None, stop_threshold: float | None = None,
@@ -213,10 +209,8 @@ class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIB
         return self.stop_threshold if step_times is None else self.threshold_for(step_times)
 
     def threshold_for(self, step_times, unit_ms: float | None = None) -> float:
-        """The calibration's threshold grid's cheapest at `step_times` (a `StepTimes` of `ada`'s
-        judged steps on the device, dtype and engine that will decode), pricing the rounds the
-        calibration replayed at each threshold (`threshold_selection["round_weights"]`) as it priced
-        them, in target-alone steps of `unit_ms` (default: those of `step_times`)."""
+        """The calibration's threshold grid's cheapest at `step_times` (`ada`'s judged steps where it will decode),
+        pricing the rounds it replayed at each threshold in target-alone steps of `unit_ms` (default: `step_times`')."""
         selection = self.threshold_selection or {}
         if not selection.get("round_weights"):
             raise ValueError("this head's threshold selection stores no replayed rounds, so its threshold cannot be "

@@ -1,7 +1,5 @@
-"""Publish a trained head on the Hugging Face Hub, and only the head.
-
-Never draft weights, optimizer state or checkpoints: only `PUBLISHED` files, with the card rendered afresh.
-"""
+"""Publish a trained head on the Hugging Face Hub, and only the head: its `PUBLISHED` files, the card rendered
+afresh (never draft weights, optimizer state or checkpoints)."""
 from __future__ import annotations
 
 import argparse

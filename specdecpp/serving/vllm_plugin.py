@@ -1,7 +1,5 @@
-"""The vLLM plugin's entry point, `register` (a `vllm.general_plugins` entry point, setup.py), which vLLM loads in
-every process. It imports nothing of vLLM at its top, so it always loads; what cannot hook in is kept and raised by
-every engine whose config has a `specdecpp` section, and such an engine gets vLLM's step prices for its pair
-before its models load (`serving.vllm_timing`, once per processor) (docs/design.md, Serving)."""
+"""The vLLM plugin's entry point, `register` (a `vllm.general_plugins` entry point, setup.py), loaded in every vLLM
+process; it imports no vLLM at its top, so it always loads (docs/design.md, Serving)."""
 from __future__ import annotations
 
 import functools
@@ -15,9 +13,8 @@ hook_failure: str | None = None  # why the proposer could not be hooked in this 
 
 
 def register() -> None:
-    """Check each engine config as it is made (`check_config`) and make each `draft_model` proposer of an engine
-    with a `specdecpp` section a `SpecDecPPDraftProposer`. Never raises (vLLM would fail every engine): a failure
-    to hook the proposer is raised by the engines that ask for the head. Idempotent."""
+    """Check each engine config as it is made and make the `draft_model` proposer of one with a `specdecpp` section
+    a `SpecDecPPDraftProposer`. Idempotent; never raises: the engines that ask for the head raise a failed hook."""
     global hook_failure
     try:
         from vllm.engine.arg_utils import EngineArgs

@@ -1,6 +1,5 @@
-"""vLLM's own step times for a pair (`serving.vllm.VllmPrices`): rounds of every length timed inside a vLLM engine
-of the pair, per batch size, measured once per processor and kept (docs/design.md, Serving). Imports vLLM when it
-measures; `python -m specdecpp.serving.vllm_timing` measures in a process of its own."""
+"""vLLM's own step times for a pair (`serving.vllm.VllmPrices`), timed inside a vLLM engine per batch size, once per
+processor and kept (docs/design.md, Serving); `python -m specdecpp.serving.vllm_timing` measures in its own process."""
 from __future__ import annotations
 
 import argparse
@@ -31,11 +30,9 @@ def timed_lengths(max_draft: int) -> list[int]:
 
 
 class RoundTimer:
-    """Samples (ms) of the rounds a proposer drafted, by batch size: `draft[(rows, j)]` the `j + 1`-th draft forward
-    (the first one vLLM's preparation and its forward over the tokens the target kept), `verify[(rows, k)]` from a
-    round of `k` drafted tokens to the next propose (the target's step that verifies them, and the engine's work
-    around it). Rounds draft each of `timed_lengths(max_draft)` tokens in turn; the first round after `reset` (a
-    prefill) and rounds whose batch changed are not sampled."""
+    """Samples (ms) of the rounds a proposer drafted: `draft[(rows, j)]` the `j + 1`-th draft forward, `verify[(rows,
+    k)]` from a round of `k` drafted tokens to the next propose. Rounds draft each of `timed_lengths(max_draft)` in
+    turn; a prefill (the first round after `reset`) and rounds whose batch changed are not sampled."""
 
     def __init__(self, max_draft: int):
         self.max_draft, self.lengths, self.rounds, self.last = max_draft, timed_lengths(max_draft), 0, None
