@@ -85,8 +85,7 @@ def hf_generate(model: PreTrainedModel, input_ids: torch.LongTensor,
                 online: bool = False, estimator: OnlineAcceptanceEstimator | None = None,
                 step_times: StepTimes | None = None, tree_nodes: int | str | None = None, tree_width: int | None = None,
                 **model_kwargs) -> torch.LongTensor | SpeculativeGenerateOutput:
-    """The SpecDec++ loop as a `custom_generate` callable. `head` is a head or a folder / Hub id;
-    `stop_threshold` and `bound` left out are the head's (`auto_priced`). ValueError for what it cannot honour."""
+    """The SpecDec++ loop as a `custom_generate` callable; `head` is a head or a folder / Hub id (see `auto_priced`)."""
     config = generation_config if generation_config is not None else model.generation_config
     _check_generate_settings(config, model_kwargs)
     processing = Processing(logits_processor or LogitsProcessorList(), stopping_criteria or StoppingCriteriaList(),

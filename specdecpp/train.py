@@ -78,8 +78,7 @@ class HeadTrainingArguments(TrainingArguments):
 @torch.no_grad()
 def cache_hidden_states(draft: PreTrainedModel, feature_names: list[str], examples: Dataset, cache_dir: str,
                         batch_size: int, device: torch.device) -> Dataset:
-    """The head's inputs at every example's labelled positions, computed once (each rank its share) into Arrow
-    files in `cache_dir`."""
+    """The head's inputs at every example's labelled positions, computed once (each rank its share) into `cache_dir`."""
     state = PartialState()
     hidden_size = draft.config.get_text_config().hidden_size
     candidates = len(examples[0]["labels"][-1]) if isinstance(examples[0]["labels"][-1], list) else 0
@@ -144,9 +143,8 @@ class HeadTrainer(Trainer):
         self.card = card or {}
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        labels = inputs["labels"]
         logits = model(**{k: v for k, v in inputs.items() if k != "labels"})
-        loss = acceptance_loss(logits, labels, self.args.weight_mismatch)
+        loss = acceptance_loss(logits, inputs["labels"], self.args.weight_mismatch)
         return (loss, {"accept_prob": logits.float().softmax(-1)[..., 1]}) if return_outputs else loss
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -244,14 +242,12 @@ def missing_checkpoint_files(folder: str) -> list[str]:
 
 
 def latest_complete_checkpoint(output_dir: str, report: bool = True) -> str:
-    """The newest complete `checkpoint-*` of `output_dir` (skipped ones named on stderr when `report`); ValueError
-    when there is none."""
+    """The newest complete `checkpoint-*` of `output_dir` (skipped ones reported when `report`), else ValueError."""
     pattern = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
     steps = {int(m.group(1)): os.path.join(output_dir, name) for name in os.listdir(output_dir)
              if (m := pattern.fullmatch(name)) and os.path.isdir(os.path.join(output_dir, name))}
     for step in sorted(steps, reverse=True):
-        missing = missing_checkpoint_files(steps[step])
-        if not missing:
+        if not (missing := missing_checkpoint_files(steps[step])):
             return steps[step]
         if report:
             print(f"skipping {steps[step]}: incomplete, no {', '.join(missing)} (its save was interrupted)",
@@ -276,8 +272,7 @@ def resolve_checkpoint(args: HeadTrainingArguments) -> str | None:
 
 def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArguments,
           args: HeadTrainingArguments) -> HeadTrainer:
-    """Train a head for `pair`'s draft as the command line does and return the Trainer; bad settings and data fail
-    before the draft loads."""
+    """Train a head for `pair`'s draft as the command line does; returns the Trainer (bad input fails early)."""
     pair.require("draft")
     if not data_args.records:
         raise ValueError("--records (the training records) is required")
@@ -290,15 +285,13 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
     eval_records = read_records(data_args.eval_records) if data_args.eval_records else None
     head_config = head_config_from(model_args, hidden_size(text_config(pair.draft, pair.trust_remote_code)))
     check_candidates(data_args.train_candidates, head_config, train_records + (eval_records or []))
-    checkpoint = resolve_checkpoint(args)
-    if checkpoint:
+    if checkpoint := resolve_checkpoint(args):
         with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as f:
             check_head_fits(json.load(f), head_config, checkpoint)
         if missing := missing_checkpoint_files(checkpoint):
             raise ValueError(f"--resume_from_checkpoint {checkpoint} is incomplete, no {', '.join(missing)} (its save "
                              "was interrupted): resume from an earlier checkpoint, or pass True to take the newest "
                              "complete one")
-
     draft = load_model(pair.draft, **pair.loading())
     check_data_fits_draft(train_records + (eval_records or []), draft)
     set_seed(args.seed)
@@ -313,11 +306,9 @@ def train(pair: PairArguments, model_args: ModelArguments, data_args: DataArgume
             args.per_device_eval_batch_size, args.device) for name, examples in (("train", train_set),
                                                                                  ("eval", eval_set)))
         draft = None  # the head trains on the stored states alone
-    model = HeadOnDraft(head, draft)
-
     card = {"draft": pair.draft, "target": pair.target,
             "training_data": ", ".join(p for p in (data_args.records, data_args.eval_records) if p)}
-    trainer = HeadTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
+    trainer = HeadTrainer(model=HeadOnDraft(head, draft), args=args, train_dataset=train_set, eval_dataset=eval_set,
                           data_collator=pad_batch, compute_metrics=compute_metrics, card=card)
     trainer.train(resume_from_checkpoint=checkpoint)
     if eval_set is not None:

@@ -104,7 +104,7 @@ class RowProcessing(LogitsProcessor):
 def processed_logits(processings: list[Processing], contexts: list[list[int]], logits: torch.Tensor,
                      lengths: list[int]) -> torch.Tensor:
     """The continuation logits `[sum(lengths), vocab]`, each row processed after its prefix in `contexts`."""
-    return torch.cat([p.logits(context, chunk) for p, context, chunk in zip(processings, contexts, logits.split(lengths))])
+    return torch.cat([p.logits(ctx, rows) for p, ctx, rows in zip(processings, contexts, logits.split(lengths))])
 
 
 @torch.no_grad()
@@ -274,8 +274,7 @@ def open_shard(parts_dir: str, rank: int):
 
 
 def build_data(pair: PairArguments, args: BuildDataArguments) -> dict:
-    """Build (or resume) `args.output` from `pair`; under torchrun each rank builds its share and rank 0 merges.
-    Returns this run's `{records, new_tokens, seconds, tokens_per_second}`."""
+    """Build (or resume) `args.output` from `pair`, each torchrun rank its share; returns this run's stats."""
     pair.require("target", "draft")
     rank, world = init_distributed()
     out, parts_dir = args.output, args.output + ".parts"

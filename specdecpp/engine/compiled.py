@@ -14,8 +14,8 @@ from transformers import PreTrainedModel, StaticCache
 
 from specdecpp.checks import vocab_size
 from specdecpp.compat import (COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs,
-                              compile_guarded_state, is_sliding, move_cache_positions, special_layers)
-from specdecpp.engine.draft_step import proposed_step
+                              compile_guarded_state, is_sliding, special_layers)
+from specdecpp.engine.draft_step import CachedModel, proposed_step
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.schedules import MAX_TREE_NODES
 from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, make_warpers, proposed_token, widened
@@ -33,8 +33,7 @@ def capacity_for(max_length: int) -> int:
 
 
 def longest_per_capacity(items: list, max_length: Callable) -> list:
-    """The longest of `items` by `max_length(item)` for each engine capacity they need: what a warm-up generates so
-    that no engine compiles later."""
+    """The longest of `items` by `max_length(item)` per engine capacity: a warm-up on them leaves none to compile."""
     return list({capacity_for(max_length(item)): item for item in sorted(items, key=max_length)}.values())
 
 
@@ -43,8 +42,7 @@ _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def clear_engines() -> None:
-    """Drop every compiled engine, so the next compiled generation builds and compiles its own (after a
-    model's modules or config changed: the graphs do not check them)."""
+    """Drop every compiled engine (after a model's modules or config changed: the graphs do not check them)."""
     _engines.clear()
 
 
@@ -79,8 +77,7 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_
 
 def compiled_tree_models(target: PreTrainedModel, draft: PreTrainedModel, max_length: int, with_hidden_states: bool
                          ) -> tuple[TreeModel, TreeModel, float]:
-    """The compiled target and draft as a token tree's round feeds them (`TreeModel`), empty, for at least
-    `max_length` tokens; returns them and the seconds this call spent compiling."""
+    """The compiled `TreeModel`s of target and draft, empty, for `max_length` tokens, and the compile seconds."""
     length = max_length + TREE_ROWS[-1]  # a round's nodes sit past its prefix until it keeps one path
     target_model, seconds = _engine(target, ("tree target",), length, lambda capacity: TreeModel(target, capacity))
     draft_model, draft_seconds = _engine(draft, ("tree draft", with_hidden_states), length,
@@ -134,15 +131,16 @@ def _compile(method, dynamic: bool | None, cuda: bool):
 
 
 class StaticModel:
-    """A causal LM on a `StaticCache` of `capacity` tokens, as the compiled engine verifies with it;
-    its length is tracked here, so no step reads it back from the device."""
+    """A causal LM on a `StaticCache` of `capacity` tokens, its length tracked here (no step reads it from the device);
+    `with_hidden_states`: its forwards also return the last hidden states (checked to be what a head reads)."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int):
+    def __init__(self, model: PreTrainedModel, capacity: int, with_hidden_states: bool = False):
         if not STATIC_CACHE_CROPS:
             raise ValueError(f"compile=True needs transformers >= 5.24, whose StaticCache crops by moving a counter "
                              f"(the engine's rollback); transformers {TRANSFORMERS_VERSION} is installed: "
                              "upgrade it or decode with compile=False")
         self.model, self.capacity, self.device = model, capacity, model.device
+        self.with_hidden_states = with_hidden_states
         self.cache = StaticCache(config=model.config, max_cache_len=capacity)
         _check_full_attention(self.cache, model)
         self.model_kwargs = cache_kwargs(model, self.cache)
@@ -154,6 +152,8 @@ class StaticModel:
             self._feed([0])
         self.reset()
         self.build_graphs()
+        if with_hidden_states:
+            _check_last_hidden_state(model)
 
     def build_graphs(self) -> None:
         """New compiled graphs (compiled on their first call)."""
@@ -245,20 +245,16 @@ class StaticModel:
 
 
 class CompiledDraft(StaticModel):
-    """The draft as one graph per step: the forward, the warpers (`sampling`), the token choice and,
-    with a `head`, its judgement (`DraftStep.accept_prob`)."""
+    """The draft as one graph per step: forward, warpers (`sampling`), token choice and (with a `head`) judgement."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, sampling: tuple[float, int, float] | None,
                  head: AcceptancePredictionHead | None):
-        super().__init__(model, capacity)
+        super().__init__(model, capacity, head is not None and head.reads_hidden_states)
         self.warpers = make_warpers(*sampling) if sampling is not None else None
         # Its own copy of the weights, read in place by the graph as the cache's are (no copy before a replay).
         self.judge = LeanJudge(head, self.device) if head is not None else None
         if self.judge is not None:
             torch._dynamo.mark_static_address(self.judge.weights)
-        self.reads_hidden = head is not None and head.reads_hidden_states
-        if self.reads_hidden:
-            _check_last_hidden_state(model)
         self.vocab = vocab_size(model)
 
     def build_graphs(self) -> None:
@@ -280,7 +276,7 @@ class CompiledDraft(StaticModel):
 
     def _step(self, input_ids: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=self._positions(input_ids), logits_to_keep=1,
-                         output_hidden_states=self.reads_hidden, **self.model_kwargs)
+                         output_hidden_states=self.with_hidden_states, **self.model_kwargs)
         logits = widened(out.logits[0, -1])
         if self.warpers is None:
             probs = raw_probs = logits.softmax(-1)
@@ -292,20 +288,13 @@ class CompiledDraft(StaticModel):
         # gather: indexing by a tensor breaks the graph
         values = [token.double(), probs.gather(0, token[None])[0].double()]
         if self.judge is not None:  # the eager step's judgement, on the engine's weights
-            hidden = out.hidden_states[-1][0, -1] if self.reads_hidden else None
+            hidden = out.hidden_states[-1][0, -1] if self.with_hidden_states else None
             values.append(self.judge(hidden, logits, token, raw_probs).double())
         return torch.stack(values), probs
 
 
 class DraftForward(StaticModel):
-    """The draft's forward alone as one graph (last logits and, `with_hidden_states`, the head's state),
-    for processors that read the prefix; shared across generations, each drafting through a `ProcessedDraft`."""
-
-    def __init__(self, model: PreTrainedModel, capacity: int, with_hidden_states: bool):
-        self.with_hidden_states = with_hidden_states
-        super().__init__(model, capacity)
-        if with_hidden_states:
-            _check_last_hidden_state(model)
+    """The draft's forward alone as one graph (last logits and hidden state), for processors that read the prefix."""
 
     def build_graphs(self) -> None:
         super().build_graphs()
@@ -328,8 +317,7 @@ class DraftForward(StaticModel):
 
 
 class ProcessedDraft:
-    """One generation's draft under prefix-reading processors: the forward compiled (`DraftForward`),
-    then processing, token choice and `judge`'s judgement as in the eager draft (`proposed_step`)."""
+    """One generation's draft under prefix-reading processors: a compiled `DraftForward`, then `proposed_step`."""
 
     def __init__(self, forward: DraftForward, processing: Processing, judge: LeanJudge | None):
         self.forward, self.processing, self.judge = forward, processing, judge
@@ -348,11 +336,7 @@ class TreeModel(StaticModel):
     of `TREE_ROWS` (each padding row sees itself alone and leaves the cache after the forward), so that no round
     compiles; longer inputs (a prompt) run eagerly."""
 
-    def __init__(self, model: PreTrainedModel, capacity: int, with_hidden_states: bool = False):
-        self.with_hidden_states = with_hidden_states
-        super().__init__(model, capacity)
-        if with_hidden_states:
-            _check_last_hidden_state(model)
+    forward, keep = CachedModel.forward, CachedModel.keep  # a `CachedModel`'s, through this class's `run` and `crop`
 
     def build_graphs(self) -> None:
         self.tree_graph = _compile(self._tree_forward, dynamic=None, cuda=self.cuda_graphs)
@@ -365,14 +349,6 @@ class TreeModel(StaticModel):
                     self._feed([0])
                     self.run([0] * rows, list(range(1, rows + 1)), None, rows)
             self.reset()
-
-    def forward(self, seq: list[int], num_logits: int,
-                with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` (the tokens the cache has not
-        seen fed causally) and (if `with_hidden_states`) the last layer's hidden state at the last position."""
-        logits, hidden = self.run(seq[self.length:], list(range(self.length, len(seq))), None, num_logits,
-                                  with_hidden_states)
-        return logits, hidden[-1] if hidden is not None else None
 
     def run(self, tokens: list[int], positions: list[int], attention_mask: torch.Tensor | None, num_logits: int,
             with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -403,11 +379,6 @@ class TreeModel(StaticModel):
         hidden = hidden[count - num_logits:count] if with_hidden_states else None
         return logits[count - num_logits:count], hidden
 
-    def keep(self, start: int, sources: list[int], length: int) -> None:
-        """Move the cache's positions `sources` to `start, start + 1, ...`, then keep its first `length`."""
-        move_cache_positions(self.cache, start, sources)
-        self.crop(length)
-
     def _tree_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                       attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
@@ -425,7 +396,7 @@ def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:
 
 
 def _check_last_hidden_state(model: PreTrainedModel) -> None:
-    """ValueError unless the draft's last `output_hidden_states` entry is its output layer's input (what a head reads)."""
+    """ValueError unless the draft's last `output_hidden_states` entry (what heads read) is its output layer's input."""
     output_layer = model.get_output_embeddings()
     captured = []
     handle = output_layer.register_forward_pre_hook(lambda module, args: captured.append(args[0])) \

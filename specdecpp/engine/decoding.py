@@ -136,7 +136,7 @@ def tree_round(target_model: CachedModel, draft_model: EagerDraft, seq: list[int
                processing: Processing, generator: torch.Generator | None,
                stats: GenerationStats) -> tuple[list[int], int, int]:
     """A token tree's round after `seq` (at most `longest` levels): grow, verify in one target forward, and pack each
-    cache's entries of the accepted path after `seq`. Returns the accepted tokens, the target's token, the tree's size."""
+    cache's entries of the accepted path after `seq`. Returns accepted tokens, the target's token, tree size."""
     tree, fed = grow_tree(draft_model, seq, policy, longest, processing, generator, stats)
     verify_start = time.perf_counter()
     path, next_token = verify_tree(target_model, seq, tree, processing, generator)
@@ -150,8 +150,7 @@ def tree_round(target_model: CachedModel, draft_model: EagerDraft, seq: list[int
 
 def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings: DecodingSettings,
                 processing: Processing, max_length: int) -> tuple[Target, Draft | None, float]:
-    """The target and (unless None) the draft as the loop steps them, empty, for up to `max_length` tokens, eager or
-    compiled (`settings.compile`), and the seconds spent compiling."""
+    """The target and (unless None) draft as the loop steps them, empty, eager or compiled, and the compile seconds."""
     head = settings.judging_head
     if not settings.compile:
         judge = LeanJudge(head, draft.device) if head is not None and draft is not None else None
@@ -165,8 +164,7 @@ def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings
 
 def draft_round(draft_model: Draft | None, seq: list[int], policy: Schedule, max_tokens: int, do_sample: bool,
                 generator: torch.Generator | None, stats: GenerationStats) -> tuple[list[int], list[torch.Tensor]]:
-    """Draft up to `max_tokens` tokens after `seq`, one draft step each, until `policy` stops.
-    Returns the tokens and, when sampling, the draft's distribution of each."""
+    """Draft after `seq` until `policy` stops (at most `max_tokens`): the tokens and, sampling, their distributions."""
     drafted, draft_probs = [], []
     while len(drafted) < max_tokens:
         start = time.perf_counter()
@@ -186,8 +184,7 @@ def draft_round(draft_model: Draft | None, seq: list[int], policy: Schedule, max
 
 def verify(target_model: Target, seq: list[int], drafted: list[int], draft_probs: list[torch.Tensor],
            processing: Processing, generator: torch.Generator | None) -> tuple[int, int]:
-    """One target forward over `[last verified token, drafted...]`, each position processed with
-    its prefix; returns how many drafted tokens are accepted and the token the target adds."""
+    """One target forward over `[last verified token, drafted...]`: the accepted count and the token the target adds."""
     tokens = seq + drafted
     target_logits = processing.logits(tokens, target_model.logits(tokens, num_logits=len(drafted) + 1))
     return _verify(drafted, draft_probs, target_logits, processing.do_sample, generator)
@@ -214,8 +211,7 @@ def _verify(drafted: list[int], draft_probs: list[torch.Tensor], target_logits: 
 
 def _draft_correct(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor,
                    settings: DecodingSettings, processing: Processing) -> list[bool]:
-    """Whether the draft's greedy proposal, teacher-forced on the target's greedy continuation, is
-    the target's token at each generated position (the oracle's knowledge, not counted in its stats)."""
+    """Whether the draft's greedy proposal, teacher-forced on the target's greedy output, is the target's token."""
     reference = decode(target, None, input_ids, replace(settings, schedule="none", head=None, compile=False),
                        processing=processing).sequences
     with torch.inference_mode():

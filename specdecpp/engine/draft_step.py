@@ -1,6 +1,5 @@
-"""The draft step every engine takes (`DraftStep`, `proposed_step`), the interfaces the loop steps
-models through (`Draft`, `Target`) and the eager engine's models (`CachedModel`, `EagerDraft`).
-"""
+"""The draft step every engine takes (`DraftStep`, `proposed_step`), the interfaces the loop steps models through
+(`Draft`, `Target`) and the eager engine's models (`CachedModel`, `EagerDraft`)."""
 from __future__ import annotations
 
 import math
@@ -17,9 +16,8 @@ from specdecpp.head.model import LeanJudge
 
 def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tensor, hidden: torch.Tensor | None,
                   num_drafted: int, generator: torch.Generator | None, judge: LeanJudge | None = None) -> DraftStep:
-    """The `DraftStep` of a draft forward after `tokens` with raw `logits` `[vocab]`: processed with
-    that prefix, the token chosen (`sampling.proposed_token`), the state `hidden` a head reads and,
-    given `judge`, its P(accept); one host sync."""
+    """The `DraftStep` of a draft forward after `tokens` with raw `logits` `[vocab]` (processed with that prefix) and
+    the state `hidden` a head reads, judged by `judge` when given; one host sync."""
     logits = widened(logits)
     processed = processing.logits(tokens, logits[None])[0]
     # A greedy step judged by a head of the state alone reads no probability (token_prob NaN).
@@ -35,8 +33,7 @@ def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tenso
 
 
 class Draft(Protocol):
-    """A draft as the loop steps it: eager (`EagerDraft`) or compiled (`compiled.CompiledDraft`,
-    `compiled.ProcessedDraft`)."""
+    """A draft as the loop steps it: eager (`EagerDraft`) or compiled (`CompiledDraft`, `ProcessedDraft`)."""
 
     def draft_step(self, tokens: list[int], num_drafted: int, generator: torch.Generator | None) -> DraftStep:
         """The draft's proposal after `tokens`, the `num_drafted`-th of its round."""
@@ -59,11 +56,8 @@ class CachedModel:
     """A causal LM on a `DynamicCache`, fed only the tokens its cache has not seen."""
 
     def __init__(self, model: PreTrainedModel):
-        self.model = model
-        self.device = model.device
-        self.cache = DynamicCache(config=model.config)
-        # Sliding-window layers drop old states unless told that we may roll back.
-        self.cache.activate_past_recording()
+        self.model, self.device, self.cache = model, model.device, DynamicCache(config=model.config)
+        self.cache.activate_past_recording()  # else sliding-window layers drop states a rollback needs
         self.logits_kwarg = "logits_to_keep" if takes_logits_to_keep(model) else None
         # Stepped as its base model then its output layer (the model's forward without its wrapping, with the
         # last hidden state at hand) once the first forward has shown that they give its logits and
@@ -81,17 +75,15 @@ class CachedModel:
 
     def forward(self, seq: list[int], num_logits: int,
                 with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits `[num_logits, vocab]` for the last `num_logits` positions of `seq` and (if
-        `with_hidden_states`) the last layer's hidden state at the last position."""
+        """Logits `[num_logits, vocab]` of the last `num_logits` of `seq` and (or None) the last hidden state."""
         seen = self.length
         logits, hidden = self.run(seq[seen:], list(range(seen, len(seq))), None, num_logits, with_hidden_states)
         return logits, hidden[-1] if hidden is not None else None
 
     def run(self, tokens: list[int], positions: list[int], attention_mask: torch.Tensor | None, num_logits: int,
             with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed `tokens` at `positions` after the cache (`attention_mask`: a 4D mask over the cache and them, None:
-        causal); the logits `[num_logits, vocab]` of the last `num_logits` of them and (if `with_hidden_states`)
-        the last layer's hidden states there `[num_logits, hidden]`."""
+        """Feed `tokens` at `positions` after the cache (`attention_mask`: 4D over the cache and them, None: causal);
+        the logits `[num_logits, vocab]` of the last `num_logits` and (or None) the last hidden states there."""
         # Explicit positions: models that number new tokens from the cache's own bookkeeping can miscount.
         kwargs = {"input_ids": torch.tensor([tokens], device=self.device), **cache_kwargs(self.model, self.cache),
                   "position_ids": torch.tensor([positions], device=self.device)}

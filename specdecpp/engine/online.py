@@ -1,5 +1,4 @@
-"""vLLM 0.32.0's online acceptance estimator (`acceptance_estimator.py`) for one sequence, and its
-adaptive verification rule: arithmetic only (docs/design.md, Online estimators)."""
+"""vLLM 0.32.0's online acceptance estimator for one sequence and its adaptive verification (docs/design.md)."""
 from __future__ import annotations
 
 import json
@@ -144,8 +143,7 @@ def _state_file(path: str | os.PathLike) -> str:
 
 
 def best_verify_length(survival: list[float], round_costs: list[float]) -> int:
-    """vLLM's adaptive verification at batch 1: the prefix length `n` maximising
-    `(1 + sum(survival[:n])) / round_costs[n]`, ties to the shorter."""
+    """vLLM's adaptive verification: the `n` maximising `(1 + sum(survival[:n])) / round_costs[n]` (the shortest)."""
     best, best_rate, expected = 0, -1.0, 1.0
     for n, cost in enumerate(round_costs[:len(survival) + 1]):
         if n:

@@ -130,8 +130,7 @@ class Heuristic(Constant):
 
 
 class Dynamic(Constant):
-    """`dynamic`, Hugging Face's default: at most `num_assistant_tokens`, stopping after a drafted
-    token whose draft probability is below `assistant_confidence_threshold` (that token is verified)."""
+    """`dynamic`, Hugging Face's default: up to `num_assistant_tokens`, stopping after one under the confidence."""
 
     name = "dynamic"
 
@@ -203,8 +202,7 @@ class DraftConfidence(Judge):
 
 
 def draft_log_odds(step: DraftStep, temperature: float = 1.0) -> float:
-    """vLLM's feature `logit(max q)`, q the draft's raw distribution at `temperature`, clamped to
-    +-40; from the step's distribution when it hands no logits (the compiled step)."""
+    """vLLM's feature `logit(max q)`, q the draft's raw distribution at `temperature`, clamped to +-40."""
     if step.logits is not None:
         scaled = step.logits.double() / temperature
         others = float(torch.exp(scaled - scaled.max()).sum()) - 1.0
@@ -213,8 +211,7 @@ def draft_log_odds(step: DraftStep, temperature: float = 1.0) -> float:
 
 
 class ProductRule(Schedule):
-    """Stop once `1 - prod p_hat > stop_threshold` over the judged tokens, `p_hat` from `judge`,
-    drafting at least `min` and at most `max` tokens (`bound`)."""
+    """Stop once `1 - prod p_hat > stop_threshold` (`p_hat` from `judge`), drafting `bound[0]` to `bound[1]` tokens."""
 
     def __init__(self, judge: Judge, stop_threshold: float, bound: tuple[int, int]):
         self.judge, self.stop_threshold = judge, stop_threshold
@@ -544,8 +541,7 @@ class ConfidenceTree(TreeSchedule):
 
 
 def draft_scores(probs: torch.Tensor, tokens: list[int], do_sample: bool) -> list[float]:
-    """The draft's estimate of each child's P(accept) given that the earlier siblings were not: its probability,
-    renormalised (sampling) over what the earlier draws left."""
+    """The draft's P(accept) of each child given earlier siblings were not: its probability (renormalised, sampling)."""
     chosen = probs[tokens].double().tolist()
     if not do_sample:
         return chosen
@@ -557,8 +553,7 @@ def draft_scores(probs: torch.Tensor, tokens: list[int], do_sample: bool) -> lis
 
 
 class Oracle(Schedule):
-    """`oracle` (greedy, for measurement): each round drafts exactly the tokens the target will accept
-    (`draft_correct[i]`: whether the draft's greedy proposal at generated position `i` is the target's token)."""
+    """`oracle` (greedy, for measurement): each round drafts exactly what the target accepts (`draft_correct`)."""
 
     name = "oracle"
     greedy_only = knows_target = True

@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from transformers import PreTrainedModel
@@ -72,11 +72,7 @@ class DecodingArguments:
         "engine: static caches, each step one torch.compile'd graph, compiled in the (reported, untimed) warm-up")
 
     def settings(self) -> DecodingSettings:
-        return DecodingSettings(bound=tuple(self.bound) if self.bound is not None else None,
-                                max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
-                                temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                repetition_penalty=self.repetition_penalty, tree_width=self.tree_width,
-                                compile=self.compile)
+        return DecodingSettings(**asdict(self) | {"bound": tuple(self.bound) if self.bound is not None else None})
 
 
 @dataclass
@@ -134,8 +130,7 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
     for schedule in grid.schedule:  # a schedule with a head reads its own head's step times
         policy = SCHEDULES[schedule]
         prices = policy.needs_step_times or (policy.grows_tree and "auto" in grid.tree_nodes)
-        if prices and not policy.needs_head and budget_step_times_from(
-                grid, schedule, pair.head or []) is None:
+        if prices and not policy.needs_head and budget_step_times_from(grid, schedule, pair.head or []) is None:
             raise ValueError(f"{schedule} prices its rounds with measured step times, and no --head folder "
                              f"({', '.join(pair.head or []) or 'none given'}) stores them: pass --step_times_from a "
                              "head folder (or calibration --output file) whose threshold was chosen with timed steps")
@@ -143,8 +138,7 @@ def check_inputs(pair: HeadPairArguments, grid: MethodGrid, decoding: DecodingSe
 
 
 def budget_step_times_from(grid: MethodGrid, schedule: str, heads: list[str]) -> str | None:
-    """Where a budget schedule reads its step times: `--step_times_from`, else (without a head of its own) the
-    first of `heads` storing them; None: its own head's."""
+    """`--step_times_from`, else (for a headless schedule) the first of `heads` storing step times; None: its head's."""
     if grid.step_times_from is not None or SCHEDULES[schedule].needs_head:
         return grid.step_times_from
     return next((head_dir for head_dir in heads if stores_step_times(head_dir)), None)

@@ -42,8 +42,7 @@ def build_method(spec: MethodSpec, pair: Pair, decoding: DecodingSettings) -> Me
 
 
 def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int, compile: bool = False) -> float:
-    """Run each method once untimed (when `compile`, over the longest prompt of each engine capacity the prompts
-    need) and restart it; returns the seconds spent compiling."""
+    """Run each method once untimed (compiled: per capacity's longest prompt), then restart it; the compile seconds."""
     seconds = 0.0
     if compile:
         seconds = sum(method.generate(prompt, seed).compile_time for prompt in longest_per_capacity(
@@ -60,8 +59,7 @@ def warm_up(methods: list[Method], prompts: list[Prompt], tokens: int, seed: int
 def run_evaluation(methods: list[Method], prompts: list[Prompt], run: RunOptions, probe: step_timing.CostProbe,
                    tokenizer=None, on_prompt: Callable[[list[dict]], None] | None = None, label: str = "evaluate",
                    target: PreTrainedModel | None = None, greedy: bool = True) -> list[dict]:
-    """One record per (prompt, method): methods interleaved in rotating order, prompt i seeded with `run.seed + i`,
-    then the `probe`'s cost steps; `on_prompt(records)` runs after each prompt."""
+    """One record per (prompt, method), methods in rotating order, prompt i seeded `run.seed + i`, then cost steps."""
     records: list[dict] = []
     for n, prompt in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not run.progress)):
         seed = run.seed + prompt.id
@@ -120,8 +118,7 @@ def _record(prompt: Prompt, spec: MethodSpec, runs: dict, greedy: bool, tokenize
 def measure(pair: Pair, specs: list[MethodSpec], prompts: list[Prompt], decoding: DecodingSettings, run: RunOptions,
             results_path: Path | None = None, label: str = "evaluate",
             done: list[dict] | None = None) -> tuple[list[dict], dict]:
-    """Warm up, then run on every prompt not in `done`, saving to `results_path` after each; returns the records and
-    the run's cost (`run_cost` plus `compile_seconds`)."""
+    """Warm up, then run every prompt not in `done`, saved to `results_path` after each: the records and run cost."""
     done = done or []
     methods = [build_method(spec, pair, decoding) for spec in specs]
     compile_seconds = warm_up(methods, prompts, run.warmup_tokens, run.seed, decoding.compile)
@@ -181,10 +178,8 @@ class Evaluation:
                  decoding: DecodingSettings | None = None, source: PromptSource | None = None,
                  run: RunOptions | None = None):
         self.pair_arguments = zoo_pair(pair)
-        self.grid = grid or MethodGrid()
-        self.decoding = decoding or DecodingSettings()
-        self.source = source or PromptSource()
-        self.run = run or RunOptions()
+        self.grid, self.decoding = grid or MethodGrid(), decoding or DecodingSettings()
+        self.source, self.run = source or PromptSource(), run or RunOptions()
         self.tokenizer, self.prompts = load_inputs(self.pair_arguments, self.grid, self.decoding, self.source, self.run)
         self.specs = method_specs(self.grid, self.pair_arguments.head)
         self._pair: Pair | None = None

@@ -85,8 +85,7 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
 
 
 def judged_states(hidden: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
-    """`hidden` `[..., hidden]` as the head reads it beside `features`: repeated (a view) over their candidate axis
-    when they have one, so that every candidate is judged from the state that proposed it."""
+    """`hidden` repeated (a view) over `features`' candidate axis when they have one: each candidate's state."""
     if features is None or features.dim() == hidden.dim():
         return hidden
     return hidden.unsqueeze(-2).expand(*features.shape[:-1], hidden.shape[-1])

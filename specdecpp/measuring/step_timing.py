@@ -32,8 +32,7 @@ from specdecpp.head.model import AcceptancePredictionHead
 def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                   head: AcceptancePredictionHead | None = None, do_sample: bool = False,
                   repeats: int = 8, compile: bool = False) -> tuple[StepTimes, StepTimes | None]:
-    """`(plain, judged)` `StepTimes` on the context `input_ids`, round overhead included; `judged` (`ada` with
-    `head`) is None without a head."""
+    """`(plain, judged)` `StepTimes` on the context `input_ids`, round overhead included (`judged`: with `head`)."""
     probes = [StepProbe(target, draft, input_ids, max_draft, head=judge, do_sample=do_sample, compile=compile)
               for judge in ([None] if head is None else [None, head])]
     for _ in range(repeats):
@@ -46,8 +45,7 @@ def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: to
 
 
 class StepProbe:
-    """Times target-alone steps and rounds of every length `0..max_draft` on a fixed context, a pass per `sample`, on
-    the engines of generations of `max_length` tokens (default: the context and one round)."""
+    """Times target-alone steps and rounds of `0..max_draft` tokens on a fixed context, a pass per `sample`."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, input_ids: torch.LongTensor, max_draft: int,
                  head: AcceptancePredictionHead | None = None, do_sample: bool = False, warmup: int = 2,
@@ -284,8 +282,7 @@ STEP_TIMES_CACHE = Path(os.environ.get("SPECDECPP_CACHE", Path.home() / ".cache"
 
 @functools.cache  # read once per device: auto asks before every generation
 def processor_name(device: torch.device) -> str:
-    """The processor that runs `device`'s work, by which step times are kept: a GPU's name, or the CPU's model and
-    the instruction set torch's kernels use there (`AMD EPYC (AVX2)`)."""
+    """The processor running `device`'s work, keying step times: a GPU's name, or the CPU's and its ISA."""
     if device.type != "cpu":
         return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     cpuinfo = Path("/proc/cpuinfo")

@@ -47,8 +47,7 @@ FIELDS = ("head", "stop_threshold", "bound")  # the DecodingSettings fields the 
 
 
 def section_settings(additional_config: dict | None) -> DecodingSettings | None:
-    """The `ada` settings `additional_config["specdecpp"]` names (head loaded), None without it.
-    TypeError for a non-dict section; ValueError naming the field for an unknown field, no head or a bad value."""
+    """The `ada` settings `additional_config["specdecpp"]` names (head loaded), or None; ValueError naming a field."""
     section = (additional_config or {}).get(SECTION)
     if section is None:
         return None
@@ -92,8 +91,7 @@ def relied_on_source(name: str) -> str:
 
 @functools.cache  # the installed vLLM does not change within a process; tests clear it
 def vllm_code_problems() -> tuple[str, ...]:
-    """What differs between the installed vLLM's code and what `RELIED_ON` recorded: one line per piece of code
-    that is gone or reads otherwise; empty where the plugin may run."""
+    """What differs between the installed vLLM's code and `RELIED_ON`, one line each; empty where the plugin may run."""
     problems = []
     for name, recorded in RELIED_ON.items():
         try:
@@ -171,8 +169,7 @@ class BatchRound:
 
     def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
              probs: torch.Tensor | None) -> None:
-        """Record and judge a draft step (post-norm `hidden` `[rows, hidden]`, raw `logits` `[rows, vocab]`,
-        `tokens` `[rows]`); StopDrafting when the batch stops."""
+        """Record and judge a draft step (`hidden`, `logits`, `tokens` per row); StopDrafting when the batch stops."""
         if not self.tokens:
             self.lengths, self.survival = [None] * len(tokens), [[] for _ in tokens]
             for schedule in self.schedules[:len(tokens)]:
@@ -207,8 +204,7 @@ class BatchRound:
         return low + share / rows * (times.round_ms(steps, 0, per_row + 1) - low) if share else low
 
     def worth_a_step(self) -> bool:
-        """Whether one more batched forward adds expected tokens (each drafting row's survival so far) at a better
-        rate per ms than the round so far; True without prices."""
+        """Whether one more batched forward adds expected tokens at a better rate per ms than the round so far."""
         if self.prices is None:
             return True
         j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
@@ -229,8 +225,7 @@ class BatchRound:
 
 @dataclass
 class VllmPrices:
-    """vLLM's own step times for a pair where it serves, per batch size (`times[b]`, `verify_ms[k]` verifying `k`
-    drafted tokens of every row), measured up to `max_draft` drafted tokens."""
+    """vLLM's own step times for a pair where it serves, per batch size (`times[b]`), up to `max_draft` tokens."""
 
     times: dict[int, StepTimes]
     max_draft: int
@@ -248,7 +243,7 @@ class VllmPrices:
 
 
 def priced_batch_sizes(max_num_seqs: int) -> list[int]:
-    """The batch sizes an engine of `max_num_seqs` is timed at: powers of four, then the largest, to `MAX_PRICED_BATCH`."""
+    """The batch sizes timed for `max_num_seqs`: powers of four, then the largest, up to `MAX_PRICED_BATCH`."""
     largest = min(max_num_seqs, MAX_PRICED_BATCH)
     return sorted({4 ** i for i in range(largest.bit_length()) if 4 ** i <= largest} | {largest})
 

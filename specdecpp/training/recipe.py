@@ -71,8 +71,7 @@ class Recipe:
         hints = typing.get_type_hints(Recipe)
         for f in fields(self):  # a YAML file gives `1e-3` as text and `[auto, 0.3]` as mixed types
             setattr(self, f.name, _coerce(getattr(self, f.name), hints[f.name], f.name))
-        missing = [name for name in ("target", "draft", "prompts") if not getattr(self, name)]
-        if missing:
+        if missing := [name for name in ("target", "draft", "prompts") if not getattr(self, name)]:
             raise ValueError(f"the recipe needs {', '.join(missing)} (--{' --'.join(missing)} or in the recipe file)")
         counts = ("n_train", "n_dev", "eval_n", "batch_size", "train_batch_size", "nproc_per_node", "max_new_tokens",
                   "eval_max_new_tokens", "threads")

@@ -1,5 +1,4 @@
-"""Build the zoo pair: a byte-level BPE tokenizer, a Llama target and a distilled one-layer Llama draft trained on
-the standard library's source, saved as Hugging Face folders with a card of measured figures."""
+"""Build the zoo pair: a BPE tokenizer, a Llama target and a distilled one-layer draft trained on stdlib source."""
 from __future__ import annotations
 
 import json
@@ -109,8 +108,7 @@ def lr_at(step: int, progress: float, lr: float, warmup: int) -> float:
 
 def train_lm(model, loss_fn: Callable, stream: torch.Tensor, args: ZooArguments, steps: int, minutes: float,
           lr: float, desc: str, seed: int) -> dict:
-    """Train `model` on random windows of `stream` minimising `loss_fn(model, x)` for `steps` steps or `minutes`,
-    whichever ends first. Returns the log."""
+    """Train `model` on random windows of `stream` minimising `loss_fn(model, x)` for `steps` or `minutes`; the log."""
     device = torch.device(args.device)
     model.to(device).train()
     groups = [{"params": [p for p in model.parameters() if (p.ndim >= 2) == decay], "weight_decay": 0.1 * decay}
@@ -337,7 +335,8 @@ Cost ratio c = one draft step (1 token) / one target verify step (k = {c['k']}, 
 def build_command(args: ZooArguments) -> str:
     """The `specdecpp zoo build` command line that reproduces `args`, defaults left out."""
     defaults = ZooArguments()
-    return " ".join(["specdecpp zoo build", *(f"--{k} {v}" for k, v in asdict(args).items() if v != getattr(defaults, k))])
+    changed = [f"--{k} {v}" for k, v in asdict(args).items() if v != getattr(defaults, k)]
+    return " ".join(["specdecpp zoo build", *changed])
 
 
 def build(args: ZooArguments) -> dict:
