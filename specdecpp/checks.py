@@ -32,8 +32,7 @@ def check_same_vocab(target_vocab: int, draft_vocab: int) -> None:
 
 
 def check_can_roll_back(model: PreTrainedModel, role: str = "model") -> None:
-    """ValueError for a model whose cache cannot be cut back (recurrent layers, or sliding windows before transformers
-    5.18); `role` names it."""
+    """ValueError for a model whose cache cannot be cut back (recurrent or old sliding layers); `role` names it."""
     if has_recurrent_state(model):
         raise ValueError(f"{role} ({type(model).__name__}) has recurrent layers (state-space or linear attention) whose "
                          "state cannot be rolled back after a rejected draft token: speculative decoding needs models "

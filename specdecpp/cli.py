@@ -1,5 +1,4 @@
-"""The `specdecpp` console script: each command is a module's `main(argv)`, all sharing one flag vocabulary
-(`ALIASES`, `common_field`, `option`) and reporting rejected input in one line (`input_errors`)."""
+"""The `specdecpp` console script: each command a module's `main(argv)`, sharing flags and one-line input errors."""
 from __future__ import annotations
 
 import importlib

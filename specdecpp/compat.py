@@ -95,8 +95,7 @@ SLIDING_WINDOW_ROLLS_BACK = Version(TRANSFORMERS_VERSION).release >= (5, 18)
 
 
 def move_cache_positions(cache: Any, start: int, sources: list[int]) -> None:
-    """Copy the keys and values of positions `sources` of every layer of a full-attention `cache` to positions
-    `start, start + 1, ...` (a token tree's accepted path packed into place; crop afterwards)."""
+    """Copy a full-attention `cache`'s keys and values at positions `sources` to `start, start + 1, ...`."""
     if not sources:
         return
     for layer in cache.layers:

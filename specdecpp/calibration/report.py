@@ -66,8 +66,7 @@ class CalibrationArguments:
 
 
 def unweight(predictions: np.ndarray, weight_mismatch: float) -> np.ndarray:
-    """The acceptance probability a head trained with reject weight `w` implies: it learns
-    `s = y / (y + w (1 - y))`, so `y = w s / (1 - s + w s)` (the identity for w = 1)."""
+    """The acceptance probability `y = w s / (1 - s + w s)` behind a prediction `s` of a head of reject weight `w`."""
     return weight_mismatch * predictions / (1 - predictions + weight_mismatch * predictions)
 
 
@@ -105,8 +104,7 @@ def calibration_report(labels: np.ndarray, predictions: np.ndarray, num_bins: in
 
 
 def rank_report(labels: np.ndarray, predictions: np.ndarray, num_bins: int = 10) -> dict:
-    """`calibration_report` of each candidate rank (columns of `[positions, ranks]`, IGNORE where a position has
-    fewer candidates; rank 1 is the drafted token), of the siblings (ranks 2 and up) and of all candidates."""
+    """`calibration_report` per candidate rank (IGNORE where a position has fewer), of ranks 2+ and of all."""
     ranks = {str(j + 1): np.s_[:, j] for j in range(labels.shape[1])} | {"2+": np.s_[:, 1:], "all": np.s_[:, :]}
     report = {}
     for name, columns in ranks.items():
@@ -188,8 +186,7 @@ def check_outputs(args: CalibrationArguments) -> None:
 
 
 def run(pair: HeadPairArguments, args: CalibrationArguments) -> dict:
-    """Score the records with `pair`'s head and draft, print the report and write the diagram (and with
-    `--choose_threshold` store the threshold). Returns the report."""
+    """Score the records with `pair`'s head and draft, print and plot the report (and store a threshold); return it."""
     pair.require("head", "draft")
     head_dir = pair.single_head()
     if args.choose_threshold and not (pair.target and os.path.isdir(head_dir)):
@@ -230,8 +227,7 @@ def run(pair: HeadPairArguments, args: CalibrationArguments) -> dict:
 
 def store_threshold(head: AcceptancePredictionHead, head_dir: str, draft, target, records: list[dict],
                     args: CalibrationArguments, predictions: np.ndarray) -> dict:
-    """Choose the head's threshold on `records`, store it in `head_dir` and plot the cost curve; returns the
-    selection record."""
+    """Choose the head's threshold on `records`, store it in `head_dir`, plot the cost curve; return the selection."""
     times = stored_step_times(args.step_times_from) if args.step_times_from else None
     with torch_threads(args.threads):
         threshold, selection = choose_threshold(head, draft, target, records, tuple(args.bound),

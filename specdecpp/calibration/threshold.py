@@ -1,5 +1,4 @@
-"""Choosing a proposer head's stop threshold by replaying rounds on records: the engine's schedules decide each
-round's length from the records' values, each round priced with the pair's measured `StepTimes`."""
+"""Choosing a proposer head's stop threshold: the engine's schedules replayed on records, priced by `StepTimes`."""
 from __future__ import annotations
 
 import json
@@ -28,8 +27,7 @@ NO_LIMIT = sys.maxsize
 
 def replayed_rounds(accept: list[np.ndarray], values: list[np.ndarray], round_length: RoundLength,
                     max_draft: int) -> Iterator[tuple[int, int, float, int, int]]:
-    """Every round a replay takes over records, in order, as `(record, start, weight, verified, drafted)`, `weight`
-    the probability that a round starts there."""
+    """Every round a replay takes over records, in order, as `(record, start, weight, verified, drafted)`."""
     for record, (acc, vals) in enumerate(zip(accept, values)):
         n = len(acc)
         starts = np.zeros(n + 1)  # starts[pos]: P(a round starts at pos)
@@ -49,8 +47,7 @@ def replayed_rounds(accept: list[np.ndarray], values: list[np.ndarray], round_le
 
 def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length: RoundLength, max_draft: int,
            times: StepTimes, judged: bool = False, unit_ms: float | None = None) -> dict:
-    """The expected calls, time per token and both cost views of replayed rounds, with `round_weights` (rounds by
-    length; None when a round verifies fewer than it drafts)."""
+    """The expected calls, time per token and cost views of replayed rounds, with `round_weights` (by length)."""
     target_calls, draft_calls, total_ms, round_weights = 0.0, 0.0, 0.0, []
     for _, _, weight, k, drafted in replayed_rounds(accept, predictions, round_length, max_draft):
         target_calls, draft_calls = target_calls + weight, draft_calls + weight * drafted
@@ -68,8 +65,7 @@ def replay(accept: list[np.ndarray], predictions: list[np.ndarray], round_length
 
 
 def schedule_length(policy: Schedule, step: Callable[[float, int], DraftStep] | None = None) -> RoundLength:
-    """Rounds of the engine's schedule `policy`, driven as the loop drives it with `step(value, j)` in place of
-    draft steps."""
+    """Rounds of the engine's schedule `policy`, driven as the loop drives it with `step(value, j)` as draft steps."""
     def length(values: np.ndarray, ok: np.ndarray, pos: int, limit: int) -> int | tuple[int, int]:
         policy.start_round()
         most, drafted = min(policy.max_draft(), limit), 0
@@ -95,8 +91,7 @@ def ada_length(threshold: float, min_draft: int, scale: list[float] | None = Non
 
 
 class CostAwareRule(ProductRule):
-    """The product rule at threshold `1 - (1 - threshold) * scale[j - 1]` after `j` drafted tokens, at most
-    `len(scale)` a round (replayed only)."""
+    """The product rule at threshold `1 - (1 - threshold) * scale[j - 1]` after `j` drafted tokens (replayed only)."""
 
     def __init__(self, stop_threshold: float, min_draft: int, scale: list[float]):
         super().__init__(Judge(), stop_threshold, (min_draft, len(scale)))
@@ -199,8 +194,7 @@ BUDGET_KS = tuple(range(1, 7))
 
 def online_costs(records: list[dict], predictions: list[np.ndarray], cost: Callable, thresholds: tuple[float, ...],
                  bound: tuple[int, int], plain: StepTimes, judged: StepTimes) -> dict:
-    """The online rules replayed on greedy records in order from a cold start: `online` and `ada-online` at each
-    threshold, `verify-budget` and `ada-budget` for blocks of `BUDGET_KS`."""
+    """The online rules replayed on greedy records in order from a cold start, per threshold or block K."""
     features = [greedy_log_odds(r) for r in records]
     head_logits = [np.array([log_odds(float(p)) for p in values]) for values in predictions]
     return {
@@ -225,8 +219,7 @@ def records_processing(records: list[dict]) -> dict:
 
 
 def check_replayed_costs(selection: dict, times: StepTimes) -> None:
-    """ValueError for a replay only wrong step times can give: a constant K dearer than the target alone at full
-    acceptance, or the oracle dearer than a causal rule while it should win."""
+    """ValueError for a replay only wrong step times can give (a K dearer than the target alone, a losing oracle)."""
     way_out = ("time the steps again on a quieter machine, or pass --step_times_from a head folder whose step "
                "times are sound")
     for k in map(int, selection["constant_k_cost_per_token"]):

@@ -1,5 +1,4 @@
-"""The standard-library corpus: the running interpreter's `.py` files, split into train and held-out files by a
-stable hash of their paths, so the split is the same on every machine."""
+"""The standard-library corpus: the interpreter's `.py` files, split into train and held-out by a stable path hash."""
 from __future__ import annotations
 
 import ast

@@ -1,2 +1,1 @@
-"""The decoding engine: the loop, the draft step and its backends (eager, compiled), the
-schedules, the settings, logits processing and sampling."""
+"""The decoding engine: the loop, the draft step and its eager and compiled backends, schedules, settings, sampling."""

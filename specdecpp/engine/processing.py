@@ -1,5 +1,4 @@
-"""`generate`'s logits processors and stopping criteria, built by its own builders and applied to
-each position with that position's prefix (docs/design.md, One round)."""
+"""`generate`'s logits processors and stopping criteria, applied per position with its prefix (docs/design.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

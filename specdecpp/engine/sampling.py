@@ -1,5 +1,4 @@
-"""Sampling: `generate`'s warpers, the draft's proposal (`DraftStep`, `proposed_token`), sampling
-and the residual distribution."""
+"""Sampling: `generate`'s warpers, the draft's proposal (`DraftStep`, `proposed_token`) and the residual."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,8 +54,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
 
 def draft_noise(vocab: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-    """`E_i ~ Exp(1)` per token (float64) from `generator`: one sampled draft token's randomness, drawn
-    outside the compiled graph."""
+    """`E_i ~ Exp(1)` per token (float64) from `generator`: a sampled draft token's randomness, drawn outside graphs."""
     return torch.empty(vocab, dtype=torch.float64, device=device).exponential_(generator=generator)
 
 

@@ -21,10 +21,9 @@ PLAIN_DEFAULTS = {"stop_threshold": 0.3, "bound": (2, 20)}
 
 @dataclass
 class DecodingSettings:
-    """How one generation decodes: the `schedule` (a name in `SCHEDULES`; None picks one from the
-    models, `default_schedule`) and its knobs, the length limit, greedy or sampling, the EOS ids
-    (None: the target's), the compiled engine, and `generate`'s logits processing fields (None: off).
-    `stop_threshold` and `bound` left out (None) are the head's (`with_head_defaults`)."""
+    """How one generation decodes: the `schedule` (a name in `SCHEDULES`; None: `default_schedule`) and its knobs,
+    the length limit, sampling, EOS ids, the engine and `generate`'s processing fields (None: off). `stop_threshold`
+    and `bound` left out (None) are the head's (`with_head_defaults`)."""
 
     schedule: str | None = None
     head: AcceptancePredictionHead | None = None
@@ -73,17 +72,14 @@ class DecodingSettings:
         return self.head is not None and self.head.stop_threshold is not None and self.schedule in (None, "ada", "ada-tree")
 
     def with_head_defaults(self) -> DecodingSettings:
-        """These settings with `stop_threshold` and `bound` left out filled in: `"auto"` (this processor's price,
-        where the caller gives `step_times`) and the bound the head's threshold selection was made with, where
-        `reads_head_threshold`; else `PLAIN_DEFAULTS`."""
+        """A copy with `stop_threshold`, `bound` left out filled in: the head's selection's, else `PLAIN_DEFAULTS`."""
         stored = (self.head.threshold_selection or {}).get("bound") if self.reads_head_threshold else None
         threshold = "auto" if self.reads_head_threshold else PLAIN_DEFAULTS["stop_threshold"]
         return replace(self, stop_threshold=threshold if self.stop_threshold is None else self.stop_threshold,
                        bound=tuple(stored or PLAIN_DEFAULTS["bound"]) if self.bound is None else tuple(self.bound))
 
     def validate(self, name: Callable[[str], str] = str) -> None:
-        """ValueError, naming the setting (`name` spells it, e.g. as a flag), on a value the loop
-        cannot honour alone or with its schedule's capabilities (`with_head_defaults` filling in what is left out)."""
+        """ValueError naming the setting (`name` spells it) on a value the loop cannot honour."""
         if self.stop_threshold is None or self.bound is None:
             return self.with_head_defaults().validate(name)
         schedule, bound, threshold = self.schedule, self.bound, self.stop_threshold
@@ -124,8 +120,7 @@ class DecodingSettings:
         policy.check(self, name)
 
     def check_models(self, target: PreTrainedModel, draft: PreTrainedModel | None) -> None:
-        """ValueError unless the models and the head fit the schedule (a rollback-able pair sharing
-        a vocabulary, a head for this draft, step times where needed)."""
+        """ValueError unless the models and the head fit the schedule (rollback, one vocabulary, step times)."""
         check_can_roll_back(target, "the target")
         policy = self.schedule_class
         if not policy.needs_draft:
@@ -144,8 +139,7 @@ class DecodingSettings:
             self.budget_step_times()
 
     def budget_step_times(self) -> StepTimes:
-        """The step times that price a budget schedule's verifications: `step_times`, else those
-        stored with the head's threshold (`judged_step_times` for a head schedule), else ValueError."""
+        """A budget schedule's step times: `step_times`, else the head's stored ones, else ValueError."""
         if self.step_times is not None:
             return self.step_times
         selection = (self.head.threshold_selection if self.head is not None else None) or {}
@@ -185,8 +179,7 @@ class DecodingSettings:
 
 
 def default(name: str):
-    """`DecodingSettings`' default for the field `name`: what every command, config and example shows (for
-    `stop_threshold` and `bound`, what they mean without a head's threshold selection)."""
+    """`DecodingSettings`' default for the field `name` (`stop_threshold` and `bound`: without a head's selection)."""
     if name in PLAIN_DEFAULTS:
         return PLAIN_DEFAULTS[name]
     field = DecodingSettings.__dataclass_fields__[name]

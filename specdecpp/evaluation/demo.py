@@ -61,8 +61,7 @@ def evaluation(demo: DemoArguments, pair: HeadPairArguments) -> Evaluation:
 
 
 def choose(run: Evaluation, prompts: list[Prompt]) -> tuple[dict[str, MethodSpec], list[dict], dict | None]:
-    """Each of our schedules' spec of lowest cost per token on `prompts`: `(choices, tuning summary, its cost or
-    None)`."""
+    """Each of our schedules' cheapest spec on `prompts`: `(choices, tuning summary, its cost or None)`."""
     specs = run.specs
     candidates = [s for s in specs if s.engine == "specdecpp"]
     schedules = {s.schedule for s in candidates}

@@ -1,5 +1,4 @@
-"""Hugging Face's assisted generation (constant, heuristic, dynamic) as baselines, its rounds recovered from the
-target's forward passes so they report our engine's counts."""
+"""Hugging Face's assisted generation as baselines, its rounds recovered from the target's forward passes."""
 from __future__ import annotations
 
 import copy
@@ -85,8 +84,7 @@ def count_forwards(model: PreTrainedModel) -> Iterator[list[tuple[int, int]]]:
 
 def rounds_from_target_calls(calls: list[tuple[int, int]], prompt_length: int,
                              generated: int) -> tuple[list[int], list[int]]:
-    """Per round (one target forward each): `(accepted, drafted)` tokens; ValueError naming a round that cannot be
-    recovered."""
+    """Per round (one target forward each): `(accepted, drafted)`; ValueError naming a round it cannot recover."""
     if not calls:
         raise ValueError("no target forward pass was recorded")
     starts, drafted = [], []

@@ -115,8 +115,7 @@ def _knob_specs(engine: str, schedule: str, grid: MethodGrid, heads: list[str]) 
 
 
 def head_default_threshold(head_dir: str) -> str:
-    """The threshold `--stop_threshold` left out means for `head_dir`: "auto" where it may store a threshold
-    selection (`DecodingSettings.with_head_defaults`), else the plain default."""
+    """What `--stop_threshold` left out means for `head_dir`: "auto" where it may store one, else the default."""
     return "auto" if may_store_threshold(head_dir) else str(default("stop_threshold"))
 
 
@@ -148,8 +147,7 @@ def method_settings(spec: MethodSpec, head: AcceptancePredictionHead | None,
 def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrainedModel | None,
                     head: AcceptancePredictionHead | None,
                     decoding: DecodingSettings) -> tuple[Callable[[Prompt, int], Counts], Callable[[], None]]:
-    """Our engine with `spec`'s schedule: `(generate, restart)`, `restart` putting a learning method's estimator
-    back to its cold start."""
+    """Our engine with `spec`'s schedule: `(generate, restart)`, `restart` resetting a learning method's estimator."""
     settings = method_settings(spec, head, decoding)
     alone_is_draft = spec.engine is None and spec.name == "draft"
 

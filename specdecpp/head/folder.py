@@ -36,8 +36,7 @@ REPLAYED_ROUNDS = {"greedy": "greedy rounds", "sampling": "sampled rounds (in ex
 
 
 def write_head_files(folder: str | os.PathLike, repo_id: str | None = None) -> Path:
-    """Write `custom_generate/` (a `custom_generate` target for `generate`) and the model card into `folder`; returns
-    the card's path."""
+    """Write `custom_generate/` and the model card into `folder`; returns the card's path."""
     for name, text in CUSTOM_GENERATE_FILES.items():
         path = Path(folder) / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,8 +63,7 @@ def record_card_facts(folder: str | os.PathLike, facts: dict) -> Path:
 
 
 def card_facts(folder: str | os.PathLike) -> dict:
-    """`card.json`'s facts, with `calibration` (reports by name, from it and `calibration*.json`)
-    and `plots` (the `*.png` files)."""
+    """`card.json`'s facts, with `calibration` (from it and `calibration*.json`) and `plots` (the `*.png` files)."""
     folder = Path(folder)
     path = folder / CARD_FACTS
     facts = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

@@ -51,15 +51,13 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
 
 def head_logits(hidden: torch.Tensor | None, features: torch.Tensor | None, projection: Linear | None,
                 blocks: list[Linear], output: Linear) -> torch.Tensor:
-    """A head's logits over (reject, accept) from hidden states and/or features (None for what it does not read)
-    and its weight tensors: the one code of the head's computation."""
+    """A head's logits over (reject, accept) from hidden states and/or features (or None) and its weight tensors."""
     return torch.nn.functional.linear(head_state(hidden, features, projection, blocks, output[0]), *output)
 
 
 def head_state(hidden: torch.Tensor | None, features: torch.Tensor | None, projection: Linear | None,
                blocks: list[Linear], like: torch.Tensor) -> torch.Tensor:
-    """What a head's output layer reads: its inputs, on `like`'s device and dtype, through its `projection` (when
-    it has one) and its residual `blocks`."""
+    """What a head's output layer reads: its inputs, as `like`, through its `projection` (if any) and `blocks`."""
     parts = [part.to(like.device, like.dtype) for part in (hidden, features) if part is not None]
     x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     if projection is not None:
@@ -107,8 +105,7 @@ class LeanJudge:
 
     def __call__(self, hidden: torch.Tensor | None, logits: torch.Tensor, token: torch.Tensor,
                  probs: torch.Tensor | None = None) -> torch.Tensor:
-        """P(accept) `[...]` (float32) of `token` `[...]` drafted from the raw `logits` `[..., vocab]` (`probs` their
-        softmax, when computed) at the draft state `hidden` `[..., hidden]`."""
+        """P(accept) (float32) of `token` drafted from raw `logits` (`probs`: their softmax, if any) at `hidden`."""
         # Traced, the views are taken in the graph, so that it reads `weights` alone.
         projection, blocks, accept_weight, accept_bias = self._unpacked() if torch.compiler.is_compiling() \
             else self.layers
@@ -198,8 +195,7 @@ class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIB
         return (self.threshold_selection or {}).get("processing", {})
 
     def resolve_stop_threshold(self, stop_threshold: float | str, step_times=None) -> float:
-        """`stop_threshold`, or for `auto` the stored one, chosen again for `step_times` when given
-        (`threshold_for`); ValueError when none is stored."""
+        """`stop_threshold`, or for `auto` the stored one (chosen again for `step_times`); ValueError without one."""
         if stop_threshold != "auto":
             return float(stop_threshold)
         if self.stop_threshold is None:
@@ -239,8 +235,7 @@ class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIB
         return self.model[-1].weight, self.model[-1].bias
 
     def forward(self, hidden_states: torch.Tensor | None, features: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits over (reject, accept) from hidden states `[..., hidden]` (None for a head of features alone) and
-        its `features` `[..., len(features)]`."""
+        """Logits over (reject, accept) from hidden states (or None) and `features` `[..., len(features)]`."""
         if self.features and features is None:
             raise ValueError(f"this head also reads the features {self.features} of the judged token")
         return head_logits(hidden_states if self.reads_hidden_states else None, features if self.features else None,
@@ -290,8 +285,7 @@ class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIB
     # -- custom_generate and the model card: a saved folder runs from transformers' generate ----------
     # `head.folder` is imported where a folder is written, so that this module stands on neither it nor the cost model.
     def save_pretrained(self, save_directory: str | Path, *, model_card_kwargs: dict | None = None, **kwargs):
-        """The mixin's `save_pretrained`; `model_card_kwargs` (the card's facts) are kept in the folder's
-        `card.json`, so the card renders from the folder alone."""
+        """The mixin's `save_pretrained`, the card's facts (`model_card_kwargs`) kept in the folder's `card.json`."""
         from specdecpp.head.folder import record_card_facts
 
         if model_card_kwargs:
@@ -299,8 +293,7 @@ class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIB
         return super().save_pretrained(save_directory, model_card_kwargs=model_card_kwargs, **kwargs)
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        """Save the weights and `config.json`, then `custom_generate/` and the model card
-        (`head.folder.write_head_files`)."""
+        """Save the weights and `config.json`, then `custom_generate/` and the card (`folder.write_head_files`)."""
         from specdecpp.head.folder import write_head_files
 
         super()._save_pretrained(save_directory)

@@ -1,5 +1,4 @@
-"""What the head is trained and measured by: the weighted BCE on soft acceptance labels, the
-mean binary KL, and `IGNORE`. Imports no accelerate, datasets or Trainer."""
+"""The head's objective: the weighted BCE on soft acceptance labels, the mean binary KL, `IGNORE` (no Trainer)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

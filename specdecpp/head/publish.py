@@ -1,5 +1,4 @@
-"""Publish a trained head on the Hugging Face Hub, and only the head: its `PUBLISHED` files, the card rendered
-afresh (never draft weights, optimizer state or checkpoints)."""
+"""Publish a trained head on the Hugging Face Hub: its `PUBLISHED` files, the card rendered afresh, nothing else."""
 from __future__ import annotations
 
 import argparse
@@ -28,8 +27,7 @@ def published_files(head_dir: str | os.PathLike) -> list[str]:
 
 
 def stage_head(head_dir: str | os.PathLike, staging: str | os.PathLike, repo_id: str | None = None) -> list[str]:
-    """Stage what is published from `head_dir` in `staging`; returns the staged paths, sorted. ValueError or
-    FileNotFoundError if `head_dir` is not a head."""
+    """Stage what is published from `head_dir` in `staging`; the staged paths, sorted (ValueError: not a head)."""
     head_dir, staging = Path(head_dir), Path(staging)
     if not head_dir.is_dir():
         raise FileNotFoundError(f"no head folder at {head_dir}")

@@ -1,5 +1,4 @@
-"""vLLM's `draft_model` proposer with the head deciding each request's length (docs/design.md, Serving); imports
-vLLM, and `serving.vllm_plugin.register` plugs it in."""
+"""vLLM's `draft_model` proposer with the head deciding each request's length (docs/design.md, Serving)."""
 from __future__ import annotations
 
 import torch
@@ -11,8 +10,7 @@ from specdecpp.serving.vllm import BatchRound, StopDrafting, VllmPrices
 
 
 class SpecDecPPDraftProposer(DraftModelProposer):
-    """vLLM's `DraftModelProposer`, its loop unchanged, with each step also judged by the head (`BatchRound`, a batch
-    priced at `prices`); `proposed_tokens` and `draft_steps` add up its work."""
+    """vLLM's `DraftModelProposer`, its loop unchanged, each step also judged by the head (`BatchRound`)."""
 
     settings: DecodingSettings
     new_round = BatchRound  # what judges a propose (vllm_timing swaps in its timed rounds)
@@ -20,8 +18,7 @@ class SpecDecPPDraftProposer(DraftModelProposer):
 
     @classmethod
     def plug(cls, proposer: DraftModelProposer, settings: DecodingSettings, prices: VllmPrices | None) -> None:
-        """Make the `DraftModelProposer` vLLM just built one of these, stopping on `settings`, a batch at `prices`
-        (None: a batch stops once its rows have)."""
+        """Make the `DraftModelProposer` vLLM just built one of these, stopping on `settings`, a batch at `prices`."""
         proposer.__class__ = cls
         proposer.settings, proposer.prices = settings, prices
         settings.head.to(proposer.device)

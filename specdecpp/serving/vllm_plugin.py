@@ -1,5 +1,4 @@
-"""The vLLM plugin's entry point, `register` (a `vllm.general_plugins` entry point, setup.py), loaded in every vLLM
-process; it imports no vLLM at its top, so it always loads (docs/design.md, Serving)."""
+"""The vLLM plugin's entry point, `register`, which imports no vLLM at its top, so it always loads (docs/design.md)."""
 from __future__ import annotations
 
 import functools

@@ -70,8 +70,7 @@ class RoundTimer:
 
 
 class TimedBatchRound(BatchRound):
-    """A round of exactly `timer.next_length()` tokens for every row (one forward when 0, proposing none), each
-    step judged by the head as a served step is, timed into `timer`."""
+    """A round of exactly `timer.next_length()` tokens per row, each step judged as served, timed into `timer`."""
 
     def __init__(self, timer: RoundTimer, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -113,8 +112,7 @@ def _times(worker, rows: int) -> dict:
 
 def measure_prices(target: str, draft: str, head: str, max_draft: int, batch_sizes: list[int], passes: int = 3,
                    context: int = 32, engine: dict | None = None) -> VllmPrices:
-    """`VllmPrices` timed in an engine of this process (`engine`: `LLM`'s keyword arguments), on random contexts of
-    `context` tokens, each round length `passes` times at least per batch size."""
+    """`VllmPrices` timed in an engine of this process (`engine`: `LLM`'s kwargs) on random contexts."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -148,8 +146,7 @@ def measure_prices(target: str, draft: str, head: str, max_draft: int, batch_siz
 
 
 def ensure_prices(vllm_config, head_location: str, head) -> VllmPrices:
-    """This engine's `VllmPrices`: kept ones, else measured now in a process of its own (seconds to minutes, once
-    per pair, head, processor and vLLM) and kept."""
+    """This engine's `VllmPrices`: kept ones, else measured now in a process of its own and kept."""
     if (prices := cached_prices(vllm_config, head)) is not None:
         return prices
     path = prices_path(vllm_config, head)
