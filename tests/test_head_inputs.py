@@ -9,6 +9,7 @@ from conftest import randomized, tiny_llama
 from specdecpp import AcceptancePredictionHead
 from specdecpp.engine.draft_step import EagerDraft
 from specdecpp.engine.processing import sampling_only
+from specdecpp.engine.schedules import AdaTree
 from specdecpp.head.inputs import head_inputs, judged_states
 from specdecpp.head.model import FEATURES, LeanJudge, logit_features
 
@@ -46,10 +47,11 @@ def test_every_feature_is_the_same_in_training_and_in_the_engine(do_sample):
 @pytest.mark.parametrize("do_sample", [False, True])
 @torch.no_grad()
 def test_a_siblings_judgement_is_the_same_in_training_and_in_the_engine(do_sample):
-    """Each candidate of a position, judged by the engine's `LeanJudge` from the step that proposed the drafted
-    token, gets the P(accept) training gives it (`head_inputs` with a candidate axis, `judged_states`)."""
+    """Each candidate of a position, judged as `ada-tree` judges a node's children (one `LeanJudge` call, each
+    after its earlier siblings' draft mass) from the step that proposed the drafted token, gets the P(accept)
+    training gives it (`head_inputs` with a candidate axis, `judged_states`)."""
     draft = tiny_llama(seed=4).eval()
-    names = ["log_q", "margin", "log_rank"]
+    names = ["log_q", "margin", "log_rank", "log_left"]
     sequence = torch.randint(0, 64, (10,), generator=torch.Generator().manual_seed(5)).tolist()
     torch.manual_seed(6)
     head = randomized(AcceptancePredictionHead(draft.config.hidden_size, 2, alignment="proposer", features=names,
@@ -57,17 +59,21 @@ def test_a_siblings_judgement_is_the_same_in_training_and_in_the_engine(do_sampl
     with torch.no_grad():
         head.output()[0].mul_(0.01)
     judge = LeanJudge(head)
+    policy = AdaTree(head, 4, 8, 0.5, (1, 4), do_sample)
     cached = EagerDraft(draft, sampling_only(do_sample), judge)
     candidates, engine_judged = [], []
     for length in range(1, len(sequence)):
         step = cached.draft_step(sequence[:length], 1, torch.Generator().manual_seed(length))
         siblings = torch.tensor([step.token] + [t for t in step.logits.topk(4).indices.tolist() if t != step.token][:3])
         candidates.append(siblings.tolist())
-        engine_judged.append(judge(step.hidden.float().expand(4, -1), step.logits.expand(4, -1), siblings))
-        assert abs(engine_judged[-1][0].item() - step.accept_prob) < 1e-5, "the drafted token's own judgement"
+        [scores] = policy.score_children(step.logits[None], step.probs[None], None, step.hidden.float()[None],
+                                         [siblings.tolist()])
+        engine_judged.append(torch.tensor(scores))
+        assert abs(scores[0] - step.accept_prob) < 1e-5, "the drafted token's own judgement"
     ids = torch.tensor([sequence[:-1]])
     hidden, features = head_inputs(draft, names, ids, torch.ones_like(ids), torch.tensor([candidates]))
     assert features.shape == (1, len(candidates), 4, len(names))
     trained = head.accept_prob(judged_states(hidden, features), features)[0]
-    torch.testing.assert_close(trained, torch.stack(engine_judged), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(trained, torch.stack(engine_judged).float(), rtol=1e-4, atol=1e-5)
+    assert (features[0, :, 1:, -1] < 0).all() and (features[0, :, 0, -1] == 0).all(), "log_left: siblings after"
     assert (trained.std(-1) > 1e-3).all(), "siblings of one state are told apart by their features"

@@ -502,9 +502,14 @@ class AdaTree(TreeSchedule):
         if self.by_features:  # every child of the level in one judgement
             rows = torch.repeat_interleave(torch.arange(len(children), device=logits.device),
                                            torch.tensor(counts, device=logits.device))
+            taken = None
+            if "log_left" in judge.features:  # each child's earlier siblings' draft mass, in draw order
+                q = raw_probs if raw_probs is not None else logits.float().softmax(-1)
+                taken = torch.tensor([t for row, tokens in zip(q, children) for t in list(itertools.accumulate(
+                    row[tokens].tolist(), initial=0.0))[:len(tokens)]], device=logits.device)
             flat = judge(states[rows] if states is not None else None, logits[rows],
                          torch.tensor([t for tokens in children for t in tokens], device=logits.device),
-                         raw_probs[rows] if raw_probs is not None else None).tolist()
+                         raw_probs[rows] if raw_probs is not None else None, taken).tolist()
             return [flat[start - count:start] for start, count in zip(itertools.accumulate(counts), counts)]
         firsts = judge(states, logits, torch.tensor([tokens[0] for tokens in children], device=logits.device),
                        raw_probs).tolist()

@@ -77,8 +77,10 @@ def head_inputs(draft: PreTrainedModel, feature_names: list[str], input_ids: tor
     candidates = candidates.to(out.logits.device)
     if candidates.dim() == out.logits.dim():
         probs = out.logits.float().softmax(-1)  # one softmax for all the candidates
-        features = torch.stack([logit_features(out.logits, column.clamp_min(0), feature_names, probs)
-                                for column in candidates.unbind(-1)], dim=-2)
+        drawn = probs.gather(-1, candidates.clamp_min(0)) * (candidates >= 0)
+        taken = drawn.cumsum(-1) - drawn  # each candidate's earlier siblings, in draw order
+        features = torch.stack([logit_features(out.logits, column.clamp_min(0), feature_names, probs, before)
+                                for column, before in zip(candidates.unbind(-1), taken.unbind(-1))], dim=-2)
     else:
         features = logit_features(out.logits, candidates.clamp_min(0), feature_names)
     return out.hidden_states[-1], features * (candidates >= 0)[..., None]

@@ -17,15 +17,16 @@ ALIGNMENTS = ("proposer", "reader")
 
 
 # The features a head may read of the token it judges (`logit_features`).
-FEATURES = ("log_q", "entropy", "margin", "log_rank")
+FEATURES = ("log_q", "entropy", "margin", "log_rank", "log_left")
 
 Linear = tuple[torch.Tensor, torch.Tensor]  # a layer's (weight, bias)
 
 
-def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
-                   probs: torch.Tensor | None = None) -> torch.Tensor:
+def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str], probs: torch.Tensor | None = None,
+                   taken: torch.Tensor | None = None) -> torch.Tensor:
     """The named `FEATURES` of `tokens` under the draft's raw `logits` (`probs`: their softmax, when computed),
-    float32 `[..., len(names)]`: the one code of the head's features for training and every draft step."""
+    float32 `[..., len(names)]`: the one code of the head's features for training and every draft step. `taken`
+    (`[...]`) is the draft's mass of the siblings drawn before each token (None: none, as for a chain's token)."""
     logits = logits.float()
     probs = logits.softmax(-1) if probs is None else probs.float()
     index = tokens[..., None]
@@ -43,6 +44,9 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
             column = (token_logit - best_other).clamp(-50.0, 50.0)
         elif name == "log_rank":  # ties count as not higher: 0 for the top token
             column = (logits > token_logit).sum(-1, keepdim=True).to(logits.dtype).log1p()
+        elif name == "log_left":  # the draft's mass left to draw from once the earlier siblings were drawn
+            column = torch.zeros_like(token_logit) if taken is None \
+                else (1.0 - taken.float()[..., None]).clamp_min(1e-20).log().clamp_min(-50.0)
         else:
             raise ValueError(f"unknown head feature {name!r}; choose from {', '.join(FEATURES)}")
         columns.append(column)
@@ -104,12 +108,13 @@ class LeanJudge:
         self.weights.copy_(LeanJudge(head, self.weights.device).weights)
 
     def __call__(self, hidden: torch.Tensor | None, logits: torch.Tensor, token: torch.Tensor,
-                 probs: torch.Tensor | None = None) -> torch.Tensor:
-        """P(accept) (float32) of `token` drafted from raw `logits` (`probs`: their softmax, if any) at `hidden`."""
+                 probs: torch.Tensor | None = None, taken: torch.Tensor | None = None) -> torch.Tensor:
+        """P(accept) (float32) of `token` drafted from raw `logits` (`probs`: their softmax, if any) at `hidden`,
+        after siblings of draft mass `taken` (`logit_features`)."""
         # Traced, the views are taken in the graph, so that it reads `weights` alone.
         projection, blocks, accept_weight, accept_bias = self._unpacked() if torch.compiler.is_compiling() \
             else self.layers
-        features = logit_features(logits, token, self.features, probs) if self.features else None
+        features = logit_features(logits, token, self.features, probs, taken) if self.features else None
         state = head_state(hidden if self.reads_hidden_states else None, features, projection, blocks, accept_weight)
         return (state @ accept_weight + accept_bias).float().sigmoid()
 
