@@ -5,20 +5,22 @@ One run, every engine alive in this process (vLLM's in-process engine, one threa
 without speculation, vLLM's `draft_model` at K = 2..5, vLLM's `ngram`, and `draft_model` with our
 head (`ada@auto` with bound [1, 20], the same capped at 5 drafted tokens, and `ada@0.3`), all on the
 embedded pair.
-For each prompt set and concurrency the prompts go in batches of `concurrency` requests; each batch
-runs on every engine, in an order that rotates from batch to batch, so load on the machine hits
-every method alike. Greedy, `max_new_tokens` each (EOS ignored, so every method generates the same
+For each prompt set and concurrency the prompts go in runs of `waves x concurrency` prompts, served with
+`concurrency` requests in flight (a finished request replaced by the next prompt, as a server under that load
+keeps them); each run is served by every engine, in an order that rotates from run to run, so load on the
+machine hits every method alike. Greedy, `max_new_tokens` each (EOS ignored, so every method generates the same
 number of tokens).
 
-Per method and concurrency: output tokens/s, its median ratio over the batches to vLLM without
+Per method and concurrency: output tokens/s, its median ratio over the runs to vLLM without
 speculation and to `draft_model` at its best K (the K with the best median ratio to no speculation
-there), the median request latency, vLLM's speculative counters, target steps per generated token
+there), the same over the steps that start with every slot in flight (steady load: a run's filling and
+draining left out, as a server under that load never drains), the median request latency, vLLM's speculative counters, target steps per generated token
 (each request's engine steps, prefill included), the wall time per engine step and, of it, the time in
 vLLM's draft loop (our judgements included), and for our head the draft forwards per engine step and
 its draft loop's time per proposed token. Greedy outputs are checked against vLLM without
 speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
 
-    python benchmarks/vllm_serving.py --num_prompts 16
+    python benchmarks/vllm_serving.py --num_prompts 96 --waves 3
 """
 from __future__ import annotations
 
@@ -115,28 +117,45 @@ def proposer_clock(engine) -> tuple[int, int, float]:
     return tuple(engine.collective_rpc(read)[0])
 
 
-def run_batch(engine, prompts: list[list[int]], max_new_tokens: int) -> dict:
-    """Serve one batch of requests at once through the engine's own step loop: the outputs, each
-    request's latency and engine steps, the wall time and the counters' and clock's increments."""
+def run_batch(engine, prompts: list[list[int]], max_new_tokens: int, in_flight: int | None = None) -> dict:
+    """Serve `prompts` through the engine's own step loop with at most `in_flight` requests at once (default: all),
+    each finished request replaced by the next prompt: the outputs, each request's latency and engine steps (from
+    its arrival), the wall time and the counters' and clock's increments."""
     from vllm import SamplingParams, TokensPrompt
 
     params = SamplingParams(temperature=0, max_tokens=max_new_tokens, ignore_eos=True)
     before, clock = dict(engine.spec_counts), proposer_clock(engine)
     start = time.perf_counter()
-    for i, ids in enumerate(prompts):
-        engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids), params)
+    arrived, waiting = {}, list(enumerate(prompts))[::-1]
     latency, steps, outputs, step = {}, {}, {}, 0
+    produced, full_tokens, full_wall = {}, 0, 0.0  # full: the steps that start with every slot in flight
+
+    def admit() -> None:
+        while waiting and len(arrived) - len(outputs) < (in_flight or len(prompts)):
+            i, ids = waiting.pop()
+            arrived[str(i)] = (time.perf_counter(), step)
+            engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids), params)
+
+    admit()
     while engine.has_unfinished_requests():
         step += 1
+        full, began = len(arrived) - len(outputs) == (in_flight or len(prompts)), time.perf_counter()
         for out in engine.step():
+            made = len(out.outputs[0].token_ids)
+            full_tokens += (made - produced.get(out.request_id, 0)) * full
+            produced[out.request_id] = made
             if out.finished:
-                latency[out.request_id], steps[out.request_id] = time.perf_counter() - start, step
+                latency[out.request_id] = time.perf_counter() - arrived[out.request_id][0]
+                steps[out.request_id] = step - arrived[out.request_id][1]
                 outputs[out.request_id] = list(out.outputs[0].token_ids)
+        admit()
+        full_wall += (time.perf_counter() - began) * full
     wall = time.perf_counter() - start
     after, clock_after = engine.spec_counts, proposer_clock(engine)
     order = [str(i) for i in range(len(prompts))]
     return {"outputs": [outputs[i] for i in order], "latency": [latency[i] for i in order],
-            "steps": [steps[i] for i in order], "wall": wall,
+            "steps": [steps[i] for i in order], "engine_steps": step, "wall": wall,
+            "full_tokens": full_tokens, "full_wall": full_wall,
             "counters": {k: after[k] - before[k] for k in after},
             "proposed": clock_after[0] - clock[0], "draft_forwards": clock_after[1] - clock[1],
             "draft_loop_s": clock_after[2] - clock[2]}
@@ -146,15 +165,21 @@ def tokens_per_s(batch: dict) -> float:
     return sum(map(len, batch["outputs"])) / batch["wall"]
 
 
+def steady_tokens_per_s(batch: dict) -> float:
+    """Tokens per second over the steps that start with every slot in flight (a server under steady load)."""
+    return batch["full_tokens"] / batch["full_wall"] if batch["full_wall"] else float("nan")
+
+
 def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
     """One table row from a method's batches and vLLM-without-speculation's same batches."""
     tokens = sum(len(o) for b in batches for o in b["outputs"])
     steps = sum(sum(b["steps"]) for b in batches)
     total = {k: sum(b["counters"].get(k, 0) for b in batches) for k in ("drafts", "draft_tokens", "accepted_tokens")}
     proposed, forwards = sum(b["proposed"] for b in batches), sum(b["draft_forwards"] for b in batches)
-    engine_steps = sum(max(b["steps"]) for b in batches)
+    engine_steps = sum(b["engine_steps"] for b in batches)
     return {
         "method": name, "tokens_per_s": tokens / sum(b["wall"] for b in batches),
+        "steady_tokens_per_s": sum(b["full_tokens"] for b in batches) / sum(b["full_wall"] for b in batches),
         "ratio_to_plain": statistics.median(tokens_per_s(b) / tokens_per_s(p) for b, p in zip(batches, plain)),
         "median_latency_s": statistics.median(x for b in batches for x in b["latency"]),
         **total, "acceptance": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else None,
@@ -174,22 +199,28 @@ def against_best_draft_model(rows: list[dict], results: dict[str, list[dict]]) -
     if not draft_models:
         return
     best = max(draft_models, key=lambda r: r["ratio_to_plain"])
+    steady = max(draft_models, key=lambda r: r["steady_tokens_per_s"])
     fewest = min(r["target_steps_per_token"] for r in draft_models)
     for row in rows:
-        row["best_draft_model"] = best["method"]
+        row["best_draft_model"], row["steady_best_draft_model"] = best["method"], steady["method"]
         row["ratio_to_best_draft_model"] = statistics.median(
             tokens_per_s(b) / tokens_per_s(d) for b, d in zip(results[row["method"]], results[best["method"]]))
+        row["steady_ratio_to_best_draft_model"] = statistics.median(steady_tokens_per_s(b) / steady_tokens_per_s(d)
+                                                                    for b, d in zip(results[row["method"]],
+                                                                                    results[steady["method"]]))
         row["steps_to_fewest_draft_model"] = row["target_steps_per_token"] / fewest
 
 
 def markdown(rows: list[dict]) -> str:
     header = ("| method | concurrency | tokens/s | vs no speculation (median) | vs best draft_model (median) | "
+              "steady tokens/s | steady vs best draft_model (median) | "
               "median latency (s) | drafts | draft tokens | accepted | acceptance | target steps/token | "
               "vs fewest draft_model | draft forwards/engine step | ms/engine step | draft loop ms/engine step | "
-              "propose ms/proposed | output = plain |\n" + "|---" * 17 + "|\n")
+              "propose ms/proposed | output = plain |\n" + "|---" * 19 + "|\n")
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     lines = [f"| {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_plain']:.2f}x | "
-             f"{fmt(r.get('ratio_to_best_draft_model'), '.2f')}x | {r['median_latency_s']:.2f} | {r['drafts']:.0f} | "
+             f"{fmt(r.get('ratio_to_best_draft_model'), '.2f')}x | {r['steady_tokens_per_s']:.1f} | "
+             f"{fmt(r.get('steady_ratio_to_best_draft_model'), '.2f')}x | {r['median_latency_s']:.2f} | {r['drafts']:.0f} | "
              f"{r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | {fmt(r['acceptance'], '.3f')} | "
              f"{r['target_steps_per_token']:.3f} | {fmt(r.get('steps_to_fewest_draft_model'), '.2f')}x | "
              f"{fmt(r['draft_forwards_per_step'], '.2f')} | {r['ms_per_engine_step']:.2f} | "
@@ -203,7 +234,10 @@ def main() -> None:
     parser.add_argument("--prompt_sets", nargs="+", default=["stdlib-heldout", "humaneval"])
     parser.add_argument("--num_prompts", type=int, default=16, help="prompts per set (the first ones)")
     parser.add_argument("--max_new_tokens", type=int, default=128)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16],
+                        help="requests in flight: a finished request is replaced by the next prompt")
+    parser.add_argument("--waves", type=int, default=1,
+                        help="prompts served per timed run, in multiples of the concurrency (1: one batch at once)")
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods, by name")
     parser.add_argument("--zoo", default=str(ZOO))
     parser.add_argument("--output", default="results/vllm-serving")
@@ -224,9 +258,11 @@ def main() -> None:
             run_batch(served, prompts[:1], 16)
         for concurrency in args.concurrency:
             results = {name: [] for name in engines}
-            for b, start in enumerate(range(0, len(prompts), concurrency)):
+            served = concurrency * args.waves
+            for b, start in enumerate(range(0, len(prompts), served)):
                 for name in rotated(list(engines), b):
-                    results[name].append(run_batch(engines[name], prompts[start:start + concurrency], args.max_new_tokens))
+                    results[name].append(run_batch(engines[name], prompts[start:start + served], args.max_new_tokens,
+                                                   concurrency))
             plain = results[PLAIN]
             done = [{"prompt_set": prompt_set, "concurrency": concurrency, **summarise(name, batches, plain)}
                     for name, batches in results.items()]
