@@ -125,27 +125,27 @@ def flat_prices(rows: int) -> VllmPrices:
 
 
 def test_the_batch_drafts_while_a_forward_is_worth_its_price():
-    # Two rows judged 0.9 and 0.5 at every step; their own rules never stop them (threshold 1).
-    # After step 1: expected (1 + .9) + (1 + .5) = 3.4 in verify(1) + 1 forward = 14 ms (0.243/ms); one more adds
-    # .9 + .5 = 1.4 for verify(2) + 2 forwards = 18 ms: 4.8 / 18 = 0.267/ms, worth it.
-    # After step 2: 4.46 in 18 ms (0.248/ms); one more: (4.46 + .81 + .25) / 22 = 0.251/ms, worth it.
-    # After step 3: 5.314 in 22 ms (0.2415/ms); one more: (5.314 + .729 + .125) / 26 = 0.2372/ms: the batch stops.
+    # Two rows judged 0.9 and 0.5 at every step; their own rules never stop them (threshold 1). One more forward
+    # adds each drafting row's next survival, estimated with its last judgement.
+    # After step 1: expected (1 + .9) + (1 + .5) = 3.4 in verify(1) + 1 forward = 14 ms (0.2429/ms); one more adds
+    # .9 x .9 + .5 x .5 = 1.06 for verify(2) + 2 forwards = 18 ms: 4.46 / 18 = 0.2478/ms, worth it.
+    # After step 2: 4.46 in 18 ms (0.2478/ms); one more: (4.46 + .729 + .125) / 22 = 0.2415/ms: the batch stops.
     checkpoints = {}
     batch = run_round(priced_round([[0.9] * 12, [0.5] * 12], 1.0, flat_prices(2)), 2, checkpoints)
-    assert [len(p) for p in batch.proposals()] == [3, 3]
-    assert checkpoints[1] == pytest.approx((3.4, 14.0)) and checkpoints[2] == pytest.approx((4.46, 18.0))
-    assert checkpoints[3] is None  # it stopped there: its figures, by hand, were
-    assert batch.expected_tokens() == pytest.approx(5.314) and batch.price_ms(3, 6) == pytest.approx(22.0)
+    assert [len(p) for p in batch.proposals()] == [2, 2]
+    assert checkpoints[1] == pytest.approx((3.4, 14.0))
+    assert checkpoints[2] is None  # it stopped there: its figures, by hand, were
+    assert batch.expected_tokens() == pytest.approx(4.46) and batch.price_ms(2, 4) == pytest.approx(18.0)
     assert batch.price_ms(3, 5) == pytest.approx(21.0)  # 5 tokens over 2 rows: half way from verify(2) to verify(3)
 
 
 def test_each_row_still_stops_on_its_own_rule_and_a_row_alone_ignores_prices():
-    # The second row's own rule (threshold 0.6) stops it after 2 tokens (1 - .5^2 = .75). The first drafts on while
-    # its forward is worth it: after step 2, 4.46 in verify(2) + 2 forwards = 18 ms (0.2478/ms), one more adds .81
-    # for 21 ms (5 tokens: verify 15 ms): 0.251/ms; after step 3, 5.189 in 21 ms (0.2471/ms), one more adds .729
-    # for 24 ms: 0.2466/ms, and the batch stops.
-    batch = run_round(priced_round([[0.9] * 12, [0.5] * 12], 0.6, flat_prices(2)), 2)
-    assert [len(p) for p in batch.proposals()] == [3, 2]
+    # The second row's own rule (threshold 0.6) stops it after 1 token (1 - .3 = .7). The first drafts on while its
+    # forward is worth it: after step 1, 3.2 in verify(1) + 1 forward = 14 ms (0.2286/ms), one more adds .81 for
+    # 17 ms (3 tokens: verify 13 ms): 0.2359/ms; after step 2, one more adds .729 for 20 ms: 0.2370/ms; after step
+    # 3, 4.739 in 20 ms (0.2370/ms), one more adds .6561 for 23 ms: 0.2346/ms, and the batch stops.
+    batch = run_round(priced_round([[0.9] * 12, [0.3] * 12], 0.6, flat_prices(2)), 2)
+    assert [len(p) for p in batch.proposals()] == [3, 1]
     # Alone, the row's own rule: 1 - .9^9 = .61 > .6, where those prices would have stopped a batch after 3.
     alone = run_round(priced_round([[0.9] * 12], 0.6, flat_prices(1)), 1)
     assert len(alone.proposals()[0]) == 9

@@ -209,7 +209,7 @@ class BatchRound:
             return True
         j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
         tokens = sum(length or j for length in self.lengths)
-        added = sum(self.survival[row][-1] for row in drafting)
+        added = sum(self.survival[row][-1] * self.p_accept[-1][row] for row in drafting)  # the next token's survival
         costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
         return best_verify_length([added / self.expected_tokens()], costs) == 1
 
