@@ -231,7 +231,8 @@ ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"
 
 
 COMMITTED_HEADS = [("head", []), ("head-sampling", ["log_q", "entropy", "margin"]), ("head-reference", []),
-                   ("head-tree", ["log_q", "margin", "log_rank"])]
+                   ("head-tree", ["log_q", "margin", "log_rank"]),
+                   ("head-sampling-tree", ["log_q", "margin", "log_rank", "log_left"])]
 
 
 @pytest.mark.parametrize("name,features", COMMITTED_HEADS)
