@@ -128,11 +128,17 @@ class StepTimes:
             return self.level_ms[min(width, len(self.level_ms)) - 1]
         return self.drafting_ms(place + 1) - self.drafting_ms(place)
 
+    def tree_levels_ms(self, widths: list[int]) -> float:
+        """A token tree's draft levels, expanding `widths[i]` nodes at each place `i`."""
+        return sum(self.level_price(place, width) for place, width in enumerate(widths))
+
     def tree_round_ms(self, widths: list[int], num_nodes: int) -> float:
-        """A token tree's round: a draft level expanding `widths[i]` nodes at each place `i` and the verification
-        of `num_nodes` nodes."""
-        return self.verify_at(num_nodes) + sum(self.level_price(place, width) for place, width in enumerate(widths)) \
-            + self.round_overhead_ms
+        """A token tree's round: its draft levels (`tree_levels_ms`) and the verification of `num_nodes` nodes."""
+        return self.round_after_levels_ms(self.tree_levels_ms(widths), num_nodes)
+
+    def round_after_levels_ms(self, levels_ms: float, num_nodes: int) -> float:
+        """A token tree's round whose draft levels cost `levels_ms`, verifying `num_nodes` nodes."""
+        return self.verify_at(num_nodes) + levels_ms + self.round_overhead_ms
 
     def rounds_ms(self, round_weights: list[float], judged: bool = False) -> float:
         """The time of `round_weights[k]` rounds of `k` tokens each, every token judged when `judged`."""

@@ -433,6 +433,7 @@ class TreeSchedule(Schedule):
         verification's growth at the round's expected tokens per millisecond)."""
         order = sorted(range(len(drafted)), key=lambda i: (-drafted[i].value, drafted[i].depth, drafted[i].rank))
         chosen, kept, kept_ranks, expected = [], set(), set(), 1.0
+        levels_ms = self.times.tree_levels_ms(widths) if self.auto else 0.0  # the same for every candidate
         for index in order:
             candidate = drafted[index]
             if len(chosen) == self.nodes:
@@ -442,7 +443,7 @@ class TreeSchedule(Schedule):
             if self.do_sample and candidate.rank and (candidate.parent, candidate.rank - 1) not in kept_ranks:
                 continue
             if self.auto:
-                spent = self.times.tree_round_ms(widths, len(chosen))
+                spent = self.times.round_after_levels_ms(levels_ms, len(chosen))
                 extra = self.times.verify_at(len(chosen) + 1) - self.times.verify_at(len(chosen))
                 if candidate.value * spent < expected * extra:
                     break
