@@ -62,10 +62,9 @@ def predicted_ms(stats: GenerationStats, times: StepTimes) -> float:
     """A generation's time at `times`: each round's verification of its drafted nodes, every draft step at the
     median step's price (a tree's level, where `times` price levels, at its width's), and the loop's overhead per
     round."""
-    if times.level_ms and stats.tree_level_widths:
-        drafting = sum(times.level_price(1, width) for width in stats.tree_level_widths)
-    else:
-        drafting = stats.draft_calls * statistics.median(times.draft_ms)
+    levels = stats.tree_level_widths if times.level_ms else []
+    drafting = sum(times.level_price(1, width) for width in levels) \
+        + (stats.draft_calls - len(levels)) * statistics.median(times.draft_ms)
     return sum(times.verify_at(n) for n in stats.draft_lengths) + drafting \
         + len(stats.draft_lengths) * times.round_overhead_ms
 
@@ -76,6 +75,7 @@ def summary(method: Method, times: StepTimes) -> dict:
     calls = sum(s.target_calls for s in runs)
     return {"method": method.name, "tokens_per_target_call": tokens / calls,
             "draft_steps_per_token": sum(s.draft_calls for s in runs) / tokens,
+            "tree_round_share": sum(s.tree_rounds for s in runs) / calls,
             "mean_drafted": statistics.mean(n for s in runs for n in s.draft_lengths),
             "mean_accepted": statistics.mean(a for s in runs for a in s.accepted_lengths),
             "measured_ms_per_token": 1000 * sum(s.wall_time for s in runs) / tokens,
@@ -84,10 +84,11 @@ def summary(method: Method, times: StepTimes) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| method | tokens / target call | draft steps / token | drafted / round | accepted / round | " \
-           "measured ms / token | predicted ms / token |\n|---|---:|---:|---:|---:|---:|---:|\n"
+    head = "| method | tokens / target call | draft steps / token | tree rounds | drafted / round | accepted / round " \
+           "| measured ms / token | predicted ms / token |\n|---|---:|---:|---:|---:|---:|---:|---:|\n"
     return head + "\n".join(
         f"| {r['method']} | {r['tokens_per_target_call']:.3f} | {r['draft_steps_per_token']:.3f} | "
+        f"{r['tree_round_share']:.0%} | "
         f"{r['mean_drafted']:.2f} | {r['mean_accepted']:.2f} | {r['measured_ms_per_token']:.2f} | "
         f"{r['predicted_ms_per_token']:.2f} |" for r in rows)
 

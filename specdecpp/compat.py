@@ -86,6 +86,14 @@ def special_layers(cache: Any) -> list:
     return [layer for layer in cache.layers if type(layer) not in FULL_ATTENTION_LAYERS]
 
 
+def copy_static_cache(source: Any, target: Any, length: int) -> None:
+    """Make `target`, a `StaticCache` of the same model, hold `source`'s first `length` entries (in place)."""
+    for src, dst in zip(source.layers, target.layers):
+        dst.keys[:, :, :length].copy_(src.keys[:, :, :length])
+        dst.values[:, :, :length].copy_(src.values[:, :, :length])
+        dst.cumulative_length.fill_(length)
+
+
 def is_sliding(layer: Any) -> bool:
     return bool(getattr(layer, "is_sliding", False))
 

@@ -20,8 +20,7 @@ from specdecpp.engine.decoding import GenerationStats, tree_round
 from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.sampling import make_warpers
-from specdecpp.engine.schedules import MAX_TREE_NODES, AdaTree, ConfidenceTree
-from specdecpp.engine.schedules import ROOT
+from specdecpp.engine.schedules import MAX_TREE_NODES, PILOT_ROUNDS, ROOT, Ada, AdaTree, ConfidenceTree
 from specdecpp.engine.tree import Candidate, TokenTree, tree_attention_mask
 from specdecpp.head.model import LeanJudge
 
@@ -272,3 +271,36 @@ def test_auto_expands_a_level_only_while_its_values_pay_for_its_price_at_its_wid
 
     assert expanded([0.1, 0.2]) == [0, 1]  # 1.1 tokens x 1.1 ms >= 2.1 tokens x 0.2 ms
     assert expanded([0.1, 0.7]) == []  # 1.1 x 1.1 < 2.1 x 0.7: a level of two nodes costs too much
+
+
+def test_auto_weighs_its_trees_against_the_chain_ada_would_draft():
+    # First children 0 -> 2 -> 4 (survival 0.9, 0.72, 0.36): the chain at 0.5 drafts all three (it stops once
+    # 1 - 0.36 > 0.5), 2.98 expected tokens for 3 draft steps and a verification of 3: 1.3 ms at FLAT. The tree
+    # [0, 2, 4, 1, 3] expects 3.132 for its three levels and a verification of 5: 1.3 ms at the chain's steps.
+    drafted = candidates((ROOT, 0, 0.9, 1), (ROOT, 1, 0.08, 1), (0, 0, 0.8, 2), (1, 0, 0.9, 2), (2, 0, 0.5, 3))
+    chain = Ada(random_proposer(), 0.5, (1, 8))
+    for level_ms, prefers_chain in (([], False), ([0.2, 0.4], True)):  # levels 0.2 + 0.4 + 0.4 ms: 3.132 / 2 ms < 2.98 / 1.3
+        times = StepTimes(draft_ms=[0.1] * 4, verify_ms=[1.0] * 9, target_alone_ms=1.0, level_ms=level_ms)
+        policy = ConfidenceTree(4, "auto", 0.5, (1, 8), False, times, chain)
+        for rounds in range(1, PILOT_ROUNDS + 1):
+            policy.weigh(drafted, [0, 2, 4, 1, 3], [1, 2, 2] if level_ms else [1, 1, 1])
+            assert policy.prefers_chain() == (prefers_chain and rounds == PILOT_ROUNDS)
+        assert policy.tally[1:] == pytest.approx([x * PILOT_ROUNDS for x in (3.132, 2.0 if level_ms else 1.3, 2.98, 1.3)])
+
+
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=[pytest.mark.slow, needs_static_crop])])
+def test_an_auto_tree_hands_over_to_the_chain_where_its_prices_rate_the_chain_higher(tiny_pair, compile):
+    target, draft = tiny_pair
+    head = random_proposer()
+    dear_levels = StepTimes(draft_ms=[0.1] * 8, verify_ms=[1.0] * 9, target_alone_ms=1.0, level_ms=[5.0, 6.0])
+    for prompt in prompts(3, seed=4):
+        handed_over, kept = (speculative_generate(target, draft, prompt, schedule="ada-tree", head=head,
+                                                  stop_threshold=0.6, bound=(1, 5), tree_nodes="auto", tree_width=2,
+                                                  step_times=times, max_new_tokens=40, compile=compile).stats
+                             for times in (dear_levels, FLAT))
+        assert handed_over.tree_rounds == PILOT_ROUNDS < handed_over.target_calls
+        assert kept.tree_rounds == kept.target_calls
+        out = speculative_generate(target, draft, prompt, schedule="ada-tree", head=head, stop_threshold=0.6,
+                                   bound=(1, 5), tree_nodes="auto", tree_width=2, step_times=dear_levels,
+                                   max_new_tokens=40, compile=compile)
+        assert torch.equal(out.sequences, target_greedy(target, prompt, 40))

@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, StaticCache
 
 from specdecpp.checks import vocab_size
 from specdecpp.compat import (COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs,
-                              compile_guarded_state, is_sliding, special_layers)
+                              compile_guarded_state, copy_static_cache, is_sliding, special_layers)
 from specdecpp.engine.draft_step import CachedModel, proposed_step
 from specdecpp.engine.processing import Processing
 from specdecpp.engine.schedules import MAX_TREE_NODES
@@ -175,6 +175,11 @@ class StaticModel:
     def reset(self) -> None:
         self.crop(0)
 
+    def take_cache(self, other: StaticModel) -> None:
+        """Hold what `other`, an engine of the same model, holds: its cache's entries, copied."""
+        copy_static_cache(other.cache, self.cache, other.length)
+        self.length = other.length
+
     def warm_up(self) -> None:
         """Compile the verification graphs for 1, 2 and 3 tokens (the third reuses the dynamic one)."""
         self.warmed_lengths = 0
@@ -328,6 +333,9 @@ class ProcessedDraft:
 
     def crop(self, length: int) -> None:
         self.forward.crop(length)
+
+    def take_cache(self, other: StaticModel) -> None:
+        self.forward.take_cache(other)
 
 
 class TreeModel(StaticModel):

@@ -36,6 +36,7 @@ class GenerationStats:
     draft_lengths: list[int] = field(default_factory=list)
     verified_lengths: list[int] = field(default_factory=list)
     tree_level_widths: list[int] = field(default_factory=list)  # token trees: the nodes each draft level expanded
+    tree_rounds: int = 0  # rounds drafted as a token tree (an `auto` tree's chain drafts the rest)
     generated_length: int = 0
     wall_time: float = 0.0
     draft_time: float = 0.0
@@ -86,11 +87,21 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     target_model, draft_model, stats.compile_time = step_models(
         target, draft if settings.schedule_class.needs_draft else None, settings, processing,
         prompt_length + max_new_tokens)
+    chain_models = (target_model, draft_model)  # where an `auto` tree's chain rounds run: compiled, their own engine
+    if policy.grows_tree and policy.chain is not None and settings.compile:
+        *chain_models, seconds = step_models(target, draft, settings.chain_settings(), processing,
+                                             prompt_length + max_new_tokens)
+        stats.compile_time += seconds
     start = time.perf_counter()
     if streamer is not None:
         streamer.put(input_ids.cpu())
     with torch.inference_mode(), recompiles_forbidden(settings.compile):
         while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
+            if policy.grows_tree and policy.prefers_chain():
+                for tree_model, chain_model in zip((target_model, draft_model), chain_models):
+                    if chain_model is not tree_model:
+                        chain_model.take_cache(tree_model)
+                policy, (target_model, draft_model) = policy.chain, chain_models
             policy.start_round()
             longest = min(policy.max_draft(), remaining - 1)  # a round emits up to k + 1 tokens
             if policy.grows_tree:
@@ -138,6 +149,7 @@ def tree_round(target_model: CachedModel, draft_model: EagerDraft, seq: list[int
     """A token tree's round after `seq` (at most `longest` levels): grow, verify in one target forward, and pack each
     cache's entries of the accepted path after `seq`. Returns accepted tokens, the target's token, tree size."""
     tree, fed = grow_tree(draft_model, seq, policy, longest, processing, generator, stats)
+    stats.tree_rounds += 1
     verify_start = time.perf_counter()
     path, next_token = verify_tree(target_model, seq, tree, processing, generator)
     stats.verify_time += time.perf_counter() - verify_start

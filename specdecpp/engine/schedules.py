@@ -357,6 +357,7 @@ class AdaBudget(VerifyBudget):
 
 MAX_TREE_NODES = 64  # the most nodes a tree round verifies (`tree_nodes`)
 ROOT = -1  # a token tree's root: the last verified token, parent of the first level
+PILOT_ROUNDS = 2  # the tree rounds an `auto`-sized `ada-tree` weighs before it may hand over to the chain
 
 
 class TreeSchedule(Schedule):
@@ -371,11 +372,12 @@ class TreeSchedule(Schedule):
     grows_tree = True
 
     def __init__(self, width: int, tree_nodes: int | str, stop_threshold: float, bound: tuple[int, int],
-                 do_sample: bool, times: StepTimes | None = None):
+                 do_sample: bool, times: StepTimes | None = None, chain: ProductRule | None = None):
         self.width, self.stop_threshold, self.do_sample, self.times = width, stop_threshold, do_sample, times
         self.auto = tree_nodes == "auto"
         self.nodes = MAX_TREE_NODES if self.auto else tree_nodes
         self.min_draft, self.max_k = bound
+        self.chain, self.tally = chain, [0, 0.0, 0.0, 0.0, 0.0]  # rounds; the trees', the chains' tokens and ms
 
     @classmethod
     def prices_rounds(cls, settings) -> bool:
@@ -458,16 +460,30 @@ class TreeSchedule(Schedule):
     def _cheaper_than_its_chain(self, drafted: list, chosen: list[int], widths: list[int]) -> list[int]:
         """`chosen`, or the chain of first children inside it where the costs price that chain's expected tokens
         per millisecond higher (greedy: which nodes are verified may depend on their own scores)."""
-        first_child = {drafted[i].parent: i for i in chosen if drafted[i].rank == 0}
-        chain, node = [], ROOT
-        while node in first_child:
-            node = first_child[node]
-            chain.append(node)
+        chain = first_children(drafted, chosen)
 
         def rate(nodes: list[int]) -> float:
             return (1.0 + sum(drafted[i].path_value for i in nodes)) / self.times.tree_round_ms(widths, len(nodes))
 
         return chain if rate(chain) > rate(chosen) else chosen
+
+    def weigh(self, drafted: list, chosen: list[int], widths: list[int]) -> None:
+        """Tally a grown round for `prefers_chain`: the tree's expected tokens and price, and those of the round
+        `chain` would have drafted, the first children until its product rule stops, at the chain's step prices."""
+        if self.chain is None:
+            return
+        survival = [drafted[i].path_value for i in first_children(drafted, range(len(drafted)))][:self.chain.max_k]
+        k = next((j for j, s in enumerate(survival, 1) if j >= self.chain.min_draft
+                  and 1.0 - s > self.chain.stop_threshold), len(survival))
+        round_ = (1, 1.0 + sum(drafted[i].path_value for i in chosen), self.times.tree_round_ms(widths, len(chosen)),
+                  1.0 + sum(survival[:k]), self.times.round_ms(k, k))
+        self.tally = [total + part for total, part in zip(self.tally, round_)]
+
+    def prefers_chain(self) -> bool:
+        """Whether, over its first `PILOT_ROUNDS` rounds or more, the chain's expected tokens per millisecond beat
+        the trees' (both by this schedule's own judgements and prices): the rest of the generation drafts chains."""
+        rounds, tree_tokens, tree_ms, chain_tokens, chain_ms = self.tally
+        return rounds >= PILOT_ROUNDS and chain_tokens * tree_ms > tree_tokens * chain_ms
 
 
 class AdaTree(TreeSchedule):
@@ -479,8 +495,8 @@ class AdaTree(TreeSchedule):
     needs_head = True
 
     def __init__(self, head: AcceptancePredictionHead, width: int, tree_nodes: int | str, stop_threshold: float,
-                 bound: tuple[int, int], do_sample: bool, times: StepTimes | None = None):
-        super().__init__(width, tree_nodes, stop_threshold, bound, do_sample, times)
+                 bound: tuple[int, int], do_sample: bool, times: StepTimes | None = None, chain: Ada | None = None):
+        super().__init__(width, tree_nodes, stop_threshold, bound, do_sample, times, chain)
         self.judge = LeanJudge(head)
         self.by_features = bool(head.features)
 
@@ -488,8 +504,9 @@ class AdaTree(TreeSchedule):
     def from_settings(cls, settings, draft_correct=None):
         threshold = settings.head.resolve_stop_threshold(settings.stop_threshold, settings.step_times)
         times = settings.budget_step_times() if cls.prices_rounds(settings) else None
+        chain = Ada.from_settings(settings.chain_settings()) if times is not None else None
         return cls(settings.head, settings.tree_width, settings.tree_nodes, threshold, tuple(settings.bound),
-                   settings.do_sample, times)
+                   settings.do_sample, times, chain)
 
     @classmethod
     def check_head(cls, settings):
@@ -544,6 +561,16 @@ class ConfidenceTree(TreeSchedule):
 
     def score_children(self, logits, probs, raw_probs, states, children):
         return [draft_scores(row, tokens, self.do_sample) for row, tokens in zip(probs, children)]
+
+
+def first_children(drafted: list, within) -> list[int]:
+    """The chain of first children from the root among the candidates `within` (indices into `drafted`)."""
+    first = {drafted[i].parent: i for i in within if drafted[i].rank == 0}
+    chain, node = [], ROOT
+    while node in first:
+        node = first[node]
+        chain.append(node)
+    return chain
 
 
 def draft_scores(probs: torch.Tensor, tokens: list[int], do_sample: bool) -> list[float]:

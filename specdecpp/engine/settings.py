@@ -78,6 +78,10 @@ class DecodingSettings:
         return replace(self, stop_threshold=threshold if self.stop_threshold is None else self.stop_threshold,
                        bound=tuple(stored or PLAIN_DEFAULTS["bound"]) if self.bound is None else tuple(self.bound))
 
+    def chain_settings(self) -> DecodingSettings:
+        """The chain `ada` an `auto`-sized `ada-tree` may hand over to: its head, at the head's default threshold."""
+        return replace(self, schedule="ada", stop_threshold=None).with_head_defaults()
+
     def validate(self, name: Callable[[str], str] = str) -> None:
         """ValueError naming the setting (`name` spells it) on a value the loop cannot honour."""
         if self.stop_threshold is None or self.bound is None:

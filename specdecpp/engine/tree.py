@@ -189,7 +189,9 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
     node_of = {ROOT: ROOT}
     fed = {}
     stats.tree_level_widths += widths
-    for index in policy.select(drafted, widths):
+    chosen = policy.select(drafted, widths)
+    policy.weigh(drafted, chosen, widths)
+    for index in chosen:
         candidate = drafted[index]
         if candidate.parent not in node_of:
             continue

@@ -152,7 +152,7 @@ class LevelsOfWidth:
 
     def __init__(self, policy, nodes: int):
         self.width, self.nodes = policy.width, nodes
-        self.score_children, self.valued = policy.score_children, policy.valued
+        self.score_children, self.valued, self.weigh = policy.score_children, policy.valued, policy.weigh
 
     def expand(self, newest: list, drafted: list, widths: list[int]) -> list[int]:
         return list(range(min(self.nodes, len(newest))))
