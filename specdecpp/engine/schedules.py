@@ -1,9 +1,7 @@
 """Candidate-length schedules: how many tokens the draft proposes in each round.
 
-A schedule is one class: a policy behind `start_round`, `max_draft`, `stop_after(step)`,
-`verify_length(num_drafted)` and `end_round(num_verified, num_accepted)`, holding one generation's
-state, with its capabilities as class attributes. A class that sets `name` is in `SCHEDULES`.
-"""
+A schedule is one class: a policy behind `start_round`, `max_draft`, `stop_after`, `verify_length` and `end_round`,
+holding one generation's state, its capabilities as class attributes. A class that sets `name` is in `SCHEDULES`."""
 from __future__ import annotations
 
 import itertools
@@ -33,6 +31,7 @@ class Schedule:
     recalibrates: ClassVar[bool] = False  # takes `online=True`
     knows_target: ClassVar[bool] = False  # built with the target's own output (`draft_correct`)
     grows_tree: ClassVar[bool] = False  # drafts a token tree (`tree.grow_tree`), not a chain
+    proposer_only: ClassVar[str | None] = None  # set: refuses reader heads, saying what its proposer head does
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -66,6 +65,9 @@ class Schedule:
     @classmethod
     def check_head(cls, settings) -> None:
         """ValueError unless `settings.head` suits this schedule (called with a head that fits the draft)."""
+        if cls.proposer_only is not None and settings.head.alignment != "proposer":
+            raise ValueError(f"schedule '{cls.name}' needs a proposer head, which {cls.proposer_only}; this head is a "
+                             "reader")
 
     @classmethod
     def prices_rounds(cls, settings) -> bool:
@@ -323,8 +325,7 @@ class VerifyBudget(Schedule):
         return False
 
     def verify_length(self, num_drafted: int) -> int:
-        judged = num_drafted if self.judged else 0
-        costs = [self.times.round_ms(num_drafted, judged, n) for n in range(num_drafted + 1)]
+        costs = [self.times.round_ms(num_drafted, num_drafted if self.judged else 0, n) for n in range(num_drafted + 1)]
         return best_verify_length(self.survival[:num_drafted], costs)
 
     def end_round(self, num_verified: int, num_accepted: int) -> None:
@@ -336,6 +337,7 @@ class AdaBudget(VerifyBudget):
 
     name = "ada-budget"
     needs_head = True
+    proposer_only = "scores every drafted token of the block when it drafts it"
 
     def __init__(self, head: AcceptancePredictionHead, num_tokens: int, times: StepTimes):
         super().__init__(HeadJudge(head), num_tokens, times, judged=True)
@@ -348,12 +350,6 @@ class AdaBudget(VerifyBudget):
     def estimator_positions(cls, settings):
         return None
 
-    @classmethod
-    def check_head(cls, settings):
-        if settings.head.alignment != "proposer":
-            raise ValueError("schedule 'ada-budget' needs a proposer head, which scores every drafted token of the "
-                             "block when it drafts it; this head is a reader")
-
 
 MAX_TREE_NODES = 64  # the most nodes a tree round verifies (`tree_nodes`)
 ROOT = -1  # a token tree's root: the last verified token, parent of the first level
@@ -362,12 +358,8 @@ PILOT_ROUNDS = 2  # the tree rounds an `auto`-sized `ada-tree` weighs before it 
 
 class TreeSchedule(Schedule):
     """A token tree's policy (`tree.grow_tree` drives it): each expanded node proposes `width` children, scored by
-    `score_children` (P(accept) given that the earlier siblings were not); each level expands the `width` most
-    valuable of the newest candidates whose path's estimated acceptance keeps `1 - value <= stop_threshold` (at
-    least `min` levels, at most `max`: `bound`); the target verifies the most valuable candidates, at most
-    `tree_nodes`. `tree_nodes="auto"` keeps a candidate only while its value pays for the verification's growth at
-    the round's expected tokens per millisecond (`times`), and expands a level only while its values pay for a
-    draft step."""
+    `score_children`; `expand` picks the nodes each level expands (at least `min` levels, at most `max`: `bound`),
+    `select` the candidates the target verifies (at most `tree_nodes`; `"auto"`: while each pays at `times`)."""
 
     grows_tree = True
 
@@ -388,15 +380,13 @@ class TreeSchedule(Schedule):
 
     def score_children(self, logits: torch.Tensor, probs: torch.Tensor, raw_probs: torch.Tensor | None,
                        states: torch.Tensor | None, children: list[list[int]]) -> list[list[float]]:
-        """Each child's P(accept), given that its earlier siblings were not accepted, for the nodes of one level:
-        node `i`'s raw `logits[i]`, processed `probs[i]` (`raw_probs[i]`: unprocessed, None when processing changed
-        them), draft state `states[i]` and children `children[i]`."""
+        """Each child's P(accept), its earlier siblings not accepted, for one level's nodes: node `i`'s raw `logits[i]`,
+        processed `probs[i]` (`raw_probs`: None where processing changed them), state `states[i]`, `children[i]`."""
         raise NotImplementedError
 
     def valued(self, candidates: list, parent_value: float) -> list:
-        """`candidates` (one node's children, in draw order) with their `path_value` and `value`. Sampling ranks a
-        child by its chance of being tried, which its own token does not enter: which siblings the target sees
-        must not depend on them, or recursive rejection sampling would not follow the target's distribution."""
+        """`candidates` (one node's children, in draw order) with their `path_value` and `value`. Sampling ranks a child
+        by its chance of being tried, which its own token does not enter, so rejection sampling stays exact."""
         reach = parent_value
         for candidate in candidates:
             candidate.path_value = (reach if self.do_sample else parent_value) * candidate.score
@@ -430,9 +420,8 @@ class TreeSchedule(Schedule):
         return picked
 
     def select(self, drafted: list, widths: list[int]) -> list[int]:
-        """The drafted candidates the target verifies, parents first: the most valuable, each under a kept parent
-        (and, sampling, after its earlier siblings), at most `tree_nodes` (`auto`: while each pays for the
-        verification's growth at the round's expected tokens per millisecond)."""
+        """The drafted candidates the target verifies, parents first: the most valuable under kept parents (sampling:
+        after earlier siblings), at most `tree_nodes` (`auto`: while each pays its way at the round's rate)."""
         order = sorted(range(len(drafted)), key=lambda i: (-drafted[i].value, drafted[i].depth, drafted[i].rank))
         chosen, kept, kept_ranks, expected = [], set(), set(), 1.0
         levels_ms = self.times.tree_levels_ms(widths) if self.auto else 0.0  # the same for every candidate
@@ -487,18 +476,17 @@ class TreeSchedule(Schedule):
 
 
 class AdaTree(TreeSchedule):
-    """`ada-tree`: a token tree scored by a proposer head. A head of features judges each child from the
-    parent's state; a head of the state alone gives the first child its judgement and shares the rest of the
-    rejection mass among the others by their draft probabilities."""
+    """`ada-tree`: a token tree scored by a proposer head. One of features judges each child from the parent's state;
+    one of the state alone judges the first child, the rest of the rejection mass shared by draft probability."""
 
     name = "ada-tree"
     needs_head = True
+    proposer_only = "judges each child from the state that proposes it"
 
     def __init__(self, head: AcceptancePredictionHead, width: int, tree_nodes: int | str, stop_threshold: float,
                  bound: tuple[int, int], do_sample: bool, times: StepTimes | None = None, chain: Ada | None = None):
         super().__init__(width, tree_nodes, stop_threshold, bound, do_sample, times, chain)
-        self.judge = LeanJudge(head)
-        self.by_features = bool(head.features)
+        self.judge, self.by_features = LeanJudge(head), bool(head.features)
 
     @classmethod
     def from_settings(cls, settings, draft_correct=None):
@@ -510,9 +498,7 @@ class AdaTree(TreeSchedule):
 
     @classmethod
     def check_head(cls, settings):
-        if settings.head.alignment != "proposer":
-            raise ValueError("schedule 'ada-tree' needs a proposer head, which judges each child from the state that "
-                             "proposes it; this head is a reader")
+        super().check_head(settings)
         settings.head.resolve_stop_threshold(settings.stop_threshold)
 
     def score_children(self, logits, probs, raw_probs, states, children):
@@ -599,10 +585,7 @@ class Oracle(Schedule):
         return cls(draft_correct, settings.bound[1])
 
     def max_draft(self) -> int:
-        run, correct = 0, self.draft_correct[self.position:]
-        while run < min(self.max_k, len(correct)) and correct[run]:
-            run += 1
-        return run
+        return len(list(itertools.takewhile(bool, self.draft_correct[self.position:self.position + self.max_k])))
 
     def end_round(self, num_verified: int, num_accepted: int) -> None:
         self.position += num_accepted + 1
