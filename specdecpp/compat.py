@@ -1,5 +1,4 @@
-"""What differs across the supported `transformers` versions and every reach beyond its public API, decided here
-only (docs/design.md, Which module owns what)."""
+"""Every `transformers` version difference and reach beyond its public API, decided here only (docs/design.md)."""
 from __future__ import annotations
 
 import functools
@@ -61,10 +60,9 @@ def _graph_guards(entries: list) -> list[bool]:
     return [keep and not isinstance(entry.value, torch.nn.Parameter) for keep, entry in zip(portable, entries)]
 
 
-# What the compiled engine's graphs check before each call: their inputs, the cache's tensors and the global
-# context. The engine's models (parameters, modules, config) and cache objects stay as built, a model cast or moved
-# gets a new engine, and the state transformers' forwards read besides is `compile_guarded_state`, checked by the
-# engine. None (every guard) where torch has no filter to build on.
+# What the compiled engine's graphs check before each call: their inputs, the cache's tensors and the global context.
+# Models and cache objects stay as built (a model cast or moved gets a new engine), and the state transformers'
+# forwards read besides is `compile_guarded_state`, checked by the engine. None (every guard) where torch has no filter.
 COMPILE_GUARD_FILTER = _graph_guards if hasattr(torch.compiler, "keep_portable_guards_unsafe") else None
 
 

@@ -39,8 +39,7 @@ def cost_ratio(draft_ms: list[float], target_ms: list[float], k: int = 4) -> dic
 
 def verify_slope(verify_ms: list[float]) -> float:
     """The Theil-Sen slope of `verify_ms[k]` over `k >= 1`, at least 0."""
-    points = list(enumerate(verify_ms))[1:]
-    slopes = [(b - a) / (j - i) for (i, a), (j, b) in itertools.combinations(points, 2)]
+    slopes = [(b - a) / (j - i) for (i, a), (j, b) in itertools.combinations(list(enumerate(verify_ms))[1:], 2)]
     return max(statistics.median(slopes), 0.0) if slopes else 0.0
 
 
@@ -116,8 +115,7 @@ class StepTimes:
         return self._drafting_ms[min(steps, longest)] + max(steps - longest, 0) * (self.draft_ms or [0.0])[-1]
 
     def verify_at(self, num_drafted: int) -> float:
-        """The verification of `num_drafted` tokens (a chain's or a tree's nodes), past the timed lengths on the
-        line of their `verify_slope`."""
+        """The verification of `num_drafted` tokens (chain or tree), past the timed lengths along `verify_slope`."""
         last = len(self.verify_ms) - 1
         return self.verify_ms[min(num_drafted, last)] + max(num_drafted - last, 0) * self._verify_slope
 
@@ -158,4 +156,3 @@ def loop_overhead_ms(stats) -> float:
     """The loop's own time per round (ms) in a `GenerationStats`."""
     own = stats.wall_time - stats.draft_time - stats.verify_time - stats.schedule_time
     return 1000 * own / max(stats.target_calls, 1)
-

@@ -22,7 +22,6 @@ from specdecpp.head.model import AcceptancePredictionHead
 from specdecpp.costs import StepTimes
 from specdecpp.measuring.step_timing import auto_step_times, device_step_times
 
-
 # What `generate` prepares that the loop may ignore: it keeps its own caches and gets the built criteria.
 IGNORED_MODEL_KWARGS = {"position_ids", "cache_position", "logits_to_keep", "use_cache", "tokenizer", *CACHE_NAMES}
 HUB_OPTIONS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
@@ -50,8 +49,7 @@ def speculative_generate(target: PreTrainedModel, draft: PreTrainedModel | None,
                   attention_mask=attention_mask, generator=generator, streamer=streamer, tokenizer=tokenizer)
 
 
-def auto_priced(settings: DecodingSettings, target: PreTrainedModel, draft: PreTrainedModel | None
-                ) -> DecodingSettings:
+def auto_priced(settings: DecodingSettings, target: PreTrainedModel, draft: PreTrainedModel | None) -> DecodingSettings:
     """`settings` with the head's defaults and, unless `step_times` are given, this processor's step times (timed
     once and kept) where an `auto`-sized `ada-tree` or an `ada` `"auto"` threshold needs them."""
     if settings.schedule is None:
@@ -127,8 +125,7 @@ def _check_generate_settings(config: GenerationConfig, model_kwargs: dict) -> No
         raise ValueError(f"SpecDec++ returns the sequences (and stats) only, not {', '.join(extra_outputs)}")
     if unknown := sorted(set(model_kwargs) - IGNORED_MODEL_KWARGS - {"attention_mask"}):
         raise ValueError(f"SpecDec++ cannot pass {', '.join(unknown)} to the models")
-    cache = cache_in(model_kwargs)
-    if cache is not None and cache.get_seq_length() > 0:
+    if (cache := cache_in(model_kwargs)) is not None and cache.get_seq_length() > 0:
         raise ValueError("SpecDec++ starts from the prompt: a filled KV cache (cache / past_key_values) is not "
                          "supported")
 

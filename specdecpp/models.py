@@ -135,9 +135,8 @@ def model_device(model: PreTrainedModel) -> torch.device:
 
 def last_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The last-layer hidden states `[batch, seq, hidden]` the head reads, for right- or left-padded input."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
-                output_hidden_states=True, logits_to_keep=1, use_cache=False)
-    return out.hidden_states[-1]
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
+                 output_hidden_states=True, logits_to_keep=1, use_cache=False).hidden_states[-1]
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

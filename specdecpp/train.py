@@ -325,9 +325,8 @@ FLAGS = (PairArguments, ModelArguments, DataArguments, HeadTrainingArguments)
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: `python specdecpp/train.py --help` (all TrainingArguments flags work)."""
-    parser = HfArgumentParser(FLAGS)
     with input_errors("train"):
-        flags = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        flags = HfArgumentParser(FLAGS).parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
         trainer = train(*flags)
     release_process_group(trainer)
 

@@ -285,9 +285,8 @@ FLAGS = (HeadPairArguments, CalibrationArguments)
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: `python -m specdecpp.calibration.report --help`."""
-    parser = HfArgumentParser(FLAGS)
     with input_errors("calibration"):
-        pair, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        pair, args = HfArgumentParser(FLAGS).parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
         run(pair, args)
 
 

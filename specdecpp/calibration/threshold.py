@@ -103,8 +103,7 @@ class CostAwareRule(ProductRule):
 
 def marginal_scale(times: StepTimes, max_draft: int) -> list[float]:
     """The cost-aware rule's factors: `scale[j - 1]` is the cost of one more token after `j` over that after one."""
-    slope = verify_slope(times.verify_ms)
-    draft = list(times.draft_ms) or [0.0]
+    slope, draft = verify_slope(times.verify_ms), list(times.draft_ms) or [0.0]
     marginal = [draft[min(j, len(draft) - 1)] + times.judge_ms + slope for j in range(1, max_draft + 1)]
     return [m / marginal[0] if marginal[0] > 0 else 1.0 for m in marginal]
 

@@ -180,9 +180,8 @@ def draft_candidates(log_q: torch.Tensor, log_p: torch.Tensor, proposals: torch.
     candidates = keys.topk(min(num_candidates, keys.shape[-1]), dim=-1).indices
     labels = (candidates == target_choice[:, None]).to(log_p.dtype) if generator is None \
         else recursive_rejection_acceptance(log_q, log_p, candidates)
-    has_mass = log_q.gather(-1, candidates) > float("-inf")
-    return ([row[:n] for row, n in zip(candidates.tolist(), has_mass.sum(-1).tolist())],
-            [row[:n] for row, n in zip(labels.tolist(), has_mass.sum(-1).tolist())])
+    kept = (log_q.gather(-1, candidates) > float("-inf")).sum(-1).tolist()  # how many candidates have mass
+    return [row[:n] for row, n in zip(candidates.tolist(), kept)], [row[:n] for row, n in zip(labels.tolist(), kept)]
 
 
 def recursive_rejection_acceptance(log_q: torch.Tensor, log_p: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -356,9 +355,8 @@ FLAGS = (PairArguments, BuildDataArguments)
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: `python -m specdecpp.data.build_data --help`."""
-    parser = HfArgumentParser(FLAGS)
     with input_errors("build-data"):
-        pair, args = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        pair, args = HfArgumentParser(FLAGS).parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
         build_data(pair, args)
     if dist.is_initialized():
         dist.destroy_process_group()

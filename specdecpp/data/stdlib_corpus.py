@@ -67,8 +67,7 @@ def _functions_of(rel: str, text: str) -> list[HeldoutFunction]:
         tree = ast.parse(text)
     except SyntaxError:
         return []
-    lines = text.splitlines(keepends=True)
-    out = []
+    lines, out = text.splitlines(keepends=True), []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue

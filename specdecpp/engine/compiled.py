@@ -1,6 +1,5 @@
-"""The compiled engine (`compile=True`): both models on a `StaticCache`, each step one
-`torch.compile`d graph (docs/design.md, The compiled engine). Graphs are compiled once per model,
-draft settings and capacity in a warm-up; decoding then runs with recompilation forbidden."""
+"""The compiled engine (`compile=True`, docs/design.md): both models on a `StaticCache`, each step one `torch.compile`d
+graph, compiled once per model, draft settings and capacity in a warm-up; decoding then forbids recompiling."""
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +21,7 @@ from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, 
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge
 
 MIN_CAPACITY = 256  # cache capacities are powers of two from here, so few engines cover all prompts
-# The row counts a token tree's forwards are padded to: each power of two (a level of nodes) and one more (a tree
-# of that many nodes after its root).
+# Row counts a token tree's forwards pad to: each power of two (a level) and one more (that many nodes and the root).
 TREE_ROWS = tuple(sorted({rows for i in range(1, MAX_TREE_NODES.bit_length()) for rows in (1 << i, (1 << i) + 1)}))
 
 
@@ -339,10 +337,9 @@ class ProcessedDraft:
 
 
 class TreeModel(StaticModel):
-    """A model on a `StaticCache` as a token tree's round feeds it (`draft_step.CachedModel`'s `forward`, `run` and
-    `keep`): each forward one graph over tokens at given positions under a 4D mask, their rows padded to a count
-    of `TREE_ROWS` (each padding row sees itself alone and leaves the cache after the forward), so that no round
-    compiles; longer inputs (a prompt) run eagerly."""
+    """A model on a `StaticCache` as a token tree's round feeds it (`CachedModel`'s `forward`, `run` and `keep`): each
+    forward one graph over tokens at given positions under a 4D mask, rows padded to a count of `TREE_ROWS` (a padding
+    row sees itself alone, then leaves the cache), so that no round compiles; longer inputs (a prompt) run eagerly."""
 
     forward, keep = CachedModel.forward, CachedModel.keep  # a `CachedModel`'s, through this class's `run` and `crop`
 
@@ -384,8 +381,7 @@ class TreeModel(StaticModel):
             logits, hidden = self._tree_forward(*inputs)
         self.length = past + rows
         self.crop(past + count)
-        hidden = hidden[count - num_logits:count] if with_hidden_states else None
-        return logits[count - num_logits:count], hidden
+        return logits[count - num_logits:count], hidden[count - num_logits:count] if with_hidden_states else None
 
     def _tree_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                       attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -405,8 +401,7 @@ def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:
 
 def _check_last_hidden_state(model: PreTrainedModel) -> None:
     """ValueError unless the draft's last `output_hidden_states` entry (what heads read) is its output layer's input."""
-    output_layer = model.get_output_embeddings()
-    captured = []
+    output_layer, captured = model.get_output_embeddings(), []
     handle = output_layer.register_forward_pre_hook(lambda module, args: captured.append(args[0])) \
         if output_layer is not None else None
     try:

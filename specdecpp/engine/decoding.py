@@ -1,7 +1,6 @@
-"""The speculative decoding loop (Leviathan et al. 2023; Chen et al. 2023): the draft proposes
-`y_1..y_k` (the schedule decides `k`), the target scores them in one forward, the accepted prefix
-and one target token are kept and both caches are cropped. Greedy output is the target's; sampled
-output follows the target's distribution."""
+"""The speculative decoding loop (Leviathan et al. 2023; Chen et al. 2023): the draft proposes `y_1..y_k` (the
+schedule decides `k`), the target scores them in one forward, the accepted prefix and one target token are kept and
+both caches are cropped. Greedy output is the target's; sampled output follows the target's distribution."""
 from __future__ import annotations
 
 import itertools
@@ -138,8 +137,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
                 break
     if streamer is not None:
         streamer.end()
-    stats.generated_length = len(seq) - prompt_length
-    stats.wall_time = time.perf_counter() - start
+    stats.generated_length, stats.wall_time = len(seq) - prompt_length, time.perf_counter() - start
     return SpeculativeOutput(torch.tensor([seq], dtype=torch.long, device=input_ids.device), stats)
 
 

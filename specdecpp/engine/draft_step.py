@@ -59,9 +59,8 @@ class CachedModel:
         self.model, self.device, self.cache = model, model.device, DynamicCache(config=model.config)
         self.cache.activate_past_recording()  # else sliding-window layers drop states a rollback needs
         self.logits_kwarg = "logits_to_keep" if takes_logits_to_keep(model) else None
-        # Stepped as its base model then its output layer (the model's forward without its wrapping, with the
-        # last hidden state at hand) once the first forward has shown that they give its logits and
-        # `hidden_states[-1]`: None until then, False where they do not.
+        # Stepped as its base model then its output layer (its forward unwrapped, the last hidden state at hand) once
+        # the first forward has shown that they give its logits and `hidden_states[-1]`: None until then, False if not.
         self.base_model, self.output_layer = model.base_model, model.get_output_embeddings()
         self.split = None if self.base_model is not model and self.output_layer is not None else False
 
@@ -115,8 +114,7 @@ class CachedModel:
         self.crop(length)
 
     def crop(self, length: int) -> None:
-        extra = self.cache.get_seq_length() - length
-        if extra > 0:
+        if (extra := self.cache.get_seq_length() - length) > 0:
             self.cache.crop(-extra)  # transformers 5: a negative count removes that many positions
 
 

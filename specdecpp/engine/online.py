@@ -30,9 +30,7 @@ def log_odds(p: float) -> float:
 
 def log_odds_from_log(log_p: float) -> float:
     """`log_odds(exp(log_p))`, exact for p near 1."""
-    if log_p >= 0.0:
-        return MAX_LOG_ODDS
-    return clamp_log_odds(log_p - math.log(-math.expm1(log_p)))
+    return MAX_LOG_ODDS if log_p >= 0.0 else clamp_log_odds(log_p - math.log(-math.expm1(log_p)))
 
 
 def sigmoid(x: float) -> float:

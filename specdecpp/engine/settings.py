@@ -21,9 +21,8 @@ PLAIN_DEFAULTS = {"stop_threshold": 0.3, "bound": (2, 20)}
 
 @dataclass
 class DecodingSettings:
-    """How one generation decodes: the `schedule` (a name in `SCHEDULES`; None: `default_schedule`) and its knobs,
-    the length limit, sampling, EOS ids, the engine and `generate`'s processing fields (None: off). `stop_threshold`
-    and `bound` left out (None) are the head's (`with_head_defaults`)."""
+    """How one generation decodes: the `schedule` (in `SCHEDULES`; None: `default_schedule`) and its knobs, the length
+    limit, sampling, EOS, engine and `generate`'s processing (None: off); `stop_threshold`, `bound` None: the head's."""
 
     schedule: str | None = None
     head: AcceptancePredictionHead | None = None
@@ -192,6 +191,4 @@ def default(name: str):
 
 def default_schedule(draft: PreTrainedModel | None, head: AcceptancePredictionHead | None) -> str:
     """`ada` with a head, `dynamic` (transformers' default) with a draft alone, else `none`."""
-    if head is not None:
-        return "ada"
-    return "dynamic" if draft is not None else "none"
+    return "ada" if head is not None else "dynamic" if draft is not None else "none"

@@ -1,7 +1,6 @@
-"""A token tree's round (docs/design.md, Token trees): the draft grows a tree level by level, each level one
-forward over the nodes it expands under a tree attention mask; the target verifies every node in one forward and
-the loop keeps the accepted path, packed into place in both caches. Greedy output is the target's; sampled output
-follows its distribution (recursive rejection sampling over each node's children)."""
+"""A token tree's round (docs/design.md, Token trees): the draft grows a tree level by level, one forward per level
+over the nodes it expands under a tree attention mask; the target verifies every node in one forward; both caches
+keep the accepted path, packed in place. Greedy output is the target's; sampled output follows its distribution."""
 from __future__ import annotations
 
 import time
@@ -18,12 +17,10 @@ from specdecpp.engine.schedules import ROOT
 from specdecpp.engine.sampling import draft_noise, residual_distribution, sample, widened
 
 
-
 @dataclass
 class Candidate:
-    """A child the draft proposes at candidate `parent` (`rank` in its draw order, at `depth`): `token`, the
-    schedule's `score` (its P(accept) given that the earlier siblings were not accepted) and, set by the schedule,
-    `value` (what ranks it for a place in the tree) and `path_value` (the estimated probability it is accepted)."""
+    """A child proposed at candidate `parent` (`rank` in draw order, at `depth`): `token`, the schedule's `score`
+    (P(accept), earlier siblings rejected), `value` (what ranks it for the tree), `path_value` (estimated P(accept))."""
 
     parent: int
     rank: int
@@ -37,9 +34,8 @@ class Candidate:
 
 @dataclass
 class TokenTree:
-    """One round's tree: node `i` holds `tokens[i]` at `depths[i]` (1 for a child of the root) under `parents[i]`
-    (`ROOT` or an earlier node); `children[n]` lists each expanded node's children in draw order and, when
-    sampling, `draft_probs[n]` the distribution they were drawn from."""
+    """One round's tree: node `i` holds `tokens[i]` at `depths[i]` (1: a root's child) under `parents[i]` (`ROOT` or an
+    earlier node); `children[n]`: node `n`'s children in draw order; sampling, `draft_probs[n]`: their distribution."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
@@ -113,9 +109,9 @@ def check_tree_attention(model: PreTrainedModel, who: str) -> None:
                  for token in siblings]
     if not all(torch.allclose(widened(row), widened(single), atol=1e-4, rtol=1e-3)
                for row, single in zip(together, alone)):
-        raise ValueError(f"{who} ({type(model).__name__}) does not "
-                         "honour a 4D attention mask with explicit positions, which a token tree needs: use a chain "
-                         "schedule (ada, dynamic, ...) with it, or load it with attn_implementation='sdpa'")
+        raise ValueError(f"{who} ({type(model).__name__}) does not honour a 4D attention mask with explicit positions, "
+                         "which a token tree needs: use a chain schedule (ada, dynamic, ...) with it, or load it with "
+                         "attn_implementation='sdpa'")
     _CHECKED[model] = True
 
 
@@ -129,10 +125,9 @@ def processed_rows(processing: Processing, seq: list[int], paths: list[list[int]
 
 def proposals(processed: torch.Tensor, width: int, do_sample: bool,
               generator: torch.Generator | None) -> tuple[list[list[int]], torch.Tensor]:
-    """Each node's children from its row of processed logits `[nodes, vocab]`: greedy its `width` most likely
-    tokens, sampling `width` draws without replacement (the exponential race, whose first draw is the chain's
-    token; one noise draw per row, in order), leaving out tokens of probability 0; and the distributions
-    `[nodes, vocab]` they come from."""
+    """Each node's children from its row of processed logits `[nodes, vocab]`, tokens of probability 0 left out:
+    greedy its `width` most likely tokens, sampling `width` draws without replacement (the exponential race, whose
+    first draw is the chain's token; one noise draw per row, in order); and the distributions they come from."""
     probs = processed.softmax(-1)
     if not do_sample:
         return processed.topk(width, dim=-1).indices.tolist(), probs
@@ -177,17 +172,14 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
         drafted_at = time.perf_counter()
         stats.draft_time += drafted_at - start
         stats.draft_calls += 1
-        expanded = [first + i for i in policy.expand(newest, drafted, widths)
-                    if newest[i].depth < max_depth]
+        expanded = [first + i for i in policy.expand(newest, drafted, widths) if newest[i].depth < max_depth]
         stats.schedule_time += time.perf_counter() - drafted_at
         if not expanded:
             break
         start = time.perf_counter()
         rows, states = _expand(draft, drafted, expanded, slots, prefix)
     decided = time.perf_counter()
-    tree = TokenTree()
-    node_of = {ROOT: ROOT}
-    fed = {}
+    tree, node_of, fed = TokenTree(), {ROOT: ROOT}, {}
     stats.tree_level_widths += widths
     chosen = policy.select(drafted, widths)
     policy.weigh(drafted, chosen, widths)
@@ -216,8 +208,7 @@ def _ancestry(drafted: list[Candidate], index: int) -> list[int]:
 
 
 def _expand(draft: EagerDraft, drafted: list[Candidate], nodes: list[int], slots: dict[int, int], prefix: int):
-    """One draft forward over candidates `nodes` (each after its path, its ancestors at `slots`); their logits
-    and, for a head, hidden states."""
+    """One draft forward over `nodes`, each after its ancestors at `slots`: their logits and any hidden states."""
     past = prefix + len(slots)
     visible = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
     visible[:, :prefix] = True
@@ -240,15 +231,13 @@ def verify_tree(target: CachedModel, seq: list[int], tree: TokenTree, processing
     seen, prefix = target.length, len(seq)
     unseen, nodes = seq[seen:], list(range(len(tree)))
     # The verified tokens the cache has not seen yet (the last one at least) come first, causally.
-    columns = torch.arange(prefix + len(tree))
-    causal = columns[None] <= torch.arange(seen, prefix)[:, None]
+    causal = torch.arange(prefix + len(tree))[None] <= torch.arange(seen, prefix)[:, None]
     dtype = target.model.dtype
     mask = torch.cat([_additive(causal, dtype, target.device), tree_attention_mask(tree, prefix, dtype, target.device)],
                      dim=2)
     positions = list(range(seen, prefix)) + [prefix - 1 + d for d in tree.depths]
     logits, _ = target.run(unseen + tree.tokens, positions, mask, num_logits=len(tree) + 1)
-    paths = [[]] + [tree.path_tokens(n) for n in nodes]
-    processed = processed_rows(processing, seq, paths, logits)
+    processed = processed_rows(processing, seq, [[]] + [tree.path_tokens(n) for n in nodes], logits)
     row = {ROOT: 0, **{n: n + 1 for n in nodes}}
     path, node = [], ROOT
     if not processing.do_sample:

@@ -114,8 +114,7 @@ def how_chosen(best: dict[str, MethodSpec], tuning: list[Prompt], evaluated: lis
 def headline(summary: list[dict]) -> str:
     """SpecDec++ against the other methods: flat cost per token, then the measured speedup."""
     rows = {row["schedule"] if row["engine"] == "specdecpp" else row["method"]: row for row in summary}
-    ada, constant, dynamic, online, hf = (rows[name] for name in ("ada", "constant", "dynamic", "online",
-                                                                   "hf:dynamic"))
+    ada, constant, dynamic, online, hf = (rows[name] for name in ("ada", "constant", "dynamic", "online", "hf:dynamic"))
 
     def change(row: dict) -> str:
         return f"{100 * (ada['cost_per_token'] / row['cost_per_token'] - 1):+.1f}%"
@@ -137,8 +136,7 @@ FLAGS = (HeadPairArguments, DemoArguments)  # the command's flags, in --help's o
 
 def main(argv: list[str] | None = None) -> None:
     """`specdecpp demo [flags]`; bad input exits with one line."""
-    parser = HfArgumentParser(FLAGS, description=__doc__.splitlines()[0])
-    pair, demo = parser.parse_args_into_dataclasses(args=argv)
+    pair, demo = HfArgumentParser(FLAGS, description=__doc__.splitlines()[0]).parse_args_into_dataclasses(args=argv)
     pair = replace(pair, torch_dtype=pair.torch_dtype or "float32")
     if demo.threads:
         torch.set_num_threads(demo.threads)

@@ -38,8 +38,7 @@ def hf_assisted_generate(spec: MethodSpec, pair: Pair, decoding: DecodingSetting
     extra = {"pad_token_id": pad} if pad is not None else {}
 
     def generate(prompt: Prompt, seed: int) -> Counts:
-        device = target.get_input_embeddings().weight.device
-        input_ids = torch.tensor([prompt.ids], device=device)
+        input_ids = torch.tensor([prompt.ids], device=target.get_input_embeddings().weight.device)
         torch.manual_seed(seed)
         with _generation_config(draft, config), count_forwards(target) as target_calls, \
                 count_forwards(draft) as draft_calls:
@@ -101,5 +100,4 @@ def rounds_from_target_calls(calls: list[tuple[int, int]], prompt_length: int,
             raise ValueError(f"round {round_index}: {end - start} tokens emitted (generated {start} -> {end}) after "
                              f"{k} drafted; a round emits 1 to k + 1 tokens and the rounds add up to the "
                              f"{generated} generated")
-    accepted = [end - start - 1 for start, end in zip(starts, ends)]
-    return accepted, drafted
+    return [end - start - 1 for start, end in zip(starts, ends)], drafted

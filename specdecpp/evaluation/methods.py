@@ -159,8 +159,7 @@ def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrained
         generator = torch.Generator(device).manual_seed(seed)
         out = decode(target, draft, torch.tensor([prompt.ids], device=device),
                      replace(settings, max_new_tokens=prompt.max_new_tokens), generator=generator)
-        stats = out.stats
-        tokens = out.sequences[0, len(prompt.ids):].tolist()
+        stats, tokens = out.stats, out.sequences[0, len(prompt.ids):].tolist()
         if spec.engine is None:
             calls = (0, stats.target_calls) if alone_is_draft else (stats.target_calls, 0)
             return Counts(tokens, *calls, discarded_tokens=0, accepted_lengths=None, compile_time=stats.compile_time)
@@ -169,4 +168,3 @@ def engine_generate(spec: MethodSpec, target: PreTrainedModel, draft: PreTrained
 
     restart()
     return generate, restart
-

@@ -49,8 +49,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 def plot_pareto(summary: list[dict], path: str | Path, title: str = "") -> Path:
     """Save the discarded-tokens vs target-calls figure (PNG) to `path` and return the path."""
     fig = Figure(figsize=(7, 5))
-    ax = fig.subplots()
-    points = []
+    ax, points = fig.subplots(), []
     for name, rows in _series(summary).items():
         xs = [r["discarded_per_token"] for r in rows]
         ys = [r["target_calls_per_token"] for r in rows]

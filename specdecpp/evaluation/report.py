@@ -45,5 +45,3 @@ def run_title(source: str, prompts: list[Prompt], decoding: DecodingSettings) ->
     """What a run measured, in a few words: `humaneval prompts 0-163, greedy, 128 new tokens`."""
     how = f"sampled (temperature {decoding.temperature:g})" if decoding.do_sample else "greedy"
     return f"{source} prompts {prompts[0].id}-{prompts[-1].id}, {how}, {decoding.max_new_tokens} new tokens"
-
-

@@ -16,15 +16,13 @@ NO_CANDIDATE = -1  # `candidates` entry of positions that judge no drafted token
 
 def make_example(record: dict, index: int, mixing_ratio: float, seed: int, alignment: str = "reader",
                  num_candidates: int = 0) -> dict:
-    """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a proposer,
-    `candidates` (with `num_candidates`, one padded list per position, as `labels`). A reader's mixing draws depend
-    only on (seed, record index)."""
+    """`input_ids`, `labels` (p_acc where a drafted token is judged, IGNORE elsewhere) and, for a proposer, `candidates`
+    (with `num_candidates`, one padded list per position, as `labels`). A reader's mixing draws: (seed, index) alone."""
     prefix, n = list(record["prefix"]), len(record["tokens"])
     if alignment == "proposer" and num_candidates:
         if "candidates" not in record:
             raise ValueError("training on candidates needs records with `candidates` (build_data --num_candidates)")
-        width = range(num_candidates)
-        ignored = [[IGNORE] * num_candidates] * (len(prefix) - 1)
+        width, ignored = range(num_candidates), [[IGNORE] * num_candidates] * (len(prefix) - 1)
         return {"input_ids": prefix + list(record["tokens"][:n - 1]),
                 "labels": ignored + [[float(p[j]) if j < len(p) else IGNORE for j in width]
                                      for p in record["candidate_p_acc"]],

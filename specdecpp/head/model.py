@@ -15,7 +15,6 @@ from specdecpp.head.card_data import LIBRARY_NAME, PAPER_URL, TAGS
 
 ALIGNMENTS = ("proposer", "reader")
 
-
 # The features a head may read of the token it judges (`logit_features`).
 FEATURES = ("log_q", "entropy", "margin", "log_rank", "log_left")
 
@@ -30,8 +29,7 @@ def logit_features(logits: torch.Tensor, tokens: torch.Tensor, names: list[str],
     logits = logits.float()
     probs = logits.softmax(-1) if probs is None else probs.float()
     index = tokens[..., None]
-    token_logit = logits.gather(-1, index)
-    columns = []
+    token_logit, columns = logits.gather(-1, index), []
     for name in names:
         if name == "log_q":  # clamped so that a token the draft rules out (-inf) stays a finite input
             column = probs.gather(-1, index).log().clamp_min(-50.0)
@@ -141,13 +139,11 @@ class AcceptancePredictionHead(nn.Module, PyTorchModelHubMixin, library_name=LIB
                  threshold_selection: dict | None = None, width: int | None = None):
         super().__init__()
         if isinstance(hidden_size, dict):  # the reference's call: AcceptancePredictionHead(config_dict)
-            config = dict(hidden_size)
-            hidden_size, num_layers = config.pop("hidden_size"), config.pop("num_layers", num_layers)
-            alignment = config.pop("alignment", alignment)
-            features = config.pop("features", features)
-            stop_threshold = config.pop("stop_threshold", stop_threshold)
-            threshold_selection = config.pop("threshold_selection", threshold_selection)
-            width = config.pop("width", width)
+            config = hidden_size
+            hidden_size, num_layers = config["hidden_size"], config.get("num_layers", num_layers)
+            alignment, features = config.get("alignment", alignment), config.get("features", features)
+            stop_threshold, width = config.get("stop_threshold", stop_threshold), config.get("width", width)
+            threshold_selection = config.get("threshold_selection", threshold_selection)
         features = list(features or [])
         if hidden_size < 0 or num_layers < 0 or (width is not None and width < 1):
             raise ValueError(f"need hidden_size and num_layers >= 0 and width >= 1 (or None), got {hidden_size}, "

@@ -5,7 +5,6 @@ import statistics
 
 from specdecpp.costs import FLAT_COST, FLAT_UNIT, cost_per_token, flat_spent
 
-
 IDENTITY_FIELDS = ("method", "engine", "schedule", "num_assistant_tokens", "stop_threshold", "head",
                    "assistant_confidence_threshold")
 

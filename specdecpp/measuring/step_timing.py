@@ -40,8 +40,7 @@ def measure_costs(target: PreTrainedModel, draft: PreTrainedModel, input_ids: to
             probe.sample()
     plain = probes[0].times()
     plain.round_overhead_ms = measure_round_overhead(target, draft, input_ids, compile=compile)
-    judged = replace(probes[1].times(), round_overhead_ms=plain.round_overhead_ms) if head is not None else None
-    return plain, judged
+    return plain, replace(probes[1].times(), round_overhead_ms=plain.round_overhead_ms) if head is not None else None
 
 
 class StepProbe:
@@ -52,16 +51,14 @@ class StepProbe:
                  compile: bool = False, max_length: int | None = None):
         self.seq, self.max_draft, self.has_head = input_ids[0].tolist(), max_draft, head is not None
         self.device, self.engine = str(target.device), "compiled" if compile else "eager"
-        self.processor = processor_name(target.device)
-        self.processing = sampling_only(do_sample)
+        self.processor, self.processing = processor_name(target.device), sampling_only(do_sample)
         self.generator = torch.Generator(target.device).manual_seed(0) if do_sample else None
         self.judge = HeadJudge(head) if head is not None else None
         self.models = lambda: step_models(target, draft, DecodingSettings(
             schedule="ada" if head is not None else "constant", head=head, do_sample=do_sample, compile=compile,
             bound=default("bound")),
             self.processing, max(max_length or 0, len(self.seq) + max_draft + 1))[:2]
-        self.drafts = [[] for _ in range(max_draft)]
-        self.verified = [[] for _ in range(max_draft + 1)]
+        self.drafts, self.verified = [[] for _ in range(max_draft)], [[] for _ in range(max_draft + 1)]
         self.alone, self.judged, self.passes = [], [], 0
         self._load()
         with torch.inference_mode():
@@ -90,8 +87,7 @@ class StepProbe:
         return StepTimes(draft_ms=[median(t) for t in self.drafts], verify_ms=fit_verify_ms(verify_ms),
                          target_alone_ms=median(self.alone), judge_ms=median(self.judged) if self.has_head else 0.0,
                          device=self.device, processor=self.processor, threads=torch.get_num_threads(),
-                         repeats=self.passes, engine=self.engine,
-                         verify_ms_measured=verify_ms, spread=spread,
+                         repeats=self.passes, engine=self.engine, verify_ms_measured=verify_ms, spread=spread,
                          busy=busy_machine(spread, f"the {self.engine} engine's steps"))
 
     def _pass(self) -> tuple[list[float], list[list[float]], list[list[float]], list[float]]:
@@ -122,8 +118,7 @@ class TimedRound(Schedule):
     """A round of exactly `k` tokens, each judged by `judge` when given, timed from the loop's own totals."""
 
     def __init__(self, k: int, judge: HeadJudge | None, stats: GenerationStats):
-        self.k, self.judge, self.stats = k, judge, stats
-        self.totals = []
+        self.k, self.judge, self.stats, self.totals = k, judge, stats, []
 
     def start_round(self) -> None:
         self.totals = []
@@ -147,8 +142,7 @@ class TimedRound(Schedule):
 
 
 class LevelsOfWidth:
-    """A token tree's policy for timing: `policy`'s scoring, every level after the root's expanding its first
-    `nodes` candidates, nothing verified."""
+    """Timing tree policy: `policy`'s scores, each level past the root's expanding its first `nodes`, none verified."""
 
     def __init__(self, policy, nodes: int):
         self.width, self.nodes = policy.width, nodes
@@ -315,13 +309,11 @@ def auto_step_times(head: AcceptancePredictionHead, target: PreTrainedModel, dra
 def device_step_times(target: PreTrainedModel, draft: PreTrainedModel, head: AcceptancePredictionHead,
                       compile: bool = False, context: int = 128, repeats: int = 4,
                       cache_dir: Path | None = None, tree_width: int = 0) -> StepTimes:
-    """`ada`'s step times with `head` for this pair where it runs, with `ada-tree`'s `level_ms` up to `tree_width`
-    nodes (0: none), cached in `cache_dir` (default `STEP_TIMES_CACHE`); measured on a random context of
-    `context` tokens when not cached."""
+    """`ada`'s step times with `head` for this pair where it runs, with `ada-tree`'s `level_ms` up to `tree_width` nodes
+    (0: none): timed once on `context` random tokens, kept in `cache_dir` (default `STEP_TIMES_CACHE`)."""
     key = {"target": target.name_or_path, "draft": draft.name_or_path, "head": head.config,
-           "device": processor_name(target.device),
-           "dtype": str(target.dtype), "engine": "compiled" if compile else "eager",
-           "threads": torch.get_num_threads(), "specdecpp": __version__}
+           "device": processor_name(target.device), "dtype": str(target.dtype),
+           "engine": "compiled" if compile else "eager", "threads": torch.get_num_threads(), "specdecpp": __version__}
     if tree_width:
         key["tree_width"] = tree_width
     path = Path(cache_dir or STEP_TIMES_CACHE) / (hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]

@@ -273,8 +273,7 @@ def recipe_changes(recipe: Recipe, output_dir: str | Path) -> set[str]:
 def run_recipe(recipe: Recipe, output_dir: str | Path) -> dict[str, str]:
     """Make the head folder `output_dir` from `recipe`, skipping the stages that are done and rerunning those that
     read a rerun one. Returns `{stage: "ran" | "skipped"}`; StageError when a stage fails."""
-    changed = recipe_changes(recipe, output_dir)
-    pipeline = stages(recipe, output_dir)
+    changed, pipeline = recipe_changes(recipe, output_dir), stages(recipe, output_dir)
     for stage in pipeline:  # before the new recipe is recorded, so that no interruption hides the change
         if changed & set(STAGE_SETTINGS.get(stage.name, ())):
             stage.invalidate()
