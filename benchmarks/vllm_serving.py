@@ -107,13 +107,13 @@ def clock_draft_loops() -> None:
     DraftModelProposer.propose = timed
 
 
-def proposer_clock(engine) -> tuple[int, int, float]:
-    """Our proposer's tokens proposed and draft forwards (zeros for other engines), and any `draft_model`
-    proposer's seconds in vLLM's draft loop."""
+def proposer_clock(engine) -> tuple[int, int, float, float]:
+    """Our proposer's tokens proposed and draft forwards (zeros for other engines), any `draft_model`
+    proposer's seconds in vLLM's draft loop, and the accepted tokens our head expected of its proposals."""
     def read(worker):
         drafter = getattr(worker.model_runner, "drafter", None)
         return getattr(drafter, "proposed_tokens", 0), getattr(drafter, "draft_steps", 0), \
-            getattr(drafter, "loop_time", 0.0)
+            getattr(drafter, "loop_time", 0.0), getattr(drafter, "expected_accepted", 0.0)
     return tuple(engine.collective_rpc(read)[0])
 
 
@@ -158,7 +158,7 @@ def run_batch(engine, prompts: list[list[int]], max_new_tokens: int, in_flight: 
             "full_tokens": full_tokens, "full_wall": full_wall,
             "counters": {k: after[k] - before[k] for k in after},
             "proposed": clock_after[0] - clock[0], "draft_forwards": clock_after[1] - clock[1],
-            "draft_loop_s": clock_after[2] - clock[2]}
+            "draft_loop_s": clock_after[2] - clock[2], "expected_accepted": clock_after[3] - clock[3]}
 
 
 def tokens_per_s(batch: dict) -> float:
@@ -188,6 +188,8 @@ def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
         "ms_per_engine_step": 1e3 * sum(b["wall"] for b in batches) / engine_steps,
         "draft_loop_ms_per_engine_step": 1e3 * sum(b["draft_loop_s"] for b in batches) / engine_steps,
         "propose_ms_per_proposed": 1e3 * sum(b["draft_loop_s"] for b in batches) / proposed if proposed else None,
+        "expected_over_accepted": sum(b["expected_accepted"] for b in batches) / total["accepted_tokens"]
+        if proposed and total["accepted_tokens"] else None,
         "same_output_as_plain": all(b["outputs"] == p["outputs"] for b, p in zip(batches, plain)),
     }
 
@@ -216,7 +218,7 @@ def markdown(rows: list[dict]) -> str:
               "steady tokens/s | steady vs best draft_model (median) | "
               "median latency (s) | drafts | draft tokens | accepted | acceptance | target steps/token | "
               "vs fewest draft_model | draft forwards/engine step | ms/engine step | draft loop ms/engine step | "
-              "propose ms/proposed | output = plain |\n" + "|---" * 19 + "|\n")
+              "propose ms/proposed | head's expected / accepted | output = plain |\n" + "|---" * 20 + "|\n")
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     lines = [f"| {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_plain']:.2f}x | "
              f"{fmt(r.get('ratio_to_best_draft_model'), '.2f')}x | {r['steady_tokens_per_s']:.1f} | "
@@ -225,6 +227,7 @@ def markdown(rows: list[dict]) -> str:
              f"{r['target_steps_per_token']:.3f} | {fmt(r.get('steps_to_fewest_draft_model'), '.2f')}x | "
              f"{fmt(r['draft_forwards_per_step'], '.2f')} | {r['ms_per_engine_step']:.2f} | "
              f"{r['draft_loop_ms_per_engine_step']:.2f} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
+             f"{fmt(r['expected_over_accepted'], '.3f')} | "
              f"{r['same_output_as_plain']} |" for r in rows]
     return header + "\n".join(lines) + "\n"
 

@@ -105,6 +105,10 @@ def _stop_threshold(worker) -> float:
     return worker.model_runner.drafter.schedules[0].stop_threshold
 
 
+def _expected_accepted(worker) -> float:
+    return worker.model_runner.drafter.expected_accepted
+
+
 def _drafter_type(worker) -> str:
     return type(worker.model_runner.drafter).__name__
 
@@ -133,7 +137,9 @@ def runs():
     def ada(llm):
         out["drafter"] = llm.collective_rpc(_drafter_type)[0]
         llm.collective_rpc(_record_rounds)
+        expected_before = llm.collective_rpc(_expected_accepted)[0]
         out["alone"] = generate(llm, 1, stop=False)  # each request alone: its rounds, logged
+        out["alone expected"] = llm.collective_rpc(_expected_accepted)[0] - expected_before
         out["alone log"] = llm.collective_rpc(_take_log)[0]
         out["threshold"] = llm.collective_rpc(_stop_threshold)[0]  # auto, at vLLM's prices
         out["priced batches"] = llm.collective_rpc(_priced_batches)[0]
@@ -165,6 +171,14 @@ def test_the_head_varies_the_lengths_and_vllm_verifies_them(runs):
     assert len(set(lengths)) > 3 and max(lengths) <= 20
     c = runs["ada counters"]
     assert c["num_drafts"] > 0 and 0 < c["num_accepted_tokens"] < c["num_draft_tokens"]
+
+
+def test_the_drafter_adds_up_the_accepted_tokens_its_head_expects(runs):
+    # Each proposed token's survival: the product of the head's P(accept) up to it.
+    expected = sum(math.prod(p_accept[j][row] for j in range(n + 1))
+                   for proposals, p_accept, _ in runs["alone log"] for row, proposal in enumerate(proposals)
+                   for n in range(len(proposal)))
+    assert runs["alone expected"] == pytest.approx(expected) and expected > 0
 
 
 def test_the_engine_got_vllms_prices_before_its_models_loaded(runs):

@@ -24,7 +24,7 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         settings.head.to(proposer.device)
         proposer.schedules = []  # one ada schedule per batch row, reused from round to round
         proposer.round = None
-        proposer.proposed_tokens, proposer.draft_steps = 0, 0
+        proposer.proposed_tokens, proposer.draft_steps, proposer.expected_accepted = 0, 0, 0.0
 
     def propose(self, num_speculative_tokens: int, *args, **kwargs) -> list[list[int]]:
         """Each request's tokens from up to `min(num_speculative_tokens, bound[1])` draft steps."""
@@ -40,6 +40,7 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         proposals = self.round.proposals()
         self.proposed_tokens += sum(map(len, proposals))
         self.draft_steps += len(self.round.tokens)
+        self.expected_accepted += sum(sum(s[:len(p)]) for s, p in zip(self.round.survival, proposals))  # the head's
         return proposals
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata) -> tuple[torch.Tensor, torch.Tensor | None]:
