@@ -16,9 +16,10 @@ speculation and to `draft_model` at its best K (the K with the best median ratio
 there), the same over the steps that start with every slot in flight (steady load: a run's filling and
 draining left out, as a server under that load never drains), the median request latency, vLLM's speculative counters, target steps per generated token
 (each request's engine steps, prefill included), the wall time per engine step and, of it, the time in
-vLLM's draft loop (our judgements included), and for our head the draft forwards per engine step and
-its draft loop's time per proposed token. Greedy outputs are checked against vLLM without
-speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
+vLLM's draft loop (our judgements included), and for our head the draft forwards per engine step, its
+draft loop's time per proposed token, its rounds' price per engine step at the vLLM prices its batch stop
+uses (prefills unpriced) and the accepted tokens its survival expected over those vLLM counted. Greedy
+outputs are checked against vLLM without speculation. Writes `vllm_serving.md` and `vllm_serving.json` in `--output`.
 
     python benchmarks/vllm_serving.py --num_prompts 96 --waves 3
 """
@@ -107,13 +108,32 @@ def clock_draft_loops() -> None:
     DraftModelProposer.propose = timed
 
 
-def proposer_clock(engine) -> tuple[int, int, float, float]:
+def price_our_rounds() -> None:
+    """Add up, as `priced_ms`, what each of our proposer's rounds costs at the vLLM prices its batch stop uses:
+    its draft forwards and the verification of its proposals, at its batch size."""
+    from specdecpp.serving.vllm_draft import SpecDecPPDraftProposer
+
+    propose = SpecDecPPDraftProposer.propose
+
+    def priced(self, *args, **kwargs):
+        proposals = propose(self, *args, **kwargs)
+        if self.prices is not None and self.round.tokens:
+            self.priced_ms = getattr(self, "priced_ms", 0.0) + self.round.price_ms(len(self.round.tokens),
+                                                                                     sum(map(len, proposals)))
+        return proposals
+
+    SpecDecPPDraftProposer.propose = priced
+
+
+def proposer_clock(engine) -> tuple[int, int, float, float, float]:
     """Our proposer's tokens proposed and draft forwards (zeros for other engines), any `draft_model`
-    proposer's seconds in vLLM's draft loop, and the accepted tokens our head expected of its proposals."""
+    proposer's seconds in vLLM's draft loop, the accepted tokens our head expected of its proposals, and its
+    rounds' price (ms)."""
     def read(worker):
         drafter = getattr(worker.model_runner, "drafter", None)
         return getattr(drafter, "proposed_tokens", 0), getattr(drafter, "draft_steps", 0), \
-            getattr(drafter, "loop_time", 0.0), getattr(drafter, "expected_accepted", 0.0)
+            getattr(drafter, "loop_time", 0.0), getattr(drafter, "expected_accepted", 0.0), \
+            getattr(drafter, "priced_ms", 0.0)
     return tuple(engine.collective_rpc(read)[0])
 
 
@@ -158,7 +178,8 @@ def run_batch(engine, prompts: list[list[int]], max_new_tokens: int, in_flight: 
             "full_tokens": full_tokens, "full_wall": full_wall,
             "counters": {k: after[k] - before[k] for k in after},
             "proposed": clock_after[0] - clock[0], "draft_forwards": clock_after[1] - clock[1],
-            "draft_loop_s": clock_after[2] - clock[2], "expected_accepted": clock_after[3] - clock[3]}
+            "draft_loop_s": clock_after[2] - clock[2], "expected_accepted": clock_after[3] - clock[3],
+            "priced_ms": clock_after[4] - clock[4]}
 
 
 def tokens_per_s(batch: dict) -> float:
@@ -186,6 +207,7 @@ def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
         "target_steps_per_token": steps / tokens,
         "draft_forwards_per_step": forwards / engine_steps if forwards else None,
         "ms_per_engine_step": 1e3 * sum(b["wall"] for b in batches) / engine_steps,
+        "priced_ms_per_engine_step": sum(b["priced_ms"] for b in batches) / engine_steps if proposed else None,
         "draft_loop_ms_per_engine_step": 1e3 * sum(b["draft_loop_s"] for b in batches) / engine_steps,
         "propose_ms_per_proposed": 1e3 * sum(b["draft_loop_s"] for b in batches) / proposed if proposed else None,
         "expected_over_accepted": sum(b["expected_accepted"] for b in batches) / total["accepted_tokens"]
@@ -217,8 +239,9 @@ def markdown(rows: list[dict]) -> str:
     header = ("| method | concurrency | tokens/s | vs no speculation (median) | vs best draft_model (median) | "
               "steady tokens/s | steady vs best draft_model (median) | "
               "median latency (s) | drafts | draft tokens | accepted | acceptance | target steps/token | "
-              "vs fewest draft_model | draft forwards/engine step | ms/engine step | draft loop ms/engine step | "
-              "propose ms/proposed | head's expected / accepted | output = plain |\n" + "|---" * 20 + "|\n")
+              "vs fewest draft_model | draft forwards/engine step | ms/engine step | at vLLM's prices | "
+              "draft loop ms/engine step | propose ms/proposed | head's expected / accepted | output = plain |\n"
+              + "|---" * 21 + "|\n")
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     lines = [f"| {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_plain']:.2f}x | "
              f"{fmt(r.get('ratio_to_best_draft_model'), '.2f')}x | {r['steady_tokens_per_s']:.1f} | "
@@ -226,6 +249,7 @@ def markdown(rows: list[dict]) -> str:
              f"{r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | {fmt(r['acceptance'], '.3f')} | "
              f"{r['target_steps_per_token']:.3f} | {fmt(r.get('steps_to_fewest_draft_model'), '.2f')}x | "
              f"{fmt(r['draft_forwards_per_step'], '.2f')} | {r['ms_per_engine_step']:.2f} | "
+             f"{fmt(r['priced_ms_per_engine_step'], '.2f')} | "
              f"{r['draft_loop_ms_per_engine_step']:.2f} | {fmt(r['propose_ms_per_proposed'], '.3f')} | "
              f"{fmt(r['expected_over_accepted'], '.3f')} | "
              f"{r['same_output_as_plain']} |" for r in rows]
@@ -253,6 +277,7 @@ def main() -> None:
     engine = {"distributed_executor_backend": "uni", "enforce_eager": True, "max_model_len": 1024, "dtype": "float32",
               "max_num_seqs": max(args.concurrency), "disable_log_stats": False, "seed": 0}
     clock_draft_loops()
+    price_our_rounds()
     engines = {name: counting_engine(model=str(zoo / "target"), **config, **engine) for name, config in grid.items()}
     rows, report = [], []
     for prompt_set in args.prompt_sets:
