@@ -43,8 +43,10 @@ class CalibrationArguments:
     choose_threshold: bool = option(False, "also choose the head's stop threshold by replaying rounds on these records "
         "(in their decoding mode) at the pair's measured costs, and store it (needs --target and a proposer head)")
     bound: list[int] = option(list(default("bound")), "ada's MIN MAX drafted tokens per round (for --choose_threshold)")
-    rank_plot_path: str = option("reliability_by_rank.png", "reliability diagram by candidate rank (with candidates)")
-    threshold_plot_path: str = option("threshold.png", "where --choose_threshold's cost-against-threshold plot goes")
+    rank_plot_path: str | None = option(None, "reliability diagram by candidate rank, with candidates (default: "
+        "reliability_by_rank.png beside --plot_path)")
+    threshold_plot_path: str | None = option(None, "--choose_threshold's cost-against-threshold plot (default: "
+        "threshold.png beside --plot_path)")
     step_times_from: str | None = option(None, "a head folder (or calibration --output file) whose step times "
         "--choose_threshold replays with instead of timing the pair now (so heads compared are priced alike)")
     compile: bool = option(False, "--choose_threshold times the compiled engine's steps (decoding will run with "
@@ -63,6 +65,9 @@ class CalibrationArguments:
             raise ValueError(f"--bound takes MIN MAX with 1 <= MIN <= MAX, got {self.bound}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        folder = os.path.dirname(str(self.plot_path))
+        self.rank_plot_path = self.rank_plot_path or os.path.join(folder, "reliability_by_rank.png")
+        self.threshold_plot_path = self.threshold_plot_path or os.path.join(folder, "threshold.png")
 
 
 def unweight(predictions: np.ndarray, weight_mismatch: float) -> np.ndarray:

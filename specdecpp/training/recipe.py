@@ -228,7 +228,7 @@ def stages(recipe: Recipe, output_dir: str | Path) -> list[Stage]:
                   head=out, records=data["dev"], choose_threshold=True, bound=recipe.bound, seed=recipe.seed,
                   weight_mismatch=recipe.weight_mismatch, step_times_from=recipe.step_times_from,
                   threads=recipe.threads, output=out / "calibration.json",
-                  plot_path=out / "reliability.png", threshold_plot_path=out / "threshold.png"))),
+                  plot_path=out / "reliability.png"))),  # its rank and threshold plots beside it
         Stage("evaluation", done=(evaluation / "summary.json").is_file, after=("calibration",), results=(evaluation,),
               command=lambda: launch("specdecpp.evaluate", models + _flag_values(
                   head=out, schedule=["constant", "dynamic", "ada"],
