@@ -15,6 +15,7 @@ from transformers import LlamaForCausalLM
 
 from specdecpp import AcceptancePredictionHead, speculative_generate
 from specdecpp.costs import StepTimes
+from specdecpp.engine import schedules
 from specdecpp.engine.compiled import compiled_tree_models
 from specdecpp.engine.decoding import GenerationStats, tree_round
 from specdecpp.engine.draft_step import CachedModel, EagerDraft
@@ -174,6 +175,25 @@ def test_sampled_trees_follow_the_target_distribution(small_vocab_pair, schedule
     warpers = make_warpers(**{k: v for k, v in settings.items() if k != "compile"})
     assert chi_square_pvalue(samples, exact_first_two_token_distribution(target, prompt, warpers)) > 1e-3
     assert chi_square_pvalue(samples, exact_first_two_token_distribution(draft, prompt, warpers)) < 1e-6
+
+
+def test_a_sampled_auto_tree_handing_over_to_the_chain_follows_the_target_distribution(small_vocab_pair,
+                                                                                      monkeypatch):
+    # After one tree round the chain drafts the rest (dear levels): the second token comes from either.
+    monkeypatch.setattr(schedules, "PILOT_ROUNDS", 1)
+    target, draft = small_vocab_pair
+    prompt, generator = torch.tensor([[1, 4, 2]]), torch.Generator().manual_seed(0)
+    dear_levels = StepTimes(draft_ms=[0.1] * 8, verify_ms=[1.0] * 9, target_alone_ms=1.0, level_ms=[5.0, 6.0, 7.0])
+    samples, handed_over = [], 0
+    for _ in range(1000):
+        out = speculative_generate(target, draft, prompt, schedule="ada-tree", head=features_head(), bound=(1, 3),
+                                   stop_threshold=0.8, tree_nodes="auto", tree_width=3, step_times=dear_levels,
+                                   max_new_tokens=2, do_sample=True, generator=generator)
+        samples.append(tuple(out.sequences[0, 3:5].tolist()))
+        handed_over += out.stats.tree_rounds < out.stats.target_calls
+    assert handed_over > 100
+    assert chi_square_pvalue(samples, exact_first_two_token_distribution(target, prompt, make_warpers())) > 1e-3
+    assert chi_square_pvalue(samples, exact_first_two_token_distribution(draft, prompt, make_warpers())) < 1e-6
 
 
 class IgnoresTheMask(LlamaForCausalLM):
