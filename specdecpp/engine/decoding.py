@@ -97,8 +97,8 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
     with torch.inference_mode(), recompiles_forbidden(settings.compile):
         while (remaining := max_new_tokens - (len(seq) - prompt_length)) > 0:
             if policy.grows_tree and policy.prefers_chain():
-                for tree_model, chain_model in zip((target_model, draft_model), chain_models):
-                    if chain_model is not tree_model:
+                if settings.compile:  # the chain's engine takes what the tree's holds; eager, they are the same
+                    for tree_model, chain_model in zip((target_model, draft_model), chain_models):
                         chain_model.take_cache(tree_model)
                 policy, (target_model, draft_model) = policy.chain, chain_models
             policy.start_round()

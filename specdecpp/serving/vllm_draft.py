@@ -40,7 +40,7 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         proposals = self.round.proposals()
         self.proposed_tokens += sum(map(len, proposals))
         self.draft_steps += len(self.round.tokens)
-        self.expected_accepted += sum(sum(s[:len(p)]) for s, p in zip(self.round.survival, proposals))  # the head's
+        self.expected_accepted += sum(sum(survival[:len(p)]) for survival, p in zip(self.round.survival, proposals))
         return proposals
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata) -> tuple[torch.Tensor, torch.Tensor | None]:
