@@ -121,10 +121,13 @@ class StepTimes:
 
     def level_price(self, place: int, width: int) -> float:
         """A token tree's draft level at `place` (0: the root's) that expands `width` nodes: its timed price by
-        width (past the widest timed, the widest's), else without `level_ms` the chain's draft step at `place`."""
+        width (past the widest timed, the widest's; timed level after level), plus what the chain's draft step at
+        `place` costs over its cheapest (the first steps after a verification run on cold caches); else, without
+        `level_ms`, the chain's draft step at `place`."""
+        step = self.drafting_ms(place + 1) - self.drafting_ms(place)
         if self.level_ms:
-            return self.level_ms[min(width, len(self.level_ms)) - 1]
-        return self.drafting_ms(place + 1) - self.drafting_ms(place)
+            return self.level_ms[min(width, len(self.level_ms)) - 1] + step - min(self.draft_ms, default=step)
+        return step
 
     def tree_levels_ms(self, widths: list[int]) -> float:
         """A token tree's draft levels, expanding `widths[i]` nodes at each place `i`."""

@@ -67,7 +67,7 @@ def test_a_siblings_judgement_is_the_same_in_training_and_in_the_engine(do_sampl
         siblings = torch.tensor([step.token] + [t for t in step.logits.topk(4).indices.tolist() if t != step.token][:3])
         candidates.append(siblings.tolist())
         [scores] = policy.score_children(step.logits[None], step.probs[None], None, step.hidden.float()[None],
-                                         [siblings.tolist()])
+                                         siblings[None]).tolist()
         engine_judged.append(torch.tensor(scores))
         assert abs(scores[0] - step.accept_prob) < 1e-5, "the drafted token's own judgement"
     ids = torch.tensor([sequence[:-1]])

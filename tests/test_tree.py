@@ -22,7 +22,7 @@ from specdecpp.engine.draft_step import CachedModel, EagerDraft
 from specdecpp.engine.processing import sampling_only
 from specdecpp.engine.sampling import make_warpers
 from specdecpp.engine.schedules import MAX_TREE_NODES, PILOT_ROUNDS, ROOT, Ada, AdaTree, ConfidenceTree
-from specdecpp.engine.tree import Candidate, TokenTree, tree_attention_mask
+from specdecpp.engine.tree import Candidate, TokenTree, scored_children, tree_visibility
 from specdecpp.head.model import LeanJudge
 
 TREE_SCHEDULES = ("ada-tree", "confidence-tree")
@@ -43,11 +43,11 @@ def test_the_mask_gives_every_node_the_logits_of_its_path_alone(tiny_pair):
     model = CachedModel(target)
     model.forward(seq[:-1], num_logits=1)
     prefix = len(seq)
-    mask = tree_attention_mask(tree, prefix, target.dtype, target.device)
-    causal = torch.zeros(1, 1, 1, prefix + len(tree), dtype=target.dtype)
-    causal[..., prefix:] = torch.finfo(target.dtype).min
+    causal = torch.zeros(1, prefix + len(tree), dtype=torch.bool)
+    causal[:, :prefix] = True
     positions = [prefix - 1] + [prefix - 1 + depth for depth in tree.depths]
-    logits, _ = model.run(seq[-1:] + tree.tokens, positions, torch.cat([causal, mask], dim=2), len(tree) + 1)
+    logits, _ = model.run(seq[-1:] + tree.tokens, positions, torch.cat([causal, tree_visibility(tree, prefix)]),
+                          len(tree) + 1)
     with torch.no_grad():
         for row, node in enumerate([None, *range(len(tree))]):
             path = seq + (tree.path_tokens(node) if node is not None else [])
@@ -58,6 +58,33 @@ def test_the_mask_gives_every_node_the_logits_of_its_path_alone(tiny_pair):
 def cache_tensors(model) -> list[torch.Tensor]:
     """Every layer's keys and values of the tokens `model`'s cache holds."""
     return [t[:, :, :model.length] for layer in model.cache.layers for t in (layer.keys, layer.values)]
+
+
+@needs_static_crop
+@pytest.mark.parametrize("scorer", ["head of features", "head of the state", "confidence"])
+def test_the_compiled_draft_picks_and_scores_children_as_the_eager_engine_does(tiny_pair, scorer):
+    target, draft = tiny_pair
+    head = None if scorer == "confidence" else random_proposer(features=("log_q", "log_rank", "log_left")
+                                                               if scorer == "head of features" else ())
+    policy = ConfidenceTree(3, 8, 0.9, (1, 4), False) if head is None else AdaTree(head, 3, 8, 0.9, (1, 4), False)
+    processing = sampling_only(False)
+    _, compiled_draft, _ = compiled_tree_models(target, draft, 64, head, policy.width, processing)
+    eager_draft = EagerDraft(draft, processing, LeanJudge(head) if head is not None else None)
+    seq, siblings = [5, 9, 2, 7, 4], [3, 11]
+    picked = []
+    with torch.inference_mode():
+        for model in (compiled_draft, eager_draft):
+            model.forward(seq[:-1], num_logits=1)
+            for tokens in ([seq[-1]], siblings):  # the root's row, then a level of two nodes
+                past = len(seq) - 1 if len(tokens) == 1 else len(seq)
+                visible = torch.ones(len(tokens), past + len(tokens), dtype=torch.bool)
+                visible[:, past:] = torch.eye(len(tokens), dtype=torch.bool)
+                rows, states = model.run(tokens, [past] * len(tokens), visible, len(tokens), model.with_hidden_states)
+                picked.append(scored_children(model, policy, seq, [[]] * len(tokens), rows, states, processing, None))
+    assert compiled_draft.scored is not None and eager_draft.__dict__.get("scored") is None
+    for (tokens, scores, _), (eager_tokens, eager_scores, _) in zip(picked[:2], picked[2:]):
+        assert tokens == eager_tokens and len(tokens[0]) == policy.width
+        torch.testing.assert_close(torch.tensor(scores), torch.tensor(eager_scores), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("engine", ["eager", pytest.param("compiled", marks=needs_static_crop)])
@@ -71,7 +98,8 @@ def test_after_a_round_each_cache_is_that_of_the_accepted_path_alone(tiny_pair, 
     for prompt in prompts(4, seed=3):
         seq = prompt[0].tolist()
         if engine == "compiled":
-            target_model, draft_model, _ = compiled_tree_models(target, draft, 64, schedule == "ada-tree")
+            target_model, draft_model, _ = compiled_tree_models(
+                target, draft, 64, head if schedule == "ada-tree" else None, policy.width, processing)
         else:
             target_model = CachedModel(target)
             draft_model = EagerDraft(draft, processing, LeanJudge(head) if schedule == "ada-tree" else None)

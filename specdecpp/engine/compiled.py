@@ -14,9 +14,9 @@ from transformers import PreTrainedModel, StaticCache
 from specdecpp.checks import vocab_size
 from specdecpp.compat import (COMPILE_GUARD_FILTER, STATIC_CACHE_CROPS, TRANSFORMERS_VERSION, cache_kwargs,
                               compile_guarded_state, copy_static_cache, is_sliding, special_layers)
-from specdecpp.engine.draft_step import CachedModel, proposed_step
+from specdecpp.engine.draft_step import CachedModel, additive_mask, proposed_step
 from specdecpp.engine.processing import Processing
-from specdecpp.engine.schedules import MAX_TREE_NODES
+from specdecpp.engine.schedules import MAX_TREE_NODES, children_scores
 from specdecpp.engine.sampling import SAMPLING_WARPERS, DraftStep, draft_noise, make_warpers, proposed_token, widened
 from specdecpp.head.model import AcceptancePredictionHead, LeanJudge
 
@@ -73,13 +73,19 @@ def compiled_models(target: PreTrainedModel, draft: PreTrainedModel | None, max_
     return target_model, draft_model, seconds + draft_seconds
 
 
-def compiled_tree_models(target: PreTrainedModel, draft: PreTrainedModel, max_length: int, with_hidden_states: bool
-                         ) -> tuple[TreeModel, TreeModel, float]:
-    """The compiled `TreeModel`s of target and draft, empty, for `max_length` tokens, and the compile seconds."""
+def compiled_tree_models(target: PreTrainedModel, draft: PreTrainedModel, max_length: int, head, width: int,
+                         processing: Processing) -> tuple[TreeModel, TreeModel, float]:
+    """The compiled `TreeModel`s of target and draft, empty, for `max_length` tokens, and the compile seconds; greedy
+    without processors, the draft's graph also picks each node's `width` children and scores them (with `head`)."""
     length = max_length + TREE_ROWS[-1]  # a round's nodes sit past its prefix until it keeps one path
     target_model, seconds = _engine(target, ("tree target",), length, lambda capacity: TreeModel(target, capacity))
-    draft_model, draft_seconds = _engine(draft, ("tree draft", with_hidden_states), length,
-                                         lambda capacity: TreeModel(draft, capacity, with_hidden_states))
+    width = 0 if processing.do_sample or processing.changes_logits else width
+    with_hidden_states = head is not None and head.reads_hidden_states
+    draft_model, draft_seconds = _engine(
+        draft, ("tree draft", with_hidden_states, width, head_shape(head) if width else None), length,
+        lambda capacity: TreeModel(draft, capacity, with_hidden_states, width, head, single_row=True))
+    if width and head is not None:  # the weights of this head, into the engine of its shape
+        draft_model.judge.load(head)
     return target_model, draft_model, seconds + draft_seconds
 
 
@@ -338,56 +344,84 @@ class ProcessedDraft:
 
 class TreeModel(StaticModel):
     """A model on a `StaticCache` as a token tree's round feeds it (`CachedModel`'s `forward`, `run` and `keep`): each
-    forward one graph over tokens at given positions under a 4D mask, rows padded to a count of `TREE_ROWS` (a padding
-    row sees itself alone, then leaves the cache), so that no round compiles; longer inputs (a prompt) run eagerly."""
+    forward one graph over tokens at given positions under a tree's visibility, of any row count up to the last of
+    `TREE_ROWS` (to which CUDA graphs pad: a padding row sees itself alone, then leaves the cache) or, `single_row`,
+    of one row alone, so that no round compiles; longer inputs (a prompt) run eagerly. Given a `width`, the graph also picks each row's `width` most
+    likely children and scores them (`schedules.children_scores`, judged by `head` if any): `scored`, the last run's."""
 
     forward, keep = CachedModel.forward, CachedModel.keep  # a `CachedModel`'s, through this class's `run` and `crop`
 
+    def __init__(self, model: PreTrainedModel, capacity: int, with_hidden_states: bool = False, width: int = 0,
+                 head: AcceptancePredictionHead | None = None, single_row: bool = False):
+        self.width, self.single_row, self.scored = width, single_row, None
+        super().__init__(model, capacity, with_hidden_states)
+        self.judge = LeanJudge(head, self.device) if width and head is not None else None
+        if self.judge is not None:
+            torch._dynamo.mark_static_address(self.judge.weights)
+
     def build_graphs(self) -> None:
         self.tree_graph = _compile(self._tree_forward, dynamic=None, cuda=self.cuda_graphs)
+        self.row_graph = _compile(self._tree_forward, dynamic=False, cuda=self.cuda_graphs)
 
     def warm_up(self) -> None:
         """Run the graph once per row count (a CUDA graph is recorded on its second call)."""
         with torch.inference_mode():
-            for rows in TREE_ROWS:
+            for rows in (1,) * self.single_row + TREE_ROWS:
                 for _ in range(self.warm_up_calls):
                     self._feed([0])
                     self.run([0] * rows, list(range(1, rows + 1)), None, rows)
             self.reset()
 
-    def run(self, tokens: list[int], positions: list[int], attention_mask: torch.Tensor | None, num_logits: int,
+    def run(self, tokens: list[int], positions: list[int], visible: torch.Tensor | None, num_logits: int,
             with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed `tokens` at `positions` after the cache (`attention_mask`: 4D `[1, 1, tokens, cached + tokens]`, None:
-        causal); the logits `[num_logits, vocab]` of the last `num_logits` and (or None) the hidden states there."""
-        count = len(tokens)
-        rows = next((rows for rows in TREE_ROWS if rows >= count), count)
-        past, dtype = self.length, self.model.dtype
-        visible = torch.zeros(rows, self.capacity, dtype=torch.bool, device=self.device)
-        if attention_mask is None:
-            visible[:count, :past + count] = torch.ones(count, past + count, dtype=torch.bool,
-                                                        device=self.device).tril(past)
+        """Feed `tokens` at `positions` after the cache (`visible`: `[tokens, cached + tokens]`, True where a token
+        sees a key; None: causal); the logits `[num_logits, vocab]` of the last `num_logits` and (or None) the hidden
+        states there."""
+        count, past = len(tokens), self.length
+        if count == 1 and self.single_row:
+            rows = 1
+        elif self.cuda_graphs:  # a CUDA graph is recorded per row count: a few counts
+            rows = next((rows for rows in TREE_ROWS if rows >= count), count)
         else:
-            visible[:count, :past + count] = attention_mask[0, 0] == 0
+            rows = max(count, 2)
+        seen = torch.zeros(rows, self.capacity, dtype=torch.bool, device=self.device)
+        if visible is None:
+            seen[:count, :past + count] = torch.ones(count, past + count, dtype=torch.bool,
+                                                     device=self.device).tril(past)
+        else:
+            seen[:count, :past + count] = visible
         padding = torch.arange(count, rows, device=self.device)
-        visible[padding, past + padding] = True
-        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill(~visible, torch.finfo(dtype).min)
+        seen[padding, past + padding] = True
         ids = self._ids(tokens + [0] * (rows - count))
-        inputs = (ids, torch.tensor([positions + positions[-1:] * (rows - count)], device=self.device), mask[None, None])
-        if rows in TREE_ROWS:
-            for tensor in inputs:  # one graph for every row count
-                torch._dynamo.mark_dynamic(tensor, tensor.dim() - 2 if tensor.dim() == 4 else 1)
-            logits, hidden = self._run(self.tree_graph, *inputs)
+        inputs = (ids, torch.tensor([positions + positions[-1:] * (rows - count)], device=self.device), seen)
+        if rows == 1:
+            logits, hidden, scored = self._run(self.row_graph, *inputs)
+        elif rows <= TREE_ROWS[-1]:
+            for tensor, dim in zip(inputs, (1, 1, 0)):  # one graph for every row count
+                torch._dynamo.mark_dynamic(tensor, dim)
+            logits, hidden, scored = self._run(self.tree_graph, *inputs)
         else:
-            logits, hidden = self._tree_forward(*inputs)
+            logits, hidden, scored = self._tree_forward(*inputs)
         self.length = past + rows
         self.crop(past + count)
+        self.scored = scored[:, count - num_logits:count] if self.width else None
         return logits[count - num_logits:count], hidden[count - num_logits:count] if with_hidden_states else None
 
     def _tree_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                      attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                      seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids, position_ids=position_ids,
+                         attention_mask=additive_mask(seen, self.model.dtype)[None, None],
                          output_hidden_states=self.with_hidden_states, **self.model_kwargs)
-        return out.logits[0], out.hidden_states[-1][0] if self.with_hidden_states else out.logits.new_zeros(())
+        logits = out.logits[0]
+        hidden = out.hidden_states[-1][0] if self.with_hidden_states else logits.new_zeros(())
+        if not self.width:
+            return logits, hidden, logits.new_zeros(())
+        widened_logits = widened(logits)
+        probs = widened_logits.softmax(-1)
+        children = probs.topk(self.width, dim=-1).indices
+        scores = children_scores(self.judge, False, widened_logits, probs, probs,
+                                 hidden if self.with_hidden_states else None, children)
+        return logits, hidden, torch.stack([children.double(), scores])
 
 
 def _check_full_attention(cache: StaticCache, model: PreTrainedModel) -> None:

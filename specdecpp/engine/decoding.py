@@ -166,7 +166,7 @@ def step_models(target: PreTrainedModel, draft: PreTrainedModel | None, settings
         judge = LeanJudge(head, draft.device) if head is not None and draft is not None else None
         return CachedModel(target), EagerDraft(draft, processing, judge) if draft else None, 0.0
     if settings.schedule is not None and settings.schedule_class.grows_tree:
-        return compiled_tree_models(target, draft, max_length, head is not None and head.reads_hidden_states)
+        return compiled_tree_models(target, draft, max_length, head, settings.tree_width, processing)
     sampling = (settings.temperature, settings.top_k, settings.top_p) if settings.do_sample else None
     return compiled_models(target, draft, max_length, processing, head, sampling,
                            longest_verification=max(settings.bound[1], settings.num_assistant_tokens) + 1)

@@ -32,6 +32,11 @@ def proposed_step(processing: Processing, tokens: list[int], logits: torch.Tenso
                      warped=processing.changes_logits, accept_prob=read[-1] if judge is not None else None)
 
 
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean visibility (True: seen) as an additive attention mask of `dtype`."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+
+
 class Draft(Protocol):
     """A draft as the loop steps it: eager (`EagerDraft`) or compiled (`CompiledDraft`, `ProcessedDraft`)."""
 
@@ -79,15 +84,16 @@ class CachedModel:
         logits, hidden = self.run(seq[seen:], list(range(seen, len(seq))), None, num_logits, with_hidden_states)
         return logits, hidden[-1] if hidden is not None else None
 
-    def run(self, tokens: list[int], positions: list[int], attention_mask: torch.Tensor | None, num_logits: int,
+    def run(self, tokens: list[int], positions: list[int], visible: torch.Tensor | None, num_logits: int,
             with_hidden_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed `tokens` at `positions` after the cache (`attention_mask`: 4D over the cache and them, None: causal);
-        the logits `[num_logits, vocab]` of the last `num_logits` and (or None) the last hidden states there."""
+        """Feed `tokens` at `positions` after the cache (`visible`: `[tokens, cached + tokens]`, True where a token
+        sees a key; None: causal); the logits `[num_logits, vocab]` of the last `num_logits` and (or None) the last
+        hidden states there."""
         # Explicit positions: models that number new tokens from the cache's own bookkeeping can miscount.
         kwargs = {"input_ids": torch.tensor([tokens], device=self.device), **cache_kwargs(self.model, self.cache),
                   "position_ids": torch.tensor([positions], device=self.device)}
-        if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask
+        if visible is not None:
+            kwargs["attention_mask"] = additive_mask(visible.to(self.device), self.model.dtype)[None, None]
         if self.split:
             hidden = self.base_model(**kwargs).last_hidden_state[:, -num_logits:]
             return self.output_layer(hidden)[0], hidden[0]

@@ -379,10 +379,11 @@ class TreeSchedule(Schedule):
         return self.max_k
 
     def score_children(self, logits: torch.Tensor, probs: torch.Tensor, raw_probs: torch.Tensor | None,
-                       states: torch.Tensor | None, children: list[list[int]]) -> list[list[float]]:
-        """Each child's P(accept), its earlier siblings not accepted, for one level's nodes: node `i`'s raw `logits[i]`,
-        processed `probs[i]` (`raw_probs`: None where processing changed them), state `states[i]`, `children[i]`."""
-        raise NotImplementedError
+                       states: torch.Tensor | None, children: torch.Tensor) -> torch.Tensor:
+        """Each child's P(accept), its earlier siblings not accepted, `[nodes, width]`, for one level's nodes: node
+        `i`'s raw `logits[i]`, processed `probs[i]` (`raw_probs`: None where processing changed them), state
+        `states[i]` and `children[i]` in draw order (`children_scores` with this schedule's judge)."""
+        return children_scores(None, self.do_sample, logits, probs, raw_probs, states, children)
 
     def valued(self, candidates: list, parent_value: float) -> list:
         """`candidates` (one node's children, in draw order) with their `path_value` and `value`. Sampling ranks a child
@@ -486,7 +487,7 @@ class AdaTree(TreeSchedule):
     def __init__(self, head: AcceptancePredictionHead, width: int, tree_nodes: int | str, stop_threshold: float,
                  bound: tuple[int, int], do_sample: bool, times: StepTimes | None = None, chain: Ada | None = None):
         super().__init__(width, tree_nodes, stop_threshold, bound, do_sample, times, chain)
-        self.judge, self.by_features = LeanJudge(head), bool(head.features)
+        self.judge = LeanJudge(head)
 
     @classmethod
     def from_settings(cls, settings, draft_correct=None):
@@ -502,29 +503,7 @@ class AdaTree(TreeSchedule):
         settings.head.resolve_stop_threshold(settings.stop_threshold)
 
     def score_children(self, logits, probs, raw_probs, states, children):
-        judge, counts = self.judge, [len(tokens) for tokens in children]
-        if self.by_features:  # every child of the level in one judgement
-            rows = torch.repeat_interleave(torch.arange(len(children), device=logits.device),
-                                           torch.tensor(counts, device=logits.device))
-            taken = None
-            if "log_left" in judge.features:  # each child's earlier siblings' draft mass, in draw order
-                q = raw_probs if raw_probs is not None else logits.float().softmax(-1)
-                taken = torch.tensor([t for row, tokens in zip(q, children) for t in list(itertools.accumulate(
-                    row[tokens].tolist(), initial=0.0))[:len(tokens)]], device=logits.device)
-            flat = judge(states[rows] if states is not None else None, logits[rows],
-                         torch.tensor([t for tokens in children for t in tokens], device=logits.device),
-                         raw_probs[rows] if raw_probs is not None else None, taken).tolist()
-            return [flat[start - count:start] for start, count in zip(itertools.accumulate(counts), counts)]
-        firsts = judge(states, logits, torch.tensor([tokens[0] for tokens in children], device=logits.device),
-                       raw_probs).tolist()
-        scores = []
-        for first, row, tokens in zip(firsts, probs, children):
-            rest = draft_scores(row, tokens, self.do_sample)[1:]
-            if not self.do_sample and rest:
-                others = sum(rest)
-                rest = [(1.0 - first) * score / others if others > 0 else 0.0 for score in rest]
-            scores.append([first] + rest)
-        return scores
+        return children_scores(self.judge, self.do_sample, logits, probs, raw_probs, states, children)
 
 
 class ConfidenceTree(TreeSchedule):
@@ -545,9 +524,6 @@ class ConfidenceTree(TreeSchedule):
             raise ValueError(f"schedule 'confidence-tree' has no stored threshold: give {name('stop_threshold')} a "
                              "number")
 
-    def score_children(self, logits, probs, raw_probs, states, children):
-        return [draft_scores(row, tokens, self.do_sample) for row, tokens in zip(probs, children)]
-
 
 def first_children(drafted: list, within) -> list[int]:
     """The chain of first children from the root among the candidates `within` (indices into `drafted`)."""
@@ -559,16 +535,30 @@ def first_children(drafted: list, within) -> list[int]:
     return chain
 
 
-def draft_scores(probs: torch.Tensor, tokens: list[int], do_sample: bool) -> list[float]:
-    """The draft's P(accept) of each child given earlier siblings were not: its probability (renormalised, sampling)."""
-    chosen = probs[tokens].double().tolist()
+def children_scores(judge: LeanJudge | None, do_sample: bool, logits: torch.Tensor, probs: torch.Tensor,
+                    raw_probs: torch.Tensor | None, states: torch.Tensor | None, children: torch.Tensor) -> torch.Tensor:
+    """`TreeSchedule.score_children` in tensor code (a graph may hold it), float64: without `judge` the draft's own
+    probabilities (renormalised, sampling); a judge of features judges each child from its parent's state, one of the
+    state alone the first child, the rest of the rejection mass (greedy) shared by draft probability."""
+    q = probs.gather(-1, children).double()
+    left = 1.0 - (q.cumsum(-1) - q)  # the draft's mass left once the earlier siblings were drawn
+    drafted = q if not do_sample else torch.where(left > 0, (q / left.clamp_min(1e-300)).clamp_max(1.0), 0.0)
+    if judge is None:
+        return drafted
+    if judge.features:  # every child of the level in one judgement
+        width = children.shape[-1]
+        taken = None
+        if "log_left" in judge.features:  # each child's earlier siblings' draft mass, in draw order
+            q_raw = (raw_probs if raw_probs is not None else logits.float().softmax(-1)).gather(-1, children)
+            taken = (q_raw.cumsum(-1) - q_raw).reshape(-1)
+        rows = [None if t is None else t.repeat_interleave(width, 0) for t in (states, logits, raw_probs)]
+        return judge(rows[0], rows[1], children.reshape(-1), rows[2], taken).view(children.shape).double()
+    first = judge(states, logits, children[:, 0], raw_probs).double()[:, None]
+    rest = drafted[:, 1:]
     if not do_sample:
-        return chosen
-    scores, left = [], 1.0
-    for q in chosen:
-        scores.append(min(q / left, 1.0) if left > 0 else 0.0)
-        left -= q
-    return scores
+        others = rest.sum(-1, keepdim=True)
+        rest = torch.where(others > 0, (1.0 - first) * rest / others.clamp_min(1e-300), 0.0)
+    return torch.cat([first, rest], -1)
 
 
 class Oracle(Schedule):

@@ -69,19 +69,14 @@ class TokenTree:
         return [self.tokens[n] for n in self.path(node)]
 
 
-def tree_attention_mask(tree: TokenTree, prefix: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The 4D additive mask `[1, 1, nodes, prefix + nodes]` of feeding every node of `tree` after `prefix` verified
-    tokens: each node sees the verified tokens, its ancestors and itself."""
+def tree_visibility(tree: TokenTree, prefix: int) -> torch.Tensor:
+    """What each node of `tree` fed after `prefix` verified tokens sees, `[nodes, prefix + nodes]` (True: seen): the
+    verified tokens, its ancestors and itself."""
     visible = torch.zeros(len(tree), prefix + len(tree), dtype=torch.bool)
     visible[:, :prefix] = True
     for node in range(len(tree)):
         visible[node, [prefix + n for n in tree.path(node)]] = True
-    return _additive(visible, dtype, device)
-
-
-def _additive(visible: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A boolean `[queries, keys]` visibility as a 4D additive mask."""
-    return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[None, None].to(device)
+    return visible
 
 
 _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -103,8 +98,7 @@ def check_tree_attention(model: PreTrainedModel, who: str) -> None:
         for rank, token in enumerate(siblings):
             tree.add(Candidate(ROOT, rank, token, 1.0))
         past = len(prompt)
-        mask = tree_attention_mask(tree, past, model.dtype, model.device)
-        together, _ = stepped.run(siblings, [past, past], mask, num_logits=2)
+        together, _ = stepped.run(siblings, [past, past], tree_visibility(tree, past), num_logits=2)
         alone = [model(input_ids=torch.tensor([prompt + [token]], device=model.device)).logits[0, -1]
                  for token in siblings]
     if not all(torch.allclose(widened(row), widened(single), atol=1e-4, rtol=1e-3)
@@ -124,18 +118,32 @@ def processed_rows(processing: Processing, seq: list[int], paths: list[list[int]
 
 
 def proposals(processed: torch.Tensor, width: int, do_sample: bool,
-              generator: torch.Generator | None) -> tuple[list[list[int]], torch.Tensor]:
-    """Each node's children from its row of processed logits `[nodes, vocab]`, tokens of probability 0 left out:
-    greedy its `width` most likely tokens, sampling `width` draws without replacement (the exponential race, whose
-    first draw is the chain's token; one noise draw per row, in order); and the distributions they come from."""
+              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each node's `width` children `[nodes, width]` from its row of processed logits `[nodes, vocab]`: greedy its
+    most likely tokens, sampling draws without replacement (the exponential race, whose first draw is the chain's
+    token; one noise draw per row, in order); and the distributions they come from."""
     probs = processed.softmax(-1)
     if not do_sample:
-        return processed.topk(width, dim=-1).indices.tolist(), probs
-    children = []
-    for row in probs:
-        order = (row / draft_noise(row.shape[-1], row.device, generator)).topk(width).indices
-        children.append(order[row[order] > 0].tolist())
-    return children, probs
+        return processed.topk(width, dim=-1).indices, probs
+    noise = torch.stack([draft_noise(probs.shape[-1], probs.device, generator) for _ in range(len(probs))])
+    return (probs / noise).topk(width, dim=-1).indices, probs
+
+
+def scored_children(draft, policy, seq: list[int], paths: list[list[int]], rows: torch.Tensor,
+                    states: torch.Tensor | None, processing: Processing, generator: torch.Generator | None
+                    ) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
+    """The children of one level's nodes (after `seq` and `paths`, raw logits `rows`), tokens of probability 0 left
+    out, their scores and (sampling) distributions: as the draft's graph chose and scored them, where it did."""
+    if (fused := getattr(draft, "scored", None)) is not None:
+        tokens, scores = fused.tolist()
+        return [[int(t) for t in row] for row in tokens], scores, None
+    processed = processed_rows(processing, seq, paths, rows)
+    children, probs = proposals(processed, policy.width, processing.do_sample, generator)
+    scores = policy.score_children(widened(rows), probs, None if processing.changes_logits else probs, states,
+                                   children)
+    kept = (probs.gather(-1, children) > 0).sum(-1).tolist()  # zeros come last: drawn after every other token
+    return ([row[:n] for row, n in zip(children.tolist(), kept)], [row[:n] for row, n in zip(scores.tolist(), kept)],
+            probs)
 
 
 def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, processing: Processing,
@@ -154,10 +162,7 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
     while True:
         widths.append(len(expanded))
         paths = [[] if n == ROOT else [drafted[a].token for a in _ancestry(drafted, n)] for n in expanded]
-        processed = processed_rows(processing, seq, paths, rows)
-        children, probs = proposals(processed, policy.width, processing.do_sample, generator)
-        scores = policy.score_children(widened(rows), probs, None if processing.changes_logits else probs, states,
-                                       children)
+        children, scores, probs = scored_children(draft, policy, seq, paths, rows, states, processing, generator)
         newest = []
         for i, parent in enumerate(expanded):
             depth = 1 if parent == ROOT else drafted[parent].depth + 1
@@ -219,8 +224,7 @@ def _expand(draft: EagerDraft, drafted: list[Candidate], nodes: list[int], slots
     for row, node in enumerate(nodes):
         slots[node] = past + row
     positions = [prefix - 1 + drafted[node].depth for node in nodes]
-    return draft.run([drafted[n].token for n in nodes], positions, _additive(visible, draft.model.dtype, draft.device),
-                     len(nodes), draft.with_hidden_states)
+    return draft.run([drafted[n].token for n in nodes], positions, visible, len(nodes), draft.with_hidden_states)
 
 
 def verify_tree(target: CachedModel, seq: list[int], tree: TokenTree, processing: Processing,
@@ -232,11 +236,9 @@ def verify_tree(target: CachedModel, seq: list[int], tree: TokenTree, processing
     unseen, nodes = seq[seen:], list(range(len(tree)))
     # The verified tokens the cache has not seen yet (the last one at least) come first, causally.
     causal = torch.arange(prefix + len(tree))[None] <= torch.arange(seen, prefix)[:, None]
-    dtype = target.model.dtype
-    mask = torch.cat([_additive(causal, dtype, target.device), tree_attention_mask(tree, prefix, dtype, target.device)],
-                     dim=2)
+    visible = torch.cat([causal, tree_visibility(tree, prefix)])
     positions = list(range(seen, prefix)) + [prefix - 1 + d for d in tree.depths]
-    logits, _ = target.run(unseen + tree.tokens, positions, mask, num_logits=len(tree) + 1)
+    logits, _ = target.run(unseen + tree.tokens, positions, visible, num_logits=len(tree) + 1)
     processed = processed_rows(processing, seq, [[]] + [tree.path_tokens(n) for n in nodes], logits)
     row = {ROOT: 0, **{n: n + 1 for n in nodes}}
     path, node = [], ROOT
