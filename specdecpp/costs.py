@@ -121,12 +121,12 @@ class StepTimes:
 
     def level_price(self, place: int, width: int) -> float:
         """A token tree's draft level at `place` (0: the root's) that expands `width` nodes: its timed price by
-        width (past the widest timed, the widest's; timed level after level), plus what the chain's draft step at
-        `place` costs over its cheapest (the first steps after a verification run on cold caches); else, without
+        width (past the widest timed, the widest's; timed after a root), the root's dearer by what the chain's first
+        step costs over its cheapest (both feed a round's verified tokens on cooled caches); else, without
         `level_ms`, the chain's draft step at `place`."""
         step = self.drafting_ms(place + 1) - self.drafting_ms(place)
         if self.level_ms:
-            return self.level_ms[min(width, len(self.level_ms)) - 1] + step - min(self.draft_ms, default=step)
+            return self.level_ms[min(width, len(self.level_ms)) - 1] + (step - min(self.draft_ms) if place == 0 else 0)
         return step
 
     def tree_levels_ms(self, widths: list[int]) -> float:

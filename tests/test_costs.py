@@ -87,7 +87,7 @@ def test_the_spread_between_passes_says_when_the_machine_was_busy():
 def test_a_tree_round_prices_each_level_by_the_nodes_it_expands():
     times = StepTimes(draft_ms=[0.5, 0.4], verify_ms=[2.0, 2.5, 3.0], target_alone_ms=2.0, round_overhead_ms=0.1,
                       level_ms=[0.6, 0.9])
-    # levels expanding 1, 2 and 3 nodes (past the widest timed: the widest's price), the first 0.1 dearer as the
+    # levels expanding 1, 2 and 3 nodes (past the widest timed: the widest's price), the root's 0.1 dearer as the
     # chain's first step is than its cheapest; 5 nodes on the slope 0.5
     assert times.tree_round_ms([1, 2, 3], 5) == pytest.approx(4.5 + (0.6 + 0.1) + 0.9 + 0.9 + 0.1)
     untimed = StepTimes(draft_ms=[0.5, 0.4], verify_ms=[2.0, 2.5, 3.0], target_alone_ms=2.0)
