@@ -17,7 +17,7 @@ from specdecpp.engine.schedules import make_schedule
 from specdecpp.head.model import LeanJudge
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.costs import StepTimes
-from specdecpp.serving.vllm import FIELDS, BatchRound, StopDrafting, VllmPrices, section_settings
+from specdecpp.serving.vllm import FIELDS, BatchRound, ServedCosts, StopDrafting, VllmPrices, section_settings
 
 HIDDEN, VOCAB, ROWS = 16, 40, 6
 
@@ -137,6 +137,35 @@ def test_the_batch_drafts_while_a_forward_is_worth_its_price():
     assert checkpoints[2] is None  # it stopped there: its figures, by hand, were
     assert batch.expected_tokens() == pytest.approx(4.46) and batch.price_ms(2, 4) == pytest.approx(18.0)
     assert batch.price_ms(3, 5) == pytest.approx(21.0)  # 5 tokens over 2 rows: half way from verify(2) to verify(3)
+
+
+def test_the_batch_prices_at_the_costs_it_was_served_at():
+    # As served, a forward after the first costs 3x its price: after step 1 (3.4 in 14 ms: 0.2429/ms), one more
+    # forward adds 1.06 for verify(2) + the first forward (16 ms) + one more at 3 x 2 ms = 22 ms: 0.2027/ms.
+    served = ServedCosts(forwards={2: 3.0}, rest={2: 1.0})
+    batch = priced_round([[0.9] * 12, [0.5] * 12], 1.0, flat_prices(2))
+    batch.served = served
+    assert [len(p) for p in run_round(batch, 2).proposals()] == [1, 1]
+    served.rest[2] = 2.0  # 3 tokens a row: (verify 16 + first forward 2) x 2 + 2 more forwards x 2 ms x 3
+    assert batch.price_ms(3, 6) == pytest.approx(36.0 + 12.0)
+
+
+def test_served_costs_are_running_means_of_measured_over_priced():
+    prices = flat_prices(2)
+    first = priced_round([[0.9] * 12, [0.5] * 12], 1.0, prices)
+    first.lengths, first.marks = [3, 2], [10.0, 10.003, 10.006]  # forwards 2 and 3: 6 ms, priced 4
+    served = ServedCosts()
+    served.observe(first, ended=10.01)
+    assert served.forwards == {2: pytest.approx(0.9 + 0.1 * 1.5)} and served.rest == {}
+    second = priced_round([[0.9] * 12, [0.5] * 12], 1.0, prices)
+    # 5 tokens over 2 rows verified (priced 10 + 2 x 2.5), then this round's first forward (2): 34 ms, priced 17
+    second.lengths, second.marks = [1, 1], [10.044]
+    served.observe(second, ended=10.05)
+    assert served.rest == {2: pytest.approx(0.9 + 0.1 * 2.0)}
+    third = priced_round([[0.9] * 12], 1.0, VllmPrices({1: prices.times[2]}, 12))
+    third.lengths, third.marks = [1], [10.1]
+    served.observe(third, ended=10.2)  # one row now: the step is not set against two rows' verification
+    assert set(served.rest) == {2}
 
 
 def test_each_row_still_stops_on_its_own_rule_and_a_row_alone_ignores_prices():

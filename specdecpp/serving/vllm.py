@@ -12,7 +12,8 @@ import json
 import logging
 import math
 import textwrap
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -158,9 +159,12 @@ class BatchRound:
     schedule, and a batch of several drafts one more forward only while the expected tokens it adds are worth its
     price at `prices` (`online.best_verify_length`). Stopped rows draft on unproposed until the batch stops."""
 
-    def __init__(self, head, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None):
+    def __init__(self, head, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None,
+                 served: ServedCosts | None = None):
         self.judge = LeanJudge(head)
         self.schedules, self.max_draft, self.prices = schedules, max_draft, prices
+        self.served = served or ServedCosts()
+        self.marks: list[float] = []  # per step, when its forward had run (perf_counter seconds)
         self.tokens: list[torch.Tensor] = []  # per step, [rows]
         self.probs: list[torch.Tensor] = []  # per step, [rows, vocab] (sampled requests only)
         self.p_accept: list[list[float]] = []  # per step, the head's P(accept) of every row
@@ -170,6 +174,7 @@ class BatchRound:
     def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
              probs: torch.Tensor | None) -> None:
         """Record and judge a draft step (`hidden`, `logits`, `tokens` per row); StopDrafting when the batch stops."""
+        self.marks.append(time.perf_counter())
         if not self.tokens:
             self.lengths, self.survival = [None] * len(tokens), [[] for _ in tokens]
             for schedule in self.schedules[:len(tokens)]:
@@ -197,11 +202,14 @@ class BatchRound:
         return sum(1.0 + sum(survival) for survival in self.survival)
 
     def price_ms(self, steps: int, tokens: int) -> float:
-        """The price at `prices` of a round of this batch that drafts `steps` forwards and verifies `tokens` in all."""
+        """The price of a round of this batch that drafts `steps` forwards and verifies `tokens` in all: at `prices`,
+        its forwards after the first and the rest of its engine step each scaled as `served` found them."""
         times, rows = self.prices.at(len(self.lengths)), len(self.lengths)
         per_row, share = divmod(tokens, rows)
-        low = times.round_ms(steps, 0, per_row)
-        return low + share / rows * (times.round_ms(steps, 0, per_row + 1) - low) if share else low
+        rest = times.round_ms(1, 0, per_row)
+        rest += share / rows * (times.round_ms(1, 0, per_row + 1) - rest)
+        forwards = times.drafting_ms(steps) - times.drafting_ms(1)
+        return rest * self.served.rest.get(rows, 1.0) + forwards * self.served.forwards.get(rows, 1.0)
 
     def worth_a_step(self) -> bool:
         """Whether one more batched forward adds expected tokens at a better rate per ms than the round so far."""
@@ -221,6 +229,42 @@ class BatchRound:
     def draft_probs(self) -> torch.Tensor | None:
         """The draft probabilities `[rows, steps, vocab]`, None when the batch drafted greedily."""
         return torch.stack(self.probs, dim=1).contiguous() if self.probs else None
+
+
+SERVED_WEIGHT = 0.1  # what each round weighs in `ServedCosts`' running means
+
+
+@dataclass
+class ServedCosts:
+    """An engine's rounds as served against `VllmPrices`, per batch size: running means (each round weighing
+    `SERVED_WEIGHT`; 1 until seen) of measured over priced ms for a round's forwards after its first (the head's
+    judgements and the rows' rules included) and for the rest of its engine step (its first forward and the next
+    step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them."""
+
+    forwards: dict[int, float] = field(default_factory=dict)
+    rest: dict[int, float] = field(default_factory=dict)
+    last: tuple[int, float, float] | None = None  # the last round's rows, verification price and end (seconds)
+
+    def observe(self, batch: BatchRound, ended: float) -> None:
+        """Take in `batch`, a round whose propose returned at `ended` (perf_counter seconds)."""
+        rows, steps, last = len(batch.lengths), len(batch.marks), self.last
+        self.last = None
+        if batch.prices is None or not steps:
+            return
+        times = batch.prices.at(rows)
+        if steps > 1:
+            self._mix(self.forwards, rows, batch.marks[-1] - batch.marks[0],
+                      times.drafting_ms(steps) - times.drafting_ms(1))
+        if last is not None and last[0] == rows:  # the verification of the last round's tokens, then this first forward
+            self._mix(self.rest, rows, batch.marks[0] - last[2], last[1] + times.drafting_ms(1))
+        per_row, share = divmod(sum(length or steps for length in batch.lengths), rows)
+        verify = times.round_ms(0, 0, per_row)
+        self.last = (rows, verify + share / rows * (times.round_ms(0, 0, per_row + 1) - verify), ended)
+
+    @staticmethod
+    def _mix(scales: dict[int, float], rows: int, seconds: float, priced_ms: float) -> None:
+        if priced_ms > 0:
+            scales[rows] = (1 - SERVED_WEIGHT) * scales.get(rows, 1.0) + SERVED_WEIGHT * 1000 * seconds / priced_ms
 
 
 @dataclass
