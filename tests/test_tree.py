@@ -336,6 +336,20 @@ def test_auto_weighs_its_trees_against_the_chain_ada_would_draft():
         assert policy.tally[1:] == pytest.approx([x * PILOT_ROUNDS for x in (3.132, 2.0 if level_ms else 1.3, 2.98, 1.3)])
 
 
+def test_auto_prices_levels_as_its_rounds_ran_them():
+    times = StepTimes(draft_ms=[0.1] * 4, verify_ms=[1.0] * 9, target_alone_ms=1.0, level_ms=[0.5, 0.6])
+    policy = ConfidenceTree(2, "auto", 0.5, (1, 8), False, times)
+    policy.observe_levels([1], 0.001)  # the root's level alone: nothing to go by
+    assert policy.times is times
+    policy.observe_levels([1, 1, 2], 0.0022)  # levels after the root 2.2 ms, priced 0.5 + 0.6
+    assert policy.times.level_ms == pytest.approx([1.0, 1.2])
+    policy.observe_levels([1, 2], 0.0003)  # all rounds: 2.5 ms for 1.7 priced
+    assert policy.times.level_ms == pytest.approx([0.5 * 2.5 / 1.7, 0.6 * 2.5 / 1.7])
+    sized = ConfidenceTree(2, 16, 0.5, (1, 8), False, times)
+    sized.observe_levels([1, 1, 2], 0.0022)
+    assert sized.times is times  # a tree of a given size prices nothing
+
+
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=[pytest.mark.slow, needs_static_crop])])
 def test_an_auto_tree_hands_over_to_the_chain_where_its_prices_rate_the_chain_higher(tiny_pair, compile):
     target, draft = tiny_pair

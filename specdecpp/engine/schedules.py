@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -366,6 +367,7 @@ class TreeSchedule(Schedule):
     def __init__(self, width: int, tree_nodes: int | str, stop_threshold: float, bound: tuple[int, int],
                  do_sample: bool, times: StepTimes | None = None, chain: ProductRule | None = None):
         self.width, self.stop_threshold, self.do_sample, self.times = width, stop_threshold, do_sample, times
+        self.base_times, self.served = times, [0.0, 0.0]  # levels after the root: ms measured, ms priced
         self.auto = tree_nodes == "auto"
         self.nodes = MAX_TREE_NODES if self.auto else tree_nodes
         self.min_draft, self.max_k = bound
@@ -468,6 +470,16 @@ class TreeSchedule(Schedule):
         round_ = (1, 1.0 + sum(drafted[i].path_value for i in chosen), self.times.tree_round_ms(widths, len(chosen)),
                   1.0 + sum(survival[:k]), self.times.round_ms(k, k))
         self.tally = [total + part for total, part in zip(self.tally, round_)]
+
+    def observe_levels(self, widths: list[int], seconds: float) -> None:
+        """Take in a round's levels after its root, drafted in `seconds`: `auto` then prices levels at their timed
+        prices scaled by all rounds' measured over priced (levels timed back to back miss what rounds add)."""
+        if not self.auto or not self.base_times.level_ms or len(widths) < 2:
+            return
+        self.served[0] += 1000 * seconds
+        self.served[1] += self.base_times.tree_levels_ms(widths) - self.base_times.level_price(0, widths[0])
+        scale = self.served[0] / self.served[1]
+        self.times = replace(self.base_times, level_ms=[ms * scale for ms in self.base_times.level_ms])
 
     def prefers_chain(self) -> bool:
         """Whether, over its first `PILOT_ROUNDS` rounds or more, the chain's expected tokens per millisecond beat

@@ -157,7 +157,7 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
         return TokenTree(), {}
     start = time.perf_counter()
     logits, hidden = draft.forward(seq, num_logits=1, with_hidden_states=draft.with_hidden_states)
-    prefix, expanded, widths = len(seq), [ROOT], []
+    prefix, expanded, widths, level_seconds = len(seq), [ROOT], [], 0.0
     rows, states = logits, hidden[None] if hidden is not None else None
     while True:
         widths.append(len(expanded))
@@ -179,6 +179,7 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
         stats.draft_calls += 1
         expanded = [first + i for i in policy.expand(newest, drafted, widths) if newest[i].depth < max_depth]
         stats.schedule_time += time.perf_counter() - drafted_at
+        level_seconds += (time.perf_counter() - start) * (len(widths) > 1)  # the root's may feed a prompt
         if not expanded:
             break
         start = time.perf_counter()
@@ -188,6 +189,7 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
     stats.tree_level_widths += widths
     chosen = policy.select(drafted, widths)
     policy.weigh(drafted, chosen, widths)
+    policy.observe_levels(widths, level_seconds)
     for index in chosen:
         candidate = drafted[index]
         if candidate.parent not in node_of:

@@ -148,6 +148,9 @@ class LevelsOfWidth:
         self.width, self.nodes = policy.width, nodes
         self.score_children, self.valued, self.weigh = policy.score_children, policy.valued, policy.weigh
 
+    def observe_levels(self, widths: list[int], seconds: float) -> None:
+        """Timing takes its own measurements: none."""
+
     def expand(self, newest: list, drafted: list, widths: list[int]) -> list[int]:
         return list(range(min(self.nodes, len(newest))))
 

@@ -4,6 +4,7 @@ vLLM's step prices are kept); `specdecpp.serving.vllm_plugin.register` plugs it 
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import hashlib
 import importlib
@@ -11,6 +12,7 @@ import inspect
 import json
 import logging
 import math
+import statistics
 import textwrap
 import time
 from dataclasses import dataclass, field, replace
@@ -217,7 +219,8 @@ class BatchRound:
             return True
         j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
         tokens = sum(length or j for length in self.lengths)
-        added = sum(self.survival[row][-1] * self.p_accept[-1][row] for row in drafting)  # the next token's survival
+        decline = self.served.decline.get(j, 1.0)  # the next token's survival: the last judgement, as served it runs
+        added = sum(self.survival[row][-1] * min(1.0, self.p_accept[-1][row] * decline) for row in drafting)
         costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
         return best_verify_length([added / self.expected_tokens()], costs) == 1
 
@@ -231,18 +234,22 @@ class BatchRound:
         return torch.stack(self.probs, dim=1).contiguous() if self.probs else None
 
 
-SERVED_WEIGHT = 0.1  # what each round weighs in `ServedCosts`' running means
+SERVED_ROUNDS = 32  # the rounds whose median `ServedCosts` keeps: an idle engine's one long gap goes unheard
 
 
 @dataclass
 class ServedCosts:
-    """An engine's rounds as served against `VllmPrices`, per batch size: running means (each round weighing
-    `SERVED_WEIGHT`; 1 until seen) of measured over priced ms for a round's forwards after its first (the head's
+    """An engine's rounds as served against `VllmPrices`, per batch size: the medians over the last `SERVED_ROUNDS`
+    rounds (1 until seen) of measured over priced ms for a round's forwards after its first (the head's
     judgements and the rows' rules included) and for the rest of its engine step (its first forward and the next
-    step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them."""
+    step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them.
+    `decline[j]`: the same of a row's judgement at step j + 1 over its judgement at step j, over the rows that
+    drafted step j + 1 (those still drafting are the confident ones; the next judgement falls back)."""
 
     forwards: dict[int, float] = field(default_factory=dict)
     rest: dict[int, float] = field(default_factory=dict)
+    decline: dict[int, float] = field(default_factory=dict)
+    seen: dict[tuple[str, int], collections.deque] = field(default_factory=dict)  # the ratios behind each median
     last: tuple[int, float, float] | None = None  # the last round's rows, verification price and end (seconds)
 
     def observe(self, batch: BatchRound, ended: float) -> None:
@@ -253,18 +260,23 @@ class ServedCosts:
             return
         times = batch.prices.at(rows)
         if steps > 1:
-            self._mix(self.forwards, rows, batch.marks[-1] - batch.marks[0],
-                      times.drafting_ms(steps) - times.drafting_ms(1))
+            self._mix("forwards", rows, batch.marks[-1] - batch.marks[0],
+                      (times.drafting_ms(steps) - times.drafting_ms(1)) / 1000)
         if last is not None and last[0] == rows:  # the verification of the last round's tokens, then this first forward
-            self._mix(self.rest, rows, batch.marks[0] - last[2], last[1] + times.drafting_ms(1))
+            self._mix("rest", rows, batch.marks[0] - last[2], (last[1] + times.drafting_ms(1)) / 1000)
+        for j in range(1, len(batch.p_accept)):
+            drafted = [row for row, length in enumerate(batch.lengths) if length is None or length > j]
+            self._mix("decline", j, sum(batch.p_accept[j][row] for row in drafted),
+                      sum(batch.p_accept[j - 1][row] for row in drafted))
         per_row, share = divmod(sum(length or steps for length in batch.lengths), rows)
         verify = times.round_ms(0, 0, per_row)
         self.last = (rows, verify + share / rows * (times.round_ms(0, 0, per_row + 1) - verify), ended)
 
-    @staticmethod
-    def _mix(scales: dict[int, float], rows: int, seconds: float, priced_ms: float) -> None:
-        if priced_ms > 0:
-            scales[rows] = (1 - SERVED_WEIGHT) * scales.get(rows, 1.0) + SERVED_WEIGHT * 1000 * seconds / priced_ms
+    def _mix(self, name: str, key: int, measured: float, expected: float) -> None:
+        if expected > 0:
+            seen = self.seen.setdefault((name, key), collections.deque(maxlen=SERVED_ROUNDS))
+            seen.append(measured / expected)
+            getattr(self, name)[key] = statistics.median(seen)
 
 
 @dataclass
