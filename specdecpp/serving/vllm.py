@@ -219,8 +219,7 @@ class BatchRound:
             return True
         j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
         tokens = sum(length or j for length in self.lengths)
-        decline = self.served.decline.get(j, 1.0)  # the next token's survival: the last judgement, as served it runs
-        added = sum(self.survival[row][-1] * min(1.0, self.p_accept[-1][row] * decline) for row in drafting)
+        added = sum(self.survival[row][-1] * self.p_accept[-1][row] for row in drafting)  # the next token's survival
         costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
         return best_verify_length([added / self.expected_tokens()], costs) == 1
 
@@ -242,13 +241,10 @@ class ServedCosts:
     """An engine's rounds as served against `VllmPrices`, per batch size: the medians over the last `SERVED_ROUNDS`
     rounds (1 until seen) of measured over priced ms for a round's forwards after its first (the head's
     judgements and the rows' rules included) and for the rest of its engine step (its first forward and the next
-    step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them.
-    `decline[j]`: the same of a row's judgement at step j + 1 over its judgement at step j, over the rows that
-    drafted step j + 1 (those still drafting are the confident ones; the next judgement falls back)."""
+    step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them."""
 
     forwards: dict[int, float] = field(default_factory=dict)
     rest: dict[int, float] = field(default_factory=dict)
-    decline: dict[int, float] = field(default_factory=dict)
     seen: dict[tuple[str, int], collections.deque] = field(default_factory=dict)  # the ratios behind each median
     last: tuple[int, float, float] | None = None  # the last round's rows, verification price and end (seconds)
 
@@ -264,10 +260,6 @@ class ServedCosts:
                       (times.drafting_ms(steps) - times.drafting_ms(1)) / 1000)
         if last is not None and last[0] == rows:  # the verification of the last round's tokens, then this first forward
             self._mix("rest", rows, batch.marks[0] - last[2], (last[1] + times.drafting_ms(1)) / 1000)
-        for j in range(1, len(batch.p_accept)):
-            drafted = [row for row, length in enumerate(batch.lengths) if length is None or length > j]
-            self._mix("decline", j, sum(batch.p_accept[j][row] for row in drafted),
-                      sum(batch.p_accept[j - 1][row] for row in drafted))
         per_row, share = divmod(sum(length or steps for length in batch.lengths), rows)
         verify = times.round_ms(0, 0, per_row)
         self.last = (rows, verify + share / rows * (times.round_ms(0, 0, per_row + 1) - verify), ended)
