@@ -150,7 +150,7 @@ def test_the_batch_prices_at_the_costs_it_was_served_at():
     assert batch.price_ms(3, 6) == pytest.approx(36.0 + 12.0)
 
 
-def test_served_costs_are_running_means_of_measured_over_priced():
+def test_served_costs_are_medians_of_measured_over_priced():
     prices = flat_prices(2)
     first = priced_round([[0.9] * 12, [0.5] * 12], 1.0, prices)
     first.lengths, first.marks = [3, 2], [10.0, 10.003, 10.006]  # forwards 2 and 3: 6 ms, priced 4
