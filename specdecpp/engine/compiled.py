@@ -346,8 +346,9 @@ class TreeModel(StaticModel):
     """A model on a `StaticCache` as a token tree's round feeds it (`CachedModel`'s `forward`, `run` and `keep`): each
     forward one graph over tokens at given positions under a tree's visibility, of any row count up to the last of
     `TREE_ROWS` (to which CUDA graphs pad: a padding row sees itself alone, then leaves the cache) or, `single_row`,
-    of one row alone, so that no round compiles; longer inputs (a prompt) run eagerly. Given a `width`, the graph also picks each row's `width` most
-    likely children and scores them (`schedules.children_scores`, judged by `head` if any): `scored`, the last run's."""
+    of one row alone, so that no round compiles; longer inputs (a prompt) run eagerly. Given a `width`, the graph
+    also picks each row's `width` most likely children and scores them (`schedules.children_scores`, judged by
+    `head` if any): `scored`, the last run's."""
 
     forward, keep = CachedModel.forward, CachedModel.keep  # a `CachedModel`'s, through this class's `run` and `crop`
 

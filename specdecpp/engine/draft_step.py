@@ -60,6 +60,8 @@ class Target(Protocol):
 class CachedModel:
     """A causal LM on a `DynamicCache`, fed only the tokens its cache has not seen."""
 
+    scored = None  # a tree draft's children as its last forward's graph picked and scored them (compiled: TreeModel)
+
     def __init__(self, model: PreTrainedModel):
         self.model, self.device, self.cache = model, model.device, DynamicCache(config=model.config)
         self.cache.activate_past_recording()  # else sliding-window layers drop states a rollback needs

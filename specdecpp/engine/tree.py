@@ -134,8 +134,8 @@ def scored_children(draft, policy, seq: list[int], paths: list[list[int]], rows:
                     ) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
     """The children of one level's nodes (after `seq` and `paths`, raw logits `rows`), tokens of probability 0 left
     out, their scores and (sampling) distributions: as the draft's graph chose and scored them, where it did."""
-    if (fused := getattr(draft, "scored", None)) is not None:
-        tokens, scores = fused.tolist()
+    if draft.scored is not None:
+        tokens, scores = draft.scored.tolist()
         return [[int(t) for t in row] for row in tokens], scores, None
     processed = processed_rows(processing, seq, paths, rows)
     children, probs = proposals(processed, policy.width, processing.do_sample, generator)

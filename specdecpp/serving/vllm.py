@@ -207,11 +207,17 @@ class BatchRound:
         """The price of a round of this batch that drafts `steps` forwards and verifies `tokens` in all: at `prices`,
         its forwards after the first and the rest of its engine step each scaled as `served` found them."""
         times, rows = self.prices.at(len(self.lengths)), len(self.lengths)
-        per_row, share = divmod(tokens, rows)
-        rest = times.round_ms(1, 0, per_row)
-        rest += share / rows * (times.round_ms(1, 0, per_row + 1) - rest)
+        rest = self.verify_ms(tokens) + times.drafting_ms(1)
         forwards = times.drafting_ms(steps) - times.drafting_ms(1)
         return rest * self.served.rest.get(rows, 1.0) + forwards * self.served.forwards.get(rows, 1.0)
+
+    def verify_ms(self, tokens: int) -> float:
+        """The verification at `prices` of `tokens` over this batch's rows (round overhead included), a ragged one
+        pro rata between whole tokens per row."""
+        times, rows = self.prices.at(len(self.lengths)), len(self.lengths)
+        per_row, share = divmod(tokens, rows)
+        low = times.round_ms(0, 0, per_row)
+        return low + share / rows * (times.round_ms(0, 0, per_row + 1) - low)
 
     def worth_a_step(self) -> bool:
         """Whether one more batched forward adds expected tokens at a better rate per ms than the round so far."""
@@ -260,9 +266,7 @@ class ServedCosts:
                       (times.drafting_ms(steps) - times.drafting_ms(1)) / 1000)
         if last is not None and last[0] == rows:  # the verification of the last round's tokens, then this first forward
             self._mix("rest", rows, batch.marks[0] - last[2], (last[1] + times.drafting_ms(1)) / 1000)
-        per_row, share = divmod(sum(length or steps for length in batch.lengths), rows)
-        verify = times.round_ms(0, 0, per_row)
-        self.last = (rows, verify + share / rows * (times.round_ms(0, 0, per_row + 1) - verify), ended)
+        self.last = (rows, batch.verify_ms(sum(length or steps for length in batch.lengths)), ended)
 
     def _mix(self, name: str, key: int, measured: float, expected: float) -> None:
         if expected > 0:
