@@ -190,7 +190,7 @@ def test_a_tree_level_is_timed_by_the_nodes_it_expands(tiny_pair, monkeypatch):
 
     def recording(*args):
         out = real(*args)
-        grown.append(args[-1].tree_level_widths)
+        grown.append(args[-1].tree_level_widths[-1])
         return out
 
     monkeypatch.setattr(step_timing, "grow_tree", recording)

@@ -391,8 +391,9 @@ class TreeModel(StaticModel):
                                                      device=self.device).tril(past)
         else:
             seen[:count, :past + count] = visible
-        padding = torch.arange(count, rows, device=self.device)
-        seen[padding, past + padding] = True
+        if rows > count:
+            padding = torch.arange(count, rows, device=self.device)
+            seen[padding, past + padding] = True
         ids = self._ids(tokens + [0] * (rows - count))
         inputs = (ids, torch.tensor([positions + positions[-1:] * (rows - count)], device=self.device), seen)
         if rows == 1:

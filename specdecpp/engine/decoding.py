@@ -34,8 +34,8 @@ class GenerationStats:
     accepted_lengths: list[int] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)
     verified_lengths: list[int] = field(default_factory=list)
-    tree_level_widths: list[int] = field(default_factory=list)  # token trees: the nodes each draft level expanded
-    tree_rounds: int = 0  # rounds drafted as a token tree (an `auto` tree's chain drafts the rest)
+    tree_level_widths: list[list[int]] = field(default_factory=list)  # per tree round: the nodes each level expanded
+    tree_rounds: int = 0  # rounds drafted as a token tree, the first ones (an `auto` tree's chain drafts the rest)
     generated_length: int = 0
     wall_time: float = 0.0
     draft_time: float = 0.0
@@ -81,7 +81,7 @@ def decode(target: PreTrainedModel, draft: PreTrainedModel | None, input_ids: to
                            if settings.schedule_class.knows_target else None)
 
     stats = GenerationStats()
-    if settings.stop_threshold == "auto" and settings.schedule == "ada":
+    if settings.stop_threshold == "auto" and settings.schedule in ("ada", "ada-tree"):
         stats.stop_threshold, stats.threshold_step_times = policy.stop_threshold, _priced_on(settings)
     target_model, draft_model, stats.compile_time = step_models(
         target, draft if settings.schedule_class.needs_draft else None, settings, processing,

@@ -74,8 +74,8 @@ def tree_visibility(tree: TokenTree, prefix: int) -> torch.Tensor:
     verified tokens, its ancestors and itself."""
     visible = torch.zeros(len(tree), prefix + len(tree), dtype=torch.bool)
     visible[:, :prefix] = True
-    for node in range(len(tree)):
-        visible[node, [prefix + n for n in tree.path(node)]] = True
+    seen = [(node, prefix + n) for node in range(len(tree)) for n in tree.path(node)]
+    visible[[node for node, _ in seen], [column for _, column in seen]] = True
     return visible
 
 
@@ -186,7 +186,7 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
         rows, states = _expand(draft, drafted, expanded, slots, prefix)
     decided = time.perf_counter()
     tree, node_of, fed = TokenTree(), {ROOT: ROOT}, {}
-    stats.tree_level_widths += widths
+    stats.tree_level_widths.append(widths)
     chosen = policy.select(drafted, widths)
     policy.weigh(drafted, chosen, widths)
     policy.observe_levels(widths, level_seconds)
@@ -219,10 +219,14 @@ def _expand(draft: EagerDraft, drafted: list[Candidate], nodes: list[int], slots
     past = prefix + len(slots)
     visible = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
     visible[:, :prefix] = True
+    rows, columns = [], []
     for row, node in enumerate(nodes):
         for ancestor in _ancestry(drafted, node)[:-1]:
-            visible[row, slots[ancestor]] = True
-        visible[row, past + row] = True
+            rows.append(row)
+            columns.append(slots[ancestor])
+        rows.append(row)
+        columns.append(past + row)
+    visible[rows, columns] = True
     for row, node in enumerate(nodes):
         slots[node] = past + row
     positions = [prefix - 1 + drafted[node].depth for node in nodes]
