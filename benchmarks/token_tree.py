@@ -40,7 +40,7 @@ def methods(head, tree_heads: dict, args) -> list[Method]:
     """Chains (the head's `ada`, `dynamic` per confidence, constant K, the oracle when greedy), then the trees
     (`ada-tree` with each of `tree_heads`, by name)."""
     chain = dict(head=head, bound=(1, 20))
-    out = [Method(f"ada@{head.stop_threshold:g}", dict(chain, schedule="ada", stop_threshold="auto"))]
+    out = [Method("ada@auto", dict(chain, schedule="ada", stop_threshold="auto"))]
     out += [Method(f"dynamic@{c:g}", dict(schedule="dynamic", assistant_confidence_threshold=c,
                                           num_assistant_tokens=20)) for c in args.confidences]
     out += [Method(f"constant@K={k}", dict(schedule="constant", num_assistant_tokens=k)) for k in args.constants]
@@ -51,7 +51,7 @@ def methods(head, tree_heads: dict, args) -> list[Method]:
         out += [Method(f"confidence-tree@{t:g},nodes={nodes}", dict(
             schedule="confidence-tree", stop_threshold=t, bound=(1, 20), tree_nodes=size, tree_width=args.tree_width))
             for t in args.tree_confidences]
-        out += [Method(f"ada-tree[{name}]@{tree_head.stop_threshold if t == 'auto' else float(t):g},nodes={nodes}",
+        out += [Method(f"ada-tree[{name}]@{t if t == 'auto' else f'{float(t):g}'},nodes={nodes}",
                        dict(chain, head=tree_head, schedule="ada-tree", stop_threshold=t if t == "auto" else float(t),
                             tree_nodes=size, tree_width=args.tree_width), tree_head=name)
                 for name, tree_head in tree_heads.items() for t in args.ada_tree_thresholds]
@@ -59,21 +59,21 @@ def methods(head, tree_heads: dict, args) -> list[Method]:
 
 
 def predicted_ms(stats: GenerationStats, times: StepTimes) -> float:
-    """A generation's time at `times`: each round's verification of its drafted nodes, every draft step at the
-    median step's price (a tree's level, where `times` price levels, at its width's), and the loop's overhead per
-    round."""
-    levels = stats.tree_level_widths if times.level_ms else []
-    drafting = sum(times.level_price(1, width) for width in levels) \
-        + (stats.draft_calls - len(levels)) * statistics.median(times.draft_ms)
-    return sum(times.verify_at(n) for n in stats.draft_lengths) + drafting \
-        + len(stats.draft_lengths) * times.round_overhead_ms
+    """A generation's time at `times`: each round's draft steps at their places' prices (a tree's levels by place
+    and, where `times` price levels, width: `StepTimes.level_price`), its verification and the loop's overhead."""
+    trees = stats.tree_level_widths
+    grown = sum(times.tree_round_ms(widths, nodes) for widths, nodes in zip(trees, stats.draft_lengths))
+    chains = zip(stats.draft_lengths[len(trees):], stats.verified_lengths[len(trees):])
+    return grown + sum(times.round_ms(drafted, 0, verified) for drafted, verified in chains)
 
 
 def summary(method: Method, times: StepTimes) -> dict:
     runs = method.runs
     tokens = sum(s.generated_length for s in runs)
     calls = sum(s.target_calls for s in runs)
-    return {"method": method.name, "tokens_per_target_call": tokens / calls,
+    used = runs[0].stop_threshold  # where `auto` chose a threshold: the one it chose here
+    return {"method": method.name + (f" ({used:g} here)" if used is not None else ""),
+            "tokens_per_target_call": tokens / calls,
             "draft_steps_per_token": sum(s.draft_calls for s in runs) / tokens,
             "tree_round_share": sum(s.tree_rounds for s in runs) / calls,
             "mean_drafted": statistics.mean(n for s in runs for n in s.draft_lengths),
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tree_confidences", type=float, nargs="+", default=[0.5, 0.7, 0.9],
                         help="confidence-tree's stop thresholds (one method each)")
     parser.add_argument("--ada_tree_thresholds", nargs="+", default=["auto"],
-                        help="ada-tree's stop thresholds ('auto': the head's stored one)")
+                        help="ada-tree's stop thresholds ('auto': the head's, chosen for this machine's costs)")
     parser.add_argument("--time_steps", action="store_true",
                         help="price the counts at this machine's step times, timed here (else the head's stored)")
     parser.add_argument("--compile", action="store_true", help="every method on the compiled engine")
