@@ -362,6 +362,7 @@ def test_an_auto_tree_hands_over_to_the_chain_where_its_prices_rate_the_chain_hi
                              for times in (dear_levels, FLAT))
         assert handed_over.tree_rounds == PILOT_ROUNDS < handed_over.target_calls
         assert kept.tree_rounds == kept.target_calls
+        assert [len(stats.tree_level_widths) for stats in (handed_over, kept)] == [PILOT_ROUNDS, kept.target_calls]
         out = speculative_generate(target, draft, prompt, schedule="ada-tree", head=head, stop_threshold=0.6,
                                    bound=(1, 5), tree_nodes="auto", tree_width=2, step_times=dear_levels,
                                    max_new_tokens=40, compile=compile)

@@ -154,6 +154,7 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
     drafted: list[Candidate] = []
     slots: dict[int, int] = {}  # candidate -> its position in the draft's cache
     if max_depth < 1:
+        stats.tree_level_widths.append([])
         return TokenTree(), {}
     start = time.perf_counter()
     logits, hidden = draft.forward(seq, num_logits=1, with_hidden_states=draft.with_hidden_states)
