@@ -180,7 +180,8 @@ def grow_tree(draft: EagerDraft, seq: list[int], policy, max_depth: int, process
         stats.draft_calls += 1
         expanded = [first + i for i in policy.expand(newest, drafted, widths) if newest[i].depth < max_depth]
         stats.schedule_time += time.perf_counter() - drafted_at
-        level_seconds += (time.perf_counter() - start) * (len(widths) > 1)  # the root's may feed a prompt
+        if len(widths) > 1:  # the root's level may feed a prompt
+            level_seconds += time.perf_counter() - start
         if not expanded:
             break
         start = time.perf_counter()
@@ -220,14 +221,9 @@ def _expand(draft: EagerDraft, drafted: list[Candidate], nodes: list[int], slots
     past = prefix + len(slots)
     visible = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
     visible[:, :prefix] = True
-    rows, columns = [], []
-    for row, node in enumerate(nodes):
-        for ancestor in _ancestry(drafted, node)[:-1]:
-            rows.append(row)
-            columns.append(slots[ancestor])
-        rows.append(row)
-        columns.append(past + row)
-    visible[rows, columns] = True
+    seen = [(row, slots[ancestor]) for row, node in enumerate(nodes) for ancestor in _ancestry(drafted, node)[:-1]]
+    seen += [(row, past + row) for row in range(len(nodes))]
+    visible[[row for row, _ in seen], [column for _, column in seen]] = True
     for row, node in enumerate(nodes):
         slots[node] = past + row
     positions = [prefix - 1 + drafted[node].depth for node in nodes]
