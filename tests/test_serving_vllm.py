@@ -17,7 +17,8 @@ from specdecpp.engine.schedules import make_schedule
 from specdecpp.head.model import LeanJudge
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.costs import StepTimes
-from specdecpp.serving.vllm import FIELDS, BatchRound, ServedCosts, StopDrafting, VllmPrices, section_settings
+from specdecpp.serving.vllm import (ACCEPTANCE_MEMORY, FIELDS, BatchRound, ServedAcceptance, ServedCosts, StopDrafting,
+                                    VllmPrices, section_settings)
 
 HIDDEN, VOCAB, ROWS = 16, 40, 6
 
@@ -64,7 +65,7 @@ def eager_rounds(settings: DecodingSettings, steps: list, max_draft: int) -> tup
 def batch_lengths(settings: DecodingSettings, steps: list, max_draft: int, rows: int = ROWS
                   ) -> tuple[list[int], BatchRound]:
     schedules = [make_schedule(settings) for _ in range(rows)]
-    batch = BatchRound(settings.head, schedules, max_draft)
+    batch = BatchRound(LeanJudge(settings.head), schedules, max_draft)
     with pytest.raises(StopDrafting):
         for hidden, logits, tokens in steps:
             batch.step(hidden[:rows], logits[:rows], tokens[:rows], None)
@@ -100,7 +101,7 @@ class Judgements:
 def priced_round(p_accept, threshold: float, prices: VllmPrices, bound=(1, 20), max_draft: int = 12) -> BatchRound:
     settings = DecodingSettings(schedule="ada", head=random_head(threshold=threshold), stop_threshold="auto",
                                 bound=bound)
-    batch = BatchRound(settings.head, [make_schedule(settings) for _ in p_accept], max_draft, prices)
+    batch = BatchRound(LeanJudge(settings.head), [make_schedule(settings) for _ in p_accept], max_draft, prices)
     batch.judge = Judgements(p_accept)
     return batch
 
@@ -148,6 +149,36 @@ def test_the_batch_prices_at_the_costs_it_was_served_at():
     assert [len(p) for p in run_round(batch, 2).proposals()] == [1, 1]
     served.rest[2] = 2.0  # 3 tokens a row: (verify 16 + first forward 2) x 2 + 2 more forwards x 2 ms x 3
     assert batch.price_ms(3, 6) == pytest.approx(36.0 + 12.0)
+
+
+def test_the_batch_expects_the_survival_vllm_accepted():
+    # vLLM accepted every first token the head expected (ratio (1 + 1) / (1 + 1) at depth 1) and half as many second
+    # ones ((.5 + 1) / (2 + 1)). After step 1: 3.4 in 14 ms (0.2429/ms) as before; one more forward now adds
+    # (.81 + .25) x .5 = .53 for 18 ms: 3.93 / 18 = 0.2183/ms, and the batch stops (at its prices alone it drafts 2).
+    batch = priced_round([[0.9] * 12, [0.5] * 12], 1.0, flat_prices(2))
+    batch.acceptance = ServedAcceptance(expected=[1.0, 2.0], accepted=[1.0, 0.5])
+    assert [len(p) for p in run_round(batch, 2).proposals()] == [1, 1]
+    assert batch.expected_tokens() == pytest.approx(3.4)
+
+
+def test_served_acceptance_reads_each_verified_proposal_by_request():
+    acceptance = ServedAcceptance()
+    acceptance.proposed(["a", "b", "c", "d"], [[0.9, 0.8, 0.6], [0.5], [0.7, 0.7], []])
+    # In the next step's batch order: b rejected its token, a accepted 2 of 3, c had only 1 of its 2 verified (not
+    # read), e is new.
+    acceptance.verified(["b", "a", "c", "e"], [1, 3, 1, 0], [1, 1, 0, 0])
+    assert acceptance.expected == pytest.approx([1.4, 0.8, 0.6]) and acceptance.accepted == [1.0, 1.0, 0.0]
+    assert acceptance.accepted_tokens == 2 and acceptance.pending == {}
+    assert acceptance.served(1, 0.6) == pytest.approx(0.6 * 2 / 2.4)
+    assert acceptance.served(3, 0.5) == acceptance.served(7, 0.5) == pytest.approx(0.5 / 1.6)  # the deepest beyond
+    assert ServedAcceptance(expected=[0.2], accepted=[3.0]).served(1, 0.9) == 1.0  # a probability still
+    acceptance.verified(["a"], [3], [0])  # nothing proposed since: nothing read
+    assert acceptance.accepted_tokens == 2
+    acceptance.proposed(["a"], [[0.5]])
+    acceptance.verified(["a"], [1], [0])  # the sums so far decay once per verification read
+    decay = 1 - 1 / ACCEPTANCE_MEMORY
+    assert acceptance.expected == pytest.approx([1.4 * decay + 0.5, 0.8 * decay, 0.6 * decay])
+    assert acceptance.accepted == pytest.approx([decay + 1, decay, 0.0]) and acceptance.accepted_tokens == 3
 
 
 def test_served_costs_are_medians_of_measured_over_priced():
@@ -198,7 +229,7 @@ def test_schedules_start_each_round_afresh():
     settings = DecodingSettings(schedule="ada", head=random_head(), stop_threshold="auto", bound=(1, 20))
     schedules = [make_schedule(settings) for _ in range(ROWS)]
     steps = list(draft_steps(12))
-    first, second = BatchRound(settings.head, schedules, 12), BatchRound(settings.head, schedules, 12)
+    first, second = BatchRound(LeanJudge(settings.head), schedules, 12), BatchRound(LeanJudge(settings.head), schedules, 12)
     for batch in (first, second):
         with pytest.raises(StopDrafting):
             for hidden, logits, tokens in steps:
@@ -208,7 +239,7 @@ def test_schedules_start_each_round_afresh():
 
 def test_sampled_steps_keep_their_draft_probabilities():
     settings = DecodingSettings(schedule="ada", head=random_head(), stop_threshold="auto", bound=(1, 20))
-    batch = BatchRound(settings.head, [make_schedule(settings) for _ in range(ROWS)], 3)
+    batch = BatchRound(LeanJudge(settings.head), [make_schedule(settings) for _ in range(ROWS)], 3)
     recorded = []
     with pytest.raises(StopDrafting):
         for hidden, logits, _ in draft_steps(3):

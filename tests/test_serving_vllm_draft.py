@@ -109,6 +109,10 @@ def _expected_accepted(worker) -> float:
     return worker.model_runner.drafter.expected_accepted
 
 
+def _accepted_tokens_read(worker) -> int:
+    return worker.model_runner.drafter.acceptance.accepted_tokens
+
+
 def _drafter_type(worker) -> str:
     return type(worker.model_runner.drafter).__name__
 
@@ -145,6 +149,7 @@ def runs():
         out["priced batches"] = llm.collective_rpc(_priced_batches)[0]
         out.update({f"ada {c}": generate(llm, c) for c in concurrencies})
         out["ada counters"] = counters(llm)
+        out["ada accepted read"] = llm.collective_rpc(_accepted_tokens_read)[0]
 
     with_engine(None, None, plain)
     with_engine({**DRAFT_MODEL, "num_speculative_tokens": 20}, {"specdecpp": ADA}, ada)
@@ -171,6 +176,10 @@ def test_the_head_varies_the_lengths_and_vllm_verifies_them(runs):
     assert len(set(lengths)) > 3 and max(lengths) <= 20
     c = runs["ada counters"]
     assert c["num_drafts"] > 0 and 0 < c["num_accepted_tokens"] < c["num_draft_tokens"]
+
+
+def test_the_drafter_reads_every_token_vllm_accepted(runs):
+    assert runs["ada accepted read"] == runs["ada counters"]["num_accepted_tokens"] > 0
 
 
 def test_the_drafter_adds_up_the_accepted_tokens_its_head_expects(runs):

@@ -157,15 +157,16 @@ class StopDrafting(Exception):
 
 
 class BatchRound:
-    """One `propose` of a batch: a head forward judges every row after each draft step, each row stops on its `ada`
+    """One `propose` of a batch: `judge` (the head) judges every row after each draft step, each row stops on its `ada`
     schedule, and a batch of several drafts one more forward only while the expected tokens it adds are worth its
-    price at `prices` (`online.best_verify_length`). Stopped rows draft on unproposed until the batch stops."""
+    price at `prices` (`online.best_verify_length`), its survival as vLLM accepted it (`acceptance`). Stopped rows
+    draft on unproposed until the batch stops."""
 
-    def __init__(self, head, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None,
-                 served: ServedCosts | None = None):
-        self.judge = LeanJudge(head)
+    def __init__(self, judge: LeanJudge, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None,
+                 served: ServedCosts | None = None, acceptance: ServedAcceptance | None = None):
+        self.judge = judge
         self.schedules, self.max_draft, self.prices = schedules, max_draft, prices
-        self.served = served or ServedCosts()
+        self.served, self.acceptance = served or ServedCosts(), acceptance or ServedAcceptance()
         self.marks: list[float] = []  # per step, when its forward had run (perf_counter seconds)
         self.tokens: list[torch.Tensor] = []  # per step, [rows]
         self.probs: list[torch.Tensor] = []  # per step, [rows, vocab] (sampled requests only)
@@ -200,8 +201,9 @@ class BatchRound:
             raise StopDrafting
 
     def expected_tokens(self) -> float:
-        """The round's expected tokens so far: per row, 1 plus the survival of each token it proposes."""
-        return sum(1.0 + sum(survival) for survival in self.survival)
+        """The round's expected tokens so far: per row, 1 plus the survival of each token it proposes, as accepted."""
+        return sum(1.0 + sum(self.acceptance.served(depth, s) for depth, s in enumerate(survival, start=1))
+                   for survival in self.survival)
 
     def price_ms(self, steps: int, tokens: int) -> float:
         """The price of a round of this batch that drafts `steps` forwards and verifies `tokens` in all: at `prices`,
@@ -225,7 +227,8 @@ class BatchRound:
             return True
         j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
         tokens = sum(length or j for length in self.lengths)
-        added = sum(self.survival[row][-1] * self.p_accept[-1][row] for row in drafting)  # the next token's survival
+        added = sum(self.acceptance.served(j + 1, self.survival[row][-1] * self.p_accept[-1][row])
+                    for row in drafting)  # the next token's survival
         costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
         return best_verify_length([added / self.expected_tokens()], costs) == 1
 
@@ -273,6 +276,52 @@ class ServedCosts:
             seen = self.seen.setdefault((name, key), collections.deque(maxlen=SERVED_ROUNDS))
             seen.append(measured / expected)
             getattr(self, name)[key] = statistics.median(seen)
+
+
+ACCEPTANCE_MEMORY = 64  # engine steps: `ServedAcceptance`'s sums decay by 1 - 1/64 at each verification read
+ACCEPTANCE_PRIOR = 1.0  # the tokens, expected and accepted alike, each depth's ratio starts from
+
+
+@dataclass
+class ServedAcceptance:
+    """The tokens vLLM accepted against the survival the head expected, per depth `d` of a proposal, as decayed sums
+    over the engine's last `ACCEPTANCE_MEMORY` steps: `served(d, s)` is survival `s` at depth `d` scaled by their
+    ratio (1 until seen; beyond the deepest seen, the deepest's). A request's proposal is matched to its
+    verification by request id, and read only where vLLM verified every token of it."""
+
+    expected: list[float] = field(default_factory=list)  # per depth, the survival of the proposed tokens verified
+    accepted: list[float] = field(default_factory=list)  # per depth, how many of them vLLM accepted
+    pending: dict[str, list[float]] = field(default_factory=dict)  # request id -> its proposal's survival
+    accepted_tokens: int = 0  # every accepted token read, undecayed
+
+    def proposed(self, request_ids: list[str], survivals: list[list[float]]) -> None:
+        """Keep each request's proposal, the survival of each of its tokens, until its verification is read."""
+        self.pending = {request: survival for request, survival in zip(request_ids, survivals) if survival}
+
+    def verified(self, request_ids: list[str], drafted: list[int], rejected: list[int]) -> None:
+        """Read a verification: per request, how many drafted tokens vLLM verified and how many it rejected."""
+        pending, self.pending = self.pending, {}
+        rounds = [(pending[request], n - k) for request, n, k in zip(request_ids, drafted, rejected)
+                  if n and len(pending.get(request, ())) == n]
+        if not rounds:
+            return
+        self.expected = [x * (1 - 1 / ACCEPTANCE_MEMORY) for x in self.expected]
+        self.accepted = [x * (1 - 1 / ACCEPTANCE_MEMORY) for x in self.accepted]
+        for survival, accepted in rounds:
+            missing = len(survival) - len(self.expected)
+            self.expected += [0.0] * missing
+            self.accepted += [0.0] * missing
+            for d, s in enumerate(survival):
+                self.expected[d] += s
+                self.accepted[d] += d < accepted
+            self.accepted_tokens += accepted
+
+    def served(self, depth: int, survival: float) -> float:
+        """`survival` at `depth` (from 1) as vLLM has accepted it there, at most 1."""
+        if not self.expected:
+            return survival
+        d = min(depth, len(self.expected)) - 1
+        return min(1.0, survival * (self.accepted[d] + ACCEPTANCE_PRIOR) / (self.expected[d] + ACCEPTANCE_PRIOR))
 
 
 @dataclass

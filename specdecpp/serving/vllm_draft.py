@@ -8,7 +8,8 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 from specdecpp.engine.schedules import make_schedule
 from specdecpp.engine.settings import DecodingSettings
-from specdecpp.serving.vllm import BatchRound, ServedCosts, StopDrafting, VllmPrices
+from specdecpp.head.model import LeanJudge
+from specdecpp.serving.vllm import BatchRound, ServedAcceptance, ServedCosts, StopDrafting, VllmPrices
 
 
 class SpecDecPPDraftProposer(DraftModelProposer):
@@ -19,19 +20,23 @@ class SpecDecPPDraftProposer(DraftModelProposer):
     WRAPS = ("__init__", "propose", "_sample_draft_tokens", "_sample_from_logits", "take_last_draft_probs")
 
     @classmethod
-    def plug(cls, proposer: DraftModelProposer, settings: DecodingSettings, prices: VllmPrices | None) -> None:
-        """Make the `DraftModelProposer` vLLM just built one of these, stopping on `settings`, a batch at `prices`."""
+    def plug(cls, proposer: DraftModelProposer, settings: DecodingSettings, prices: VllmPrices | None,
+             runner=None) -> None:
+        """Make the `DraftModelProposer` vLLM just built for `runner` one of these, stopping on `settings`, a batch
+        at `prices` with the survival its verifications show (none read without a runner)."""
         proposer.__class__ = cls
-        proposer.settings, proposer.prices = settings, prices
+        proposer.settings, proposer.prices, proposer.runner = settings, prices, runner
         settings.head.to(proposer.device)
+        proposer.judge = LeanJudge(settings.head, proposer.device)
         proposer.schedules = []  # one ada schedule per batch row, reused from round to round
-        proposer.round, proposer.served = None, ServedCosts()
+        proposer.round, proposer.served, proposer.acceptance = None, ServedCosts(), ServedAcceptance()
         proposer.proposed_tokens, proposer.draft_steps, proposer.expected_accepted = 0, 0, 0.0
 
     def propose(self, num_speculative_tokens: int, *args, **kwargs) -> list[list[int]]:
         """Each request's tokens from up to `min(num_speculative_tokens, bound[1])` draft steps."""
-        self.round = self.new_round(self.settings.head, self.schedules,
-                                    min(num_speculative_tokens, self.settings.bound[1]), self.prices, self.served)
+        self.read_verification(kwargs.get("common_attn_metadata"), kwargs.get("num_rejected_tokens_gpu"))
+        self.round = self.new_round(self.judge, self.schedules, min(num_speculative_tokens,
+                                    self.settings.bound[1]), self.prices, self.served, self.acceptance)
         try:
             drafted = super().propose(num_speculative_tokens, *args, **kwargs)
             if not self.round.tokens:  # nothing to draft (K = 0)
@@ -45,7 +50,20 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         self.draft_steps += len(self.round.tokens)
         self.expected_accepted += sum(sum(survival[:len(p)]) for survival, p in zip(self.round.survival, proposals))
         self.served.observe(self.round, time.perf_counter())
+        if self.runner is not None:
+            self.acceptance.proposed(self.runner.input_batch.req_ids[:len(proposals)],
+                                     [survival[:len(p)] for survival, p in zip(self.round.survival, proposals)])
         return proposals
+
+    def read_verification(self, metadata, rejected: torch.Tensor | None) -> None:
+        """Hand `acceptance` what vLLM verified of the last proposals: per request, its query (its drafted tokens
+        and one) and its `rejected` tokens (None: nothing drafted was verified)."""
+        if self.runner is None or metadata is None or rejected is None:
+            self.acceptance.pending = {}
+            return
+        rows = metadata.num_reqs
+        drafted = (metadata.query_start_loc_cpu[1:rows + 1] - metadata.query_start_loc_cpu[:rows] - 1).tolist()
+        self.acceptance.verified(self.runner.input_batch.req_ids[:rows], drafted, rejected[:rows].tolist())
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         """vLLM's sampling of a draft step, then the head's judgement."""

@@ -57,7 +57,8 @@ def hook_proposer() -> str | None:
         settings = check_config(vllm_config)
         if settings is not None:
             prices = cached_prices(vllm_config, settings.head)
-            SpecDecPPDraftProposer.plug(self, priced_settings(settings, prices), prices)
+            runner = kwargs.get("runner", args[1] if len(args) > 1 else None)  # after `device`
+            SpecDecPPDraftProposer.plug(self, priced_settings(settings, prices), prices, runner)
 
     DraftModelProposer.__init__ = plugged_init
     return None
