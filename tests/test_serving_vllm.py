@@ -17,7 +17,7 @@ from specdecpp.engine.schedules import make_schedule
 from specdecpp.head.model import LeanJudge
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.costs import StepTimes
-from specdecpp.serving.vllm import (ACCEPTANCE_MEMORY, FIELDS, BatchRound, ServedAcceptance, ServedCosts, StopDrafting,
+from specdecpp.serving.vllm import (ACCEPTANCE_MEMORY, FIELDS, SERVED_ROUNDS, BatchRound, ServedAcceptance, ServedCosts, StopDrafting,
                                     VllmPrices, section_settings)
 
 HIDDEN, VOCAB, ROWS = 16, 40, 6
@@ -182,26 +182,46 @@ def test_served_acceptance_reads_each_verified_proposal_by_request():
 
 
 def test_served_costs_are_medians_of_measured_over_priced():
-    prices = flat_prices(2)
-    first = priced_round([[0.9] * 12, [0.5] * 12], 1.0, prices)
-    first.lengths, first.marks = [3, 2], [10.0, 10.003, 10.006]  # forwards 2 and 3: 6 ms, priced 4
-    served = ServedCosts()
-    served.observe(first, ended=10.01)
-    assert served.forwards == {2: pytest.approx(1.5)} and served.rest == {}
-    second = priced_round([[0.9] * 12, [0.5] * 12], 1.0, prices)
-    # 5 tokens over 2 rows verified (priced 10 + 2 x 2.5), then this round's first forward (2): 34 ms, priced 17
-    second.lengths, second.marks = [1, 1], [10.044]
-    served.observe(second, ended=10.05)
+    prices, served = flat_prices(2), ServedCosts()
+
+    def observe(lengths, start: float, forwards_ms: float = 0.0) -> None:
+        batch = priced_round([[0.9] * 12, [0.5] * 12], 1.0, prices)
+        batch.lengths, steps = lengths, max(lengths)  # its forwards after the first take `forwards_ms` in all
+        batch.marks = [start + forwards_ms / 1000 * i / max(steps - 1, 1) for i in range(steps)]
+        served.observe(batch, ended=batch.marks[-1] + 0.001)
+
+    observe([3, 2], 10.0, forwards_ms=30)  # forwards 2 and 3 priced 4 ms: a slow first round at this batch size
+    for _ in range(2):  # 5 tokens over 2 rows verified (priced 10 + 2 x 2.5), then the first forward (2): 34 ms
+        observe([3, 2], served.last[2] + 0.034, forwards_ms=6)
+    assert served.forwards == {} and served.rest == {}  # three rounds: none scales a price yet
+    observe([3, 2], served.last[2] + 0.034, forwards_ms=6)
+    assert served.forwards == {2: pytest.approx(1.5)} and served.rest == {}  # the median of 7.5, 1.5, 1.5, 1.5
+    observe([1, 1], served.last[2] + 0.034)  # the fourth verification
     assert served.rest == {2: pytest.approx(2.0)}
-    for gap in (0.5, 0.011, 0.011):  # an engine idle half a second between two rounds, then two at 28 ms
-        again = priced_round([[0.9] * 12, [0.5] * 12], 1.0, prices)  # 1 token a row verified: 12 + 2 ms priced
-        again.lengths, again.marks = [1, 1], [served.last[2] + 0.017 + gap]
-        served.observe(again, ended=again.marks[0] + 0.001)
-    assert served.rest == {2: pytest.approx(2.0)}  # the median of 2, 36.9, 2, 2: the idle gap goes unheard
+    for gap in (0.5, 0.0, 0.0):  # an engine idle half a second between two rounds, then two at 28 ms, priced 14
+        observe([1, 1], served.last[2] + 0.028 + gap)
+    assert served.rest == {2: pytest.approx(2.0)}  # the median of 2, 2, 2, 2, 37.7, 2, 2: the idle gap goes unheard
     third = priced_round([[0.9] * 12], 1.0, VllmPrices({1: prices.times[2]}, 12))
-    third.lengths, third.marks = [1], [10.1]
-    served.observe(third, ended=10.2)  # one row now: the step is not set against two rows' verification
+    third.lengths, third.marks = [1], [served.last[2] + 0.1]
+    served.observe(third, ended=third.marks[0] + 0.1)  # one row now: not set against two rows' verification
     assert set(served.rest) == {2}
+
+
+def test_a_stale_forward_price_cannot_hold_the_batch_to_one_forward():
+    served = ServedCosts(forwards={2: 100.0})  # a forward after the first priced 100x: never worth it
+
+    def served_round() -> list[int]:
+        batch = priced_round([[0.9] * 12, [0.5] * 12], 1.0, flat_prices(2))
+        batch.served = served
+        run_round(batch, 2)
+        served.observe(batch, ended=batch.marks[-1])
+        return [len(p) for p in batch.proposals()]
+
+    half = SERVED_ROUNDS // 2
+    lengths = [served_round() for _ in range(half + 2)]
+    assert lengths[:half] == [[1, 1]] * half
+    assert lengths[half:] == [[2, 2], [1, 1]]  # one round samples the forwards, then the price holds again
+    assert served.forwards == {2: 100.0}  # one sample scales no price
 
 
 def test_each_row_still_stops_on_its_own_rule_and_a_row_alone_ignores_prices():

@@ -222,10 +222,13 @@ class BatchRound:
         return low + share / rows * (times.round_ms(0, 0, per_row + 1) - low)
 
     def worth_a_step(self) -> bool:
-        """Whether one more batched forward adds expected tokens at a better rate per ms than the round so far."""
-        if self.prices is None:
+        """Whether one more batched forward adds expected tokens at a better rate per ms than the round so far; after
+        the first, also whenever `served` wants a sample of this batch size's forwards (a stale price cannot hold
+        the batch to one forward)."""
+        j = len(self.tokens)
+        if self.prices is None or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
-        j, drafting = len(self.tokens), [row for row, length in enumerate(self.lengths) if length is None]
+        drafting = [row for row, length in enumerate(self.lengths) if length is None]
         tokens = sum(length or j for length in self.lengths)
         added = sum(self.acceptance.served(j + 1, self.survival[row][-1] * self.p_accept[-1][row])
                     for row in drafting)  # the next token's survival
@@ -243,19 +246,22 @@ class BatchRound:
 
 
 SERVED_ROUNDS = 32  # the rounds whose median `ServedCosts` keeps: an idle engine's one long gap goes unheard
+SERVED_FROM = 4  # the rounds a median needs before it scales a price: a batch size's first, slow ones go unheard
 
 
 @dataclass
 class ServedCosts:
     """An engine's rounds as served against `VllmPrices`, per batch size: the medians over the last `SERVED_ROUNDS`
-    rounds (1 until seen) of measured over priced ms for a round's forwards after its first (the head's
-    judgements and the rows' rules included) and for the rest of its engine step (its first forward and the next
-    step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them."""
+    rounds (1 until `SERVED_FROM` were seen) of measured over priced ms for a round's forwards after its first (the
+    head's judgements and the rows' rules included) and for the rest of its engine step (its first forward and the
+    next step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them;
+    a batch size whose last `SERVED_ROUNDS // 2` rounds drafted one forward each `wants_forwards` a sample."""
 
     forwards: dict[int, float] = field(default_factory=dict)
     rest: dict[int, float] = field(default_factory=dict)
     seen: dict[tuple[str, int], collections.deque] = field(default_factory=dict)  # the ratios behind each median
     last: tuple[int, float, float] | None = None  # the last round's rows, verification price and end (seconds)
+    unsampled: dict[int, int] = field(default_factory=dict)  # per batch size, its rounds since forwards were timed
 
     def observe(self, batch: BatchRound, ended: float) -> None:
         """Take in `batch`, a round whose propose returned at `ended` (perf_counter seconds)."""
@@ -264,6 +270,7 @@ class ServedCosts:
         if batch.prices is None or not steps:
             return
         times = batch.prices.at(rows)
+        self.unsampled[rows] = 0 if steps > 1 else self.unsampled.get(rows, 0) + 1
         if steps > 1:
             self._mix("forwards", rows, batch.marks[-1] - batch.marks[0],
                       (times.drafting_ms(steps) - times.drafting_ms(1)) / 1000)
@@ -271,11 +278,16 @@ class ServedCosts:
             self._mix("rest", rows, batch.marks[0] - last[2], (last[1] + times.drafting_ms(1)) / 1000)
         self.last = (rows, batch.verify_ms(sum(length or steps for length in batch.lengths)), ended)
 
+    def wants_forwards(self, rows: int) -> bool:
+        """Whether this batch size's last `SERVED_ROUNDS // 2` rounds went without a forward after their first."""
+        return self.unsampled.get(rows, 0) >= SERVED_ROUNDS // 2
+
     def _mix(self, name: str, key: int, measured: float, expected: float) -> None:
         if expected > 0:
             seen = self.seen.setdefault((name, key), collections.deque(maxlen=SERVED_ROUNDS))
             seen.append(measured / expected)
-            getattr(self, name)[key] = statistics.median(seen)
+            if len(seen) >= SERVED_FROM:
+                getattr(self, name)[key] = statistics.median(seen)
 
 
 ACCEPTANCE_MEMORY = 64  # engine steps: `ServedAcceptance`'s sums decay by 1 - 1/64 at each verification read
