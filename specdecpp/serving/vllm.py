@@ -310,9 +310,14 @@ class ServedAcceptance:
         """Keep each request's proposal, the survival of each of its tokens, until its verification is read."""
         self.pending = {request: survival for request, survival in zip(request_ids, survivals) if survival}
 
+    def forget(self) -> None:
+        """Drop the kept proposals: vLLM verified none of them."""
+        self.pending = {}
+
     def verified(self, request_ids: list[str], drafted: list[int], rejected: list[int]) -> None:
         """Read a verification: per request, how many drafted tokens vLLM verified and how many it rejected."""
-        pending, self.pending = self.pending, {}
+        pending = self.pending
+        self.forget()
         rounds = [(pending[request], n - k) for request, n, k in zip(request_ids, drafted, rejected)
                   if n and len(pending.get(request, ())) == n]
         if not rounds:

@@ -59,7 +59,7 @@ class SpecDecPPDraftProposer(DraftModelProposer):
         """Hand `acceptance` what vLLM verified of the last proposals: per request, its query (its drafted tokens
         and one) and its `rejected` tokens (None: nothing drafted was verified)."""
         if self.runner is None or metadata is None or rejected is None:
-            self.acceptance.pending = {}
+            self.acceptance.forget()
             return
         rows = metadata.num_reqs
         drafted = (metadata.query_start_loc_cpu[1:rows + 1] - metadata.query_start_loc_cpu[:rows] - 1).tolist()
