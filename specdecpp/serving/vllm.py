@@ -173,13 +173,14 @@ class BatchRound:
         self.p_accept: list[list[float]] = []  # per step, the head's P(accept) of every row
         self.lengths: list[int | None] = []  # per row, how many tokens it drafted once it stopped
         self.survival: list[list[float]] = []  # per row, its product of judgements after each of its tokens
+        self.expected_so_far = 0.0  # `expected_tokens`, added to as each token's survival comes
 
     def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
              probs: torch.Tensor | None) -> None:
         """Record and judge a draft step (`hidden`, `logits`, `tokens` per row); StopDrafting when the batch stops."""
         self.marks.append(time.perf_counter())
         if not self.tokens:
-            self.lengths, self.survival = [None] * len(tokens), [[] for _ in tokens]
+            self.lengths, self.survival, self.expected_so_far = [None] * len(tokens), [[] for _ in tokens], float(len(tokens))
             for schedule in self.schedules[:len(tokens)]:
                 schedule.start_round()
         self.tokens.append(tokens)
@@ -192,6 +193,7 @@ class BatchRound:
                 schedule = self.schedules[row]
                 stops = schedule.stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
                 self.survival[row].append(schedule.p_all_accepted)
+                self.expected_so_far += self.acceptance.served(j, schedule.p_all_accepted)
                 if stops or j >= self.max_draft:
                     self.lengths[row] = j
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
@@ -202,8 +204,7 @@ class BatchRound:
 
     def expected_tokens(self) -> float:
         """The round's expected tokens so far: per row, 1 plus the survival of each token it proposes, as accepted."""
-        return sum(1.0 + sum(self.acceptance.served(depth, s) for depth, s in enumerate(survival, start=1))
-                   for survival in self.survival)
+        return self.expected_so_far
 
     def price_ms(self, steps: int, tokens: int) -> float:
         """The price of a round of this batch that drafts `steps` forwards and verifies `tokens` in all: at `prices`,
