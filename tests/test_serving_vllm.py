@@ -236,6 +236,18 @@ def test_each_row_still_stops_on_its_own_rule_and_a_row_alone_ignores_prices():
     assert len(alone.proposals()[0]) == 9
 
 
+def test_a_row_stops_at_its_room_and_a_row_without_room_proposes_nothing():
+    # Rows judged 0.9 at every step, their rules never stopping them (threshold 1), no prices (the batch drafts while
+    # any row does): rooms of 2, 0 and 12 tokens. The batch expects each row's token after its proposal (3) and the
+    # survival of each token proposed: .9 + .81 for the first row, none for the second, .9 + ... + .9^12 for the last.
+    batch = priced_round([[0.9] * 12] * 3, 1.0, None)
+    batch.rooms = [2, 0, 12]
+    run_round(batch, 3)
+    assert [len(p) for p in batch.proposals()] == [2, 0, 12]
+    assert batch.expected_tokens() == pytest.approx(3 + 0.9 + 0.81 + sum(0.9 ** d for d in range(1, 13)))
+    assert [len(s) for s in batch.survival] == [2, 0, 12]
+
+
 def test_rounds_stop_at_max_draft_and_keep_the_bounds_minimum():
     settings = DecodingSettings(schedule="ada", head=random_head(threshold=0.0), stop_threshold="auto", bound=(3, 20))
     lengths, _ = batch_lengths(settings, list(draft_steps(12)), 12)

@@ -45,6 +45,7 @@ PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(se
            "import sys\nimport re\n", "def test_", "    def __repr__(self):\n"]
 MAX_TOKENS = [48, 17, 64, 9, 33, 40, 5, 24, 30, 12, 56, 21, 44, 7, 38, 26]  # ends at different steps, inside rounds
 NEWLINE = 199  # the zoo tokenizer's "\n": a stop token that falls inside drafted runs
+LONG = 64  # max_tokens of the runs a request's own stop token is taken from
 ENGINE = {"distributed_executor_backend": "uni", "enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 16,
           "dtype": "float32", "disable_log_stats": False, "seed": 0}
 DRAFT_MODEL = {"method": "draft_model", "model": str(ZOO / "draft")}
@@ -59,18 +60,27 @@ def engine(speculative_config=None, additional_config=None):
 
 
 def generate(llm, concurrency: int, stop: bool = True, temperature: float = 0.0, prompts=PROMPTS,
-             max_tokens=MAX_TOKENS) -> list[list[int]]:
+             max_tokens=MAX_TOKENS, stops: list[int] | None = None) -> list[list[int]]:
     """The outputs of `prompts`, `concurrency` requests at a time; with `stop`, every other request
-    also stops at a newline."""
+    also stops at a newline; given `stops`, each request stops at its own token instead."""
     from vllm import SamplingParams
 
     params = [SamplingParams(temperature=temperature, max_tokens=n, seed=i if temperature else None,
-                             stop_token_ids=[NEWLINE] if stop and i % 2 else None) for i, n in enumerate(max_tokens)]
+                             stop_token_ids=[stops[i]] if stops else [NEWLINE] if stop and i % 2 else None)
+              for i, n in enumerate(max_tokens)]
     outputs = []
     for start in range(0, len(prompts), concurrency):
         batch = llm.generate(prompts[start:start + concurrency], params[start:start + concurrency], use_tqdm=False)
         outputs += [list(o.outputs[0].token_ids) for o in batch]
     return outputs
+
+
+def own_stops(outputs: list[list[int]], after: int = 8) -> dict[int, int]:
+    """Per output that has one (by index), its first token from position `after` on that it has not
+    produced before: a stop token that ends the request there, inside a round, before max_tokens can."""
+    firsts = {i: next((t for k, t in enumerate(output) if k >= after and t not in output[:k]), None)
+              for i, output in enumerate(outputs)}
+    return {i: t for i, t in firsts.items() if t is not None}
 
 
 def counters(llm) -> dict:
@@ -137,6 +147,7 @@ def runs():
     def plain(llm):
         out.update({f"plain {c}": generate(llm, c) for c in concurrencies})
         out["plain 16 no stop"] = generate(llm, 16, stop=False)
+        out["plain 1 long"] = generate(llm, 1, stop=False, max_tokens=[LONG] * len(PROMPTS))
 
     def ada(llm):
         out["drafter"] = llm.collective_rpc(_drafter_type)[0]
@@ -153,13 +164,16 @@ def runs():
 
     with_engine(None, None, plain)
     with_engine({**DRAFT_MODEL, "num_speculative_tokens": 20}, {"specdecpp": ADA}, ada)
-    # One request at a time: a batch also stops where one more forward is not worth its price.
+    # One request at a time (a batch also stops where one more forward is not worth its price), each ending at its
+    # own stop token (near max_tokens a request proposes only what max_tokens leaves, where draft_model drafts K).
+    stops = own_stops(out["plain 1 long"])
+    stopped = dict(prompts=[PROMPTS[i] for i in stops], max_tokens=[2 * LONG] * len(stops), stops=list(stops.values()))
     out["never stops 3"], out["never stops 3 counters"] = with_engine(
         {**DRAFT_MODEL, "num_speculative_tokens": 3},
         {"specdecpp": {"head": str(ZOO / "head"), "stop_threshold": 1.0, "bound": [1, 3]}},
-        lambda llm: (generate(llm, 1), counters(llm)))
+        lambda llm: (generate(llm, 1, **stopped), counters(llm)))
     out["draft_model 3"], out["draft_model 3 counters"] = with_engine(
-        {**DRAFT_MODEL, "num_speculative_tokens": 3}, None, lambda llm: (generate(llm, 1), counters(llm)))
+        {**DRAFT_MODEL, "num_speculative_tokens": 3}, None, lambda llm: (generate(llm, 1, **stopped), counters(llm)))
     return out
 
 
@@ -195,7 +209,10 @@ def test_the_engine_got_vllms_prices_before_its_models_loaded(runs):
 
 
 def test_a_head_that_never_stops_counts_as_vllms_draft_model(runs):
-    assert runs["never stops 3"] == runs["draft_model 3"] == runs["plain 1"]
+    long = runs["plain 1 long"]
+    stopped = [long[i][:long[i].index(stop) + 1] for i, stop in own_stops(long).items()]
+    assert len(stopped) >= len(PROMPTS) // 2 and all(len(output) < LONG for output in stopped)
+    assert runs["never stops 3"] == runs["draft_model 3"] == stopped
     assert runs["never stops 3 counters"] == runs["draft_model 3 counters"]
     assert runs["draft_model 3 counters"]["num_draft_tokens"] == 3 * runs["draft_model 3 counters"]["num_drafts"] > 0
 
@@ -260,9 +277,9 @@ def stop_margin(p_accept: list[float], length: int, threshold: float) -> float:
 
 def test_a_request_alone_drafts_the_rounds_of_speculative_generate(runs, pair):
     # vLLM's prefill samples the first token, so its rounds are the engine's after prompt + that
-    # token. vLLM drafts past max_tokens and the engine does not: the rounds compared are those
-    # with room for a whole round left. The two judge through different kernels (P(accept) agrees
-    # within 1e-3, above): a round may end elsewhere only where the stop was that close to the threshold.
+    # token; every round is compared, those that end at max_tokens included (neither drafts a token
+    # past it). The two judge through different kernels (P(accept) agrees within 1e-3, above): a
+    # round may end elsewhere only where the stop was that close to the threshold.
     target, draft, head, tokenizer = pair
     threshold = runs["threshold"]
     same = total = 0
@@ -271,10 +288,8 @@ def test_a_request_alone_drafts_the_rounds_of_speculative_generate(runs, pair):
         first = torch.tensor([tokenizer(prompt).input_ids + output[:1]])
         ours = speculative_generate(target, draft, first, head=head, stop_threshold=threshold, bound=(1, 20),
                                     max_new_tokens=n - 1).stats
-        room, compared = n - 1, 0
+        compared = 0
         for (_, drafted, p_vllm), length in zip(rounds, ours.draft_lengths):
-            if room <= 20:  # the engine drafts at most room - 1 tokens
-                break
             compared += 1
             if len(drafted) != length:
                 margin = stop_margin(p_vllm, min(len(drafted), length), threshold)
@@ -282,10 +297,29 @@ def test_a_request_alone_drafts_the_rounds_of_speculative_generate(runs, pair):
                 assert margin < 2e-3
                 break  # the rounds that follow start elsewhere
             same += 1
-            room -= ours.accepted_lengths[compared - 1] + 1
         total += compared
     print(f"rounds drafted alike: {same} of {total}")
     assert total > 10 and same >= 0.9 * total
+
+
+def test_a_request_proposes_at_most_what_its_max_tokens_leave():
+    # Three requests after a step: one in decode (4 tokens out of max_tokens 10; 3 drafted, 1 rejected: the step adds
+    # 3), one whose prefill just gave its first token (max_tokens 2), one without sampling parameters. Their rooms:
+    # 10 - 4 - 3 - 1 = 2; 2 - 0 - 1 - 1 = 0; the bound.
+    from specdecpp.serving.vllm import ServedAcceptance
+    from specdecpp.serving.vllm_draft import SpecDecPPDraftProposer
+
+    requests = {"a": SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=10), output_token_ids=[7] * 4),
+                "b": SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=2), output_token_ids=[]),
+                "c": SimpleNamespace(sampling_params=None, output_token_ids=[7])}
+    proposer = SimpleNamespace(runner=SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b", "c"]),
+                                                      requests=requests),
+                               acceptance=ServedAcceptance(), settings=SimpleNamespace(bound=(1, 20)))
+    metadata = SimpleNamespace(num_reqs=3, query_start_loc_cpu=torch.tensor([0, 4, 9, 10]))  # queries 4, 5, 1
+    emitted = SpecDecPPDraftProposer.read_verification(proposer, metadata, torch.tensor([1, 0, 0]))
+    assert emitted == [3, 1, 1]
+    assert SpecDecPPDraftProposer.rooms(proposer, emitted) == [2, 0, 20]
+    assert SpecDecPPDraftProposer.read_verification(proposer, None, None) is None
 
 
 def test_vllm_rounds_follow_the_product_rule_on_their_own_judgements(runs):

@@ -158,14 +158,16 @@ class StopDrafting(Exception):
 
 class BatchRound:
     """One `propose` of a batch: `judge` (the head) judges every row after each draft step, each row stops on its `ada`
-    schedule, and a batch of several drafts one more forward only while the expected tokens it adds are worth its
-    price at `prices` (`online.best_verify_length`), its survival as vLLM accepted it (`acceptance`). Stopped rows
-    draft on unproposed until the batch stops."""
+    schedule or at its `rooms` (its request's most useful tokens: a row with none proposes nothing), and a batch of
+    several drafts one more forward only while the expected tokens it adds are worth its price at `prices`
+    (`online.best_verify_length`), its survival as vLLM accepted it (`acceptance`). Stopped rows draft on unproposed
+    until the batch stops."""
 
     def __init__(self, judge: LeanJudge, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None,
-                 served: ServedCosts | None = None, acceptance: ServedAcceptance | None = None):
+                 served: ServedCosts | None = None, acceptance: ServedAcceptance | None = None,
+                 rooms: list[int] | None = None):
         self.judge = judge
-        self.schedules, self.max_draft, self.prices = schedules, max_draft, prices
+        self.schedules, self.max_draft, self.prices, self.rooms = schedules, max_draft, prices, rooms
         self.served, self.acceptance = served or ServedCosts(), acceptance or ServedAcceptance()
         self.marks: list[float] = []  # per step, when its forward had run (perf_counter seconds)
         self.tokens: list[torch.Tensor] = []  # per step, [rows]
@@ -181,6 +183,7 @@ class BatchRound:
         self.marks.append(time.perf_counter())
         if not self.tokens:
             self.lengths, self.survival, self.expected_so_far = [None] * len(tokens), [[] for _ in tokens], float(len(tokens))
+            self.rooms = self.rooms or [self.max_draft] * len(tokens)
             for schedule in self.schedules[:len(tokens)]:
                 schedule.start_round()
         self.tokens.append(tokens)
@@ -189,12 +192,14 @@ class BatchRound:
         self.p_accept.append(p_accept := self.judge(hidden, logits, tokens).tolist())
         j = len(self.tokens)
         for row, length in enumerate(self.lengths):
-            if length is None:
+            if length is None and self.rooms[row] < j:  # only a row without room gets here: it proposes nothing
+                self.lengths[row] = 0
+            elif length is None:
                 schedule = self.schedules[row]
                 stops = schedule.stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
                 self.survival[row].append(schedule.p_all_accepted)
                 self.expected_so_far += self.acceptance.served(j, schedule.p_all_accepted)
-                if stops or j >= self.max_draft:
+                if stops or j >= min(self.max_draft, self.rooms[row]):
                     self.lengths[row] = j
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
         if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
@@ -230,7 +235,7 @@ class BatchRound:
         if self.prices is None or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
-        tokens = sum(length or j for length in self.lengths)
+        tokens = sum(j if length is None else length for length in self.lengths)
         added = sum(self.acceptance.served(j + 1, self.survival[row][-1] * self.p_accept[-1][row])
                     for row in drafting)  # the next token's survival
         costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
@@ -277,7 +282,8 @@ class ServedCosts:
                       (times.drafting_ms(steps) - times.drafting_ms(1)) / 1000)
         if last is not None and last[0] == rows:  # the verification of the last round's tokens, then this first forward
             self._mix("rest", rows, batch.marks[0] - last[2], (last[1] + times.drafting_ms(1)) / 1000)
-        self.last = (rows, batch.verify_ms(sum(length or steps for length in batch.lengths)), ended)
+        self.last = (rows, batch.verify_ms(sum(steps if length is None else length for length in batch.lengths)),
+                     ended)
 
     def wants_forwards(self, rows: int) -> bool:
         """Whether this batch size's last `SERVED_ROUNDS // 2` rounds went without a forward after their first."""

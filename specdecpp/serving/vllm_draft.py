@@ -34,9 +34,10 @@ class SpecDecPPDraftProposer(DraftModelProposer):
 
     def propose(self, num_speculative_tokens: int, *args, **kwargs) -> list[list[int]]:
         """Each request's tokens from up to `min(num_speculative_tokens, bound[1])` draft steps."""
-        self.read_verification(kwargs.get("common_attn_metadata"), kwargs.get("num_rejected_tokens_gpu"))
+        emitted = self.read_verification(kwargs.get("common_attn_metadata"), kwargs.get("num_rejected_tokens_gpu"))
         self.round = self.new_round(self.judge, self.schedules, min(num_speculative_tokens,
-                                    self.settings.bound[1]), self.prices, self.served, self.acceptance)
+                                    self.settings.bound[1]), self.prices, self.served, self.acceptance,
+                                    self.rooms(emitted))
         try:
             drafted = super().propose(num_speculative_tokens, *args, **kwargs)
             if not self.round.tokens:  # nothing to draft (K = 0)
@@ -55,15 +56,32 @@ class SpecDecPPDraftProposer(DraftModelProposer):
                                      [survival[:len(p)] for survival, p in zip(self.round.survival, proposals)])
         return proposals
 
-    def read_verification(self, metadata, rejected: torch.Tensor | None) -> None:
+    def read_verification(self, metadata, rejected: torch.Tensor | None) -> list[int] | None:
         """Hand `acceptance` what vLLM verified of the last proposals: per request, its query (its drafted tokens
-        and one) and its `rejected` tokens (None: nothing drafted was verified)."""
+        and one) and its `rejected` tokens (None: nothing drafted was verified). Returns per request the tokens
+        this step adds to its output (None: unread)."""
         if self.runner is None or metadata is None or rejected is None:
             self.acceptance.forget()
-            return
+            return None
         rows = metadata.num_reqs
         drafted = (metadata.query_start_loc_cpu[1:rows + 1] - metadata.query_start_loc_cpu[:rows] - 1).tolist()
-        self.acceptance.verified(self.runner.input_batch.req_ids[:rows], drafted, rejected[:rows].tolist())
+        rejected = rejected[:rows].tolist()
+        self.acceptance.verified(self.runner.input_batch.req_ids[:rows], drafted, rejected)
+        states = [self.runner.requests.get(request) for request in self.runner.input_batch.req_ids[:rows]]
+        # A request's first output token comes from its prefill, whose query is its prompt.
+        return [1 if state is None or not state.output_token_ids else n - k + 1
+                for state, n, k in zip(states, drafted, rejected)]
+
+    def rooms(self, emitted: list[int] | None) -> list[int] | None:
+        """Per request, the most tokens worth proposing after this step's `emitted` ones: one fewer than its
+        `max_tokens` leaves, since a verification adds a token of its own (None: unknown)."""
+        if emitted is None:
+            return None
+        states = [self.runner.requests.get(request) for request in self.runner.input_batch.req_ids[:len(emitted)]]
+        return [self.settings.bound[1] if state is None or state.sampling_params is None
+                or state.sampling_params.max_tokens is None
+                else max(0, state.sampling_params.max_tokens - len(state.output_token_ids) - new - 1)
+                for state, new in zip(states, emitted)]
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         """vLLM's sampling of a draft step, then the head's judgement."""
