@@ -166,14 +166,14 @@ def runs():
     with_engine({**DRAFT_MODEL, "num_speculative_tokens": 20}, {"specdecpp": ADA}, ada)
     # One request at a time (a batch also stops where one more forward is not worth its price), each ending at its
     # own stop token (near max_tokens a request proposes only what max_tokens leaves, where draft_model drafts K).
-    stops = own_stops(out["plain 1 long"])
-    stopped = dict(prompts=[PROMPTS[i] for i in stops], max_tokens=[2 * LONG] * len(stops), stops=list(stops.values()))
+    stops = out["own stops"] = own_stops(out["plain 1 long"])
+    stopping = dict(prompts=[PROMPTS[i] for i in stops], max_tokens=[2 * LONG] * len(stops), stops=list(stops.values()))
     out["never stops 3"], out["never stops 3 counters"] = with_engine(
         {**DRAFT_MODEL, "num_speculative_tokens": 3},
         {"specdecpp": {"head": str(ZOO / "head"), "stop_threshold": 1.0, "bound": [1, 3]}},
-        lambda llm: (generate(llm, 1, **stopped), counters(llm)))
+        lambda llm: (generate(llm, 1, **stopping), counters(llm)))
     out["draft_model 3"], out["draft_model 3 counters"] = with_engine(
-        {**DRAFT_MODEL, "num_speculative_tokens": 3}, None, lambda llm: (generate(llm, 1, **stopped), counters(llm)))
+        {**DRAFT_MODEL, "num_speculative_tokens": 3}, None, lambda llm: (generate(llm, 1, **stopping), counters(llm)))
     return out
 
 
@@ -210,7 +210,7 @@ def test_the_engine_got_vllms_prices_before_its_models_loaded(runs):
 
 def test_a_head_that_never_stops_counts_as_vllms_draft_model(runs):
     long = runs["plain 1 long"]
-    stopped = [long[i][:long[i].index(stop) + 1] for i, stop in own_stops(long).items()]
+    stopped = [long[i][:long[i].index(stop) + 1] for i, stop in runs["own stops"].items()]
     assert len(stopped) >= len(PROMPTS) // 2 and all(len(output) < LONG for output in stopped)
     assert runs["never stops 3"] == runs["draft_model 3"] == stopped
     assert runs["never stops 3 counters"] == runs["draft_model 3 counters"]

@@ -207,6 +207,10 @@ class BatchRound:
                 self.lengths[row] = j
             raise StopDrafting
 
+    def proposed_tokens(self) -> int:
+        """The tokens the rows propose so far: a stopped row its length, a drafting row every step's."""
+        return sum(len(self.tokens) if length is None else length for length in self.lengths)
+
     def expected_tokens(self) -> float:
         """The round's expected tokens so far: per row, 1 plus the survival of each token it proposes, as accepted."""
         return self.expected_so_far
@@ -235,7 +239,7 @@ class BatchRound:
         if self.prices is None or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
-        tokens = sum(j if length is None else length for length in self.lengths)
+        tokens = self.proposed_tokens()
         added = sum(self.acceptance.served(j + 1, self.survival[row][-1] * self.p_accept[-1][row])
                     for row in drafting)  # the next token's survival
         costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
@@ -282,8 +286,7 @@ class ServedCosts:
                       (times.drafting_ms(steps) - times.drafting_ms(1)) / 1000)
         if last is not None and last[0] == rows:  # the verification of the last round's tokens, then this first forward
             self._mix("rest", rows, batch.marks[0] - last[2], (last[1] + times.drafting_ms(1)) / 1000)
-        self.last = (rows, batch.verify_ms(sum(steps if length is None else length for length in batch.lengths)),
-                     ended)
+        self.last = (rows, batch.verify_ms(batch.proposed_tokens()), ended)
 
     def wants_forwards(self, rows: int) -> bool:
         """Whether this batch size's last `SERVED_ROUNDS // 2` rounds went without a forward after their first."""
