@@ -1,9 +1,10 @@
 """The plugin's work apart from vLLM (`specdecpp.serving.vllm`): one head forward over a batch's
 draft step stops a row alone where the eager engine's per-token judgement (`schedules.Ada`) stops it,
-a batch once the product rule averaged over its rows holds, and the `additional_config` section's
+a batch once one more forward is not worth its price, and the `additional_config` section's
 settings and errors. tests/test_serving_vllm_draft.py runs the plugin inside vLLM."""
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 from dataclasses import fields
@@ -17,7 +18,7 @@ from specdecpp.engine.schedules import make_schedule
 from specdecpp.head.model import LeanJudge
 from specdecpp.engine.settings import DecodingSettings
 from specdecpp.costs import StepTimes
-from specdecpp.serving.vllm import (ACCEPTANCE_MEMORY, FIELDS, SERVED_ROUNDS, BatchRound, ServedAcceptance, ServedCosts, StopDrafting,
+from specdecpp.serving.vllm import (ACCEPTANCE_MEMORY, FIELDS, SERVED_FROM, SERVED_ROUNDS, BatchRound, ServedAcceptance, ServedCosts, StopDrafting,
                                     VllmPrices, section_settings)
 
 HIDDEN, VOCAB, ROWS = 16, 40, 6
@@ -151,6 +152,50 @@ def test_the_batch_prices_at_the_costs_it_was_served_at():
     assert batch.price_ms(3, 6) == pytest.approx(36.0 + 12.0)
 
 
+def test_the_batch_and_its_rows_draft_while_a_token_beats_the_rate_its_size_was_served_at():
+    # The rows of the first test, its prices, now against the expected tokens per ms this batch size's rounds served,
+    # `r`. One more token costs 1 ms (2 ms a token a row over 2 rows), one more forward 2 ms. A row keeps a token
+    # (after the bound's first) whose survival beats r x 1 ms; the batch drafts a forward while its rows' next
+    # tokens add more than that, in all, than r x 2 ms. At r = .3: after step 1 the next tokens add (.81 - .3) + 0
+    # = .51 < .6, and the batch stops. At r = .2: they add .61 + .05 = .66 > .4; after step 2, .529 + 0 > .4; at
+    # step 3 the second row's token (.125 < .2) is dropped, and the first's next adds .4561 > .4; after step 4 it
+    # adds .39049 < .4 and the batch stops. The rows' own rules (threshold 1) never stop them.
+    def lengths(rate: float) -> list[int]:
+        batch = priced_round([[0.9] * 12, [0.5] * 12], 1.0, flat_prices(2))
+        batch.served = ServedCosts(rounds={2: collections.deque([(10 * rate, 10.0)] * SERVED_FROM)})
+        return [len(p) for p in run_round(batch, 2).proposals()]
+
+    assert lengths(0.3) == [1, 1] and lengths(0.2) == [4, 2]
+
+
+def test_the_served_rate_is_the_expected_tokens_over_the_price_of_a_sizes_last_rounds():
+    served = ServedCosts()
+
+    def served_round(p_accept: list[list[float]]) -> list[int]:
+        batch = priced_round(p_accept, 1.0, flat_prices(len(p_accept)))
+        batch.served = served
+        run_round(batch, len(p_accept))
+        # Served at its prices: the verification before it and its forwards take what they are priced at.
+        start = 0.0 if served.last is None else served.last[2] + (served.last[1] + 2.0) / 1000
+        batch.marks = [start + 0.002 * i for i in range(len(batch.marks))]
+        served.observe(batch, ended=batch.marks[-1])
+        return [len(p) for p in batch.proposals()]
+
+    for _ in range(SERVED_FROM - 1):  # against the round so far: 4.46 expected tokens in 18 ms
+        assert served_round([[0.9] * 12, [0.5] * 12]) == [2, 2]
+    assert served.rate(2) is None
+    served_round([[0.9] * 12, [0.5] * 12])
+    assert served.rate(2) == pytest.approx(4.46 / 18)
+    # Against that rate (then less), a forward adds 2 x (.25 - r) of the 2r it must: 3 tokens in 14 ms, but for the
+    # round that samples the forwards again (SERVED_ROUNDS // 2 rounds on): its second tokens beat r x 1 ms, 3.5 in 18.
+    lengths = [served_round([[0.5] * 12, [0.5] * 12]) for _ in range(SERVED_ROUNDS)]
+    assert lengths.count([2, 2]) == 1 and lengths.count([1, 1]) == SERVED_ROUNDS - 1
+    assert served.rate(2) == pytest.approx((3 * (SERVED_ROUNDS - 1) + 3.5) / (14 * (SERVED_ROUNDS - 1) + 18))
+    for _ in range(SERVED_FROM):
+        served_round([[0.9] * 12])
+    assert served.rate(1) is None  # a row alone stops on its own rule: its rounds set no rate
+
+
 def test_the_batch_expects_the_survival_vllm_accepted():
     # vLLM accepted every first token the head expected (ratio (1 + 1) / (1 + 1) at depth 1) and half as many second
     # ones ((.5 + 1) / (2 + 1)). After step 1: 3.4 in 14 ms (0.2429/ms) as before; one more forward now adds
@@ -159,6 +204,25 @@ def test_the_batch_expects_the_survival_vllm_accepted():
     batch.acceptance = ServedAcceptance(expected=[1.0, 2.0], accepted=[1.0, 0.5])
     assert [len(p) for p in run_round(batch, 2).proposals()] == [1, 1]
     assert batch.expected_tokens() == pytest.approx(3.4)
+
+
+def test_the_batch_forecasts_a_rows_next_token_as_the_head_judged_such_tokens():
+    # The first test's batch, where the head judged second tokens at 2/3 of their forecast ((1 + 1) / (2 + 1)): after
+    # step 1 one more forward now adds (.81 + .25) x 2/3 = .7067 for 18 ms: 4.1067 / 18 = 0.2281/ms < 0.2429/ms.
+    batch = priced_round([[0.9] * 12, [0.5] * 12], 1.0, flat_prices(2))
+    batch.acceptance = ServedAcceptance(forecast=[0.0, 2.0], judged=[0.0, 1.0])
+    assert [len(p) for p in run_round(batch, 2).proposals()] == [1, 1]
+    # Each drafting row's token after its first is set against its forecast, its last judgement again: at step 2 the
+    # first row's .9 x .6 = .54 against .81, the second's .25 against .25. Then 4.19 in 18 ms (0.2328/ms), and a third
+    # forward would add (.54 x .6 + .25 x .5) x 1.79 / 2.06 = .39 for 22 ms (0.2082/ms): the batch stops.
+    batch = priced_round([[0.9, 0.6, 0.6], [0.5, 0.5, 0.5]], 1.0, flat_prices(2))
+    run_round(batch, 2)
+    assert [len(p) for p in batch.proposals()] == [2, 2]
+    assert batch.acceptance.forecast == pytest.approx([0.0, 0.81 + 0.25])
+    assert batch.acceptance.judged == pytest.approx([0.0, 0.54 + 0.25])
+    assert batch.acceptance.next_survival(2, 0.5) == pytest.approx(0.5 * 1.79 / 2.06)
+    assert batch.acceptance.next_survival(7, 0.5) == batch.acceptance.next_survival(2, 0.5)  # the deepest beyond
+    assert ServedAcceptance().next_survival(3, 0.5) == 0.5  # 1 until seen
 
 
 def test_served_acceptance_reads_each_verified_proposal_by_request():

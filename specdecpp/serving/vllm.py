@@ -157,11 +157,12 @@ class StopDrafting(Exception):
 
 
 class BatchRound:
-    """One `propose` of a batch: `judge` (the head) judges every row after each draft step, each row stops on its `ada`
-    schedule or at its `rooms` (its request's most useful tokens: a row with none proposes nothing), and a batch of
-    several drafts one more forward only while the expected tokens it adds are worth its price at `prices`
-    (`online.best_verify_length`), its survival as vLLM accepted it (`acceptance`). Stopped rows draft on unproposed
-    until the batch stops."""
+    """One `propose` of a batch: `judge` (the head) judges every row after each draft step; each row stops at its
+    `rooms` (its request's most useful tokens: a row with none proposes nothing) or on its `ada` schedule, in a batch
+    served at a known rate (`ServedCosts.rate`) once a token is not worth its verification at that rate; a batch of
+    several drafts one more forward only while the expected tokens it adds are worth its price at `prices` against
+    that rate (until known, against the round so far), its survival as vLLM accepted it and forecast as the head
+    judged such tokens (`acceptance`). Stopped rows draft on unproposed until the batch stops."""
 
     def __init__(self, judge: LeanJudge, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None,
                  served: ServedCosts | None = None, acceptance: ServedAcceptance | None = None,
@@ -190,16 +191,24 @@ class BatchRound:
         if probs is not None:
             self.probs.append(probs)
         self.p_accept.append(p_accept := self.judge(hidden, logits, tokens).tolist())
-        j = len(self.tokens)
+        j, rate = len(self.tokens), self.served_rate()
+        token_ms = 0.0 if rate is None else self.token_ms()
         for row, length in enumerate(self.lengths):
             if length is None and self.rooms[row] < j:  # only a row without room gets here: it proposes nothing
                 self.lengths[row] = 0
             elif length is None:
                 schedule = self.schedules[row]
+                if j > 1:  # the forecast of this token (`worth_a_step`'s) against the head's judgement of it
+                    self.acceptance.judged_next(j, self.survival[row][-1] * self.p_accept[-2][row],
+                                                self.survival[row][-1] * p_accept[row])
                 stops = schedule.stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
+                expected = self.acceptance.served(j, schedule.p_all_accepted)
+                if rate is not None and j > schedule.min_draft and expected < rate * token_ms:
+                    self.lengths[row] = j - 1  # this token is not worth its verification at the rate served
+                    continue
                 self.survival[row].append(schedule.p_all_accepted)
-                self.expected_so_far += self.acceptance.served(j, schedule.p_all_accepted)
-                if stops or j >= min(self.max_draft, self.rooms[row]):
+                self.expected_so_far += expected
+                if stops and rate is None or j >= min(self.max_draft, self.rooms[row]):
                     self.lengths[row] = j
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
         if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
@@ -231,19 +240,34 @@ class BatchRound:
         low = times.round_ms(0, 0, per_row)
         return low + share / rows * (times.round_ms(0, 0, per_row + 1) - low)
 
+    def served_rate(self) -> float | None:
+        """The expected tokens per ms this batch size's rounds served (`ServedCosts.rate`); None for a row alone,
+        without prices, or before they were served."""
+        return self.served.rate(len(self.lengths)) if len(self.lengths) > 1 and self.prices is not None else None
+
+    def token_ms(self) -> float:
+        """The price of verifying one more token in this round as it stands."""
+        j, tokens = len(self.tokens), self.proposed_tokens()
+        return self.price_ms(j, tokens + 1) - self.price_ms(j, tokens)
+
     def worth_a_step(self) -> bool:
-        """Whether one more batched forward adds expected tokens at a better rate per ms than the round so far; after
-        the first, also whenever `served` wants a sample of this batch size's forwards (a stale price cannot hold
-        the batch to one forward)."""
+        """Whether one more batched forward adds expected tokens at a better rate per ms than this batch size's rounds
+        served (`ServedCosts.rate`, each row counting what its token adds beyond its verification's price; until
+        seen, than the round so far): the stop that maximises the tokens per ms of the rounds to come, not of this
+        one alone. After the first forward, also whenever `served` wants a sample of this batch size's forwards (a
+        stale price cannot hold the batch to one forward)."""
         j = len(self.tokens)
         if self.prices is None or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
-        tokens = self.proposed_tokens()
-        added = sum(self.acceptance.served(j + 1, self.survival[row][-1] * self.p_accept[-1][row])
-                    for row in drafting)  # the next token's survival
-        costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
-        return best_verify_length([added / self.expected_tokens()], costs) == 1
+        tokens, rate = self.proposed_tokens(), self.served_rate()
+        survival = [self.acceptance.served(j + 1, self.acceptance.next_survival(
+            j + 1, self.survival[row][-1] * self.p_accept[-1][row])) for row in drafting]  # each drafting row's next
+        if rate is None:  # against the round so far
+            costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
+            return best_verify_length([sum(survival) / self.expected_tokens()], costs) == 1
+        token_ms, forward_ms = self.token_ms(), self.price_ms(j + 1, tokens) - self.price_ms(j, tokens)
+        return sum(max(0.0, s - rate * token_ms) for s in survival) > rate * forward_ms
 
     def proposals(self) -> list[list[int]]:
         """Each row's drafted tokens up to where it stopped."""
@@ -265,13 +289,15 @@ class ServedCosts:
     rounds (1 until `SERVED_FROM` were seen) of measured over priced ms for a round's forwards after its first (the
     head's judgements and the rows' rules included) and for the rest of its engine step (its first forward and the
     next step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them;
-    a batch size whose last `SERVED_ROUNDS // 2` rounds drafted one forward each `wants_forwards` a sample."""
+    a batch size whose last `SERVED_ROUNDS // 2` rounds drafted one forward each `wants_forwards` a sample. Its
+    `rate` is what those rounds served: their expected tokens over their price."""
 
     forwards: dict[int, float] = field(default_factory=dict)
     rest: dict[int, float] = field(default_factory=dict)
     seen: dict[tuple[str, int], collections.deque] = field(default_factory=dict)  # the ratios behind each median
     last: tuple[int, float, float] | None = None  # the last round's rows, verification price and end (seconds)
     unsampled: dict[int, int] = field(default_factory=dict)  # per batch size, its rounds since forwards were timed
+    rounds: dict[int, collections.deque] = field(default_factory=dict)  # per batch size, (expected, price ms)
 
     def observe(self, batch: BatchRound, ended: float) -> None:
         """Take in `batch`, a round whose propose returned at `ended` (perf_counter seconds)."""
@@ -287,6 +313,17 @@ class ServedCosts:
         if last is not None and last[0] == rows:  # the verification of the last round's tokens, then this first forward
             self._mix("rest", rows, batch.marks[0] - last[2], (last[1] + times.drafting_ms(1)) / 1000)
         self.last = (rows, batch.verify_ms(batch.proposed_tokens()), ended)
+        if rows > 1:
+            served = self.rounds.setdefault(rows, collections.deque(maxlen=SERVED_ROUNDS))
+            served.append((batch.expected_tokens(), batch.price_ms(steps, batch.proposed_tokens())))
+
+    def rate(self, rows: int) -> float | None:
+        """The expected tokens per priced ms of this batch size's last `SERVED_ROUNDS` rounds; None until
+        `SERVED_FROM` were served."""
+        served = self.rounds.get(rows, ())
+        if len(served) < SERVED_FROM:
+            return None
+        return sum(expected for expected, _ in served) / sum(price for _, price in served)
 
     def wants_forwards(self, rows: int) -> bool:
         """Whether this batch size's last `SERVED_ROUNDS // 2` rounds went without a forward after their first."""
@@ -309,10 +346,14 @@ class ServedAcceptance:
     """The tokens vLLM accepted against the survival the head expected, per depth `d` of a proposal, as decayed sums
     over the engine's last `ACCEPTANCE_MEMORY` steps: `served(d, s)` is survival `s` at depth `d` scaled by their
     ratio (1 until seen; beyond the deepest seen, the deepest's). A request's proposal is matched to its
-    verification by request id, and read only where vLLM verified every token of it."""
+    verification by request id, and read only where vLLM verified every token of it. Alike, `next_survival(d, s)` is
+    the batch's forecast `s` of a drafting row's next survival (its last judgement again) scaled by what the head
+    judged the next tokens at depth `d`, against their forecasts."""
 
     expected: list[float] = field(default_factory=list)  # per depth, the survival of the proposed tokens verified
     accepted: list[float] = field(default_factory=list)  # per depth, how many of them vLLM accepted
+    forecast: list[float] = field(default_factory=list)  # per depth, the survival forecast of the tokens drafted
+    judged: list[float] = field(default_factory=list)  # per depth, their survival as the head judged them
     pending: dict[str, list[float]] = field(default_factory=dict)  # request id -> its proposal's survival
     accepted_tokens: int = 0  # every accepted token read, undecayed
 
@@ -332,23 +373,40 @@ class ServedAcceptance:
                   if n and len(pending.get(request, ())) == n]
         if not rounds:
             return
-        self.expected = [x * (1 - 1 / ACCEPTANCE_MEMORY) for x in self.expected]
-        self.accepted = [x * (1 - 1 / ACCEPTANCE_MEMORY) for x in self.accepted]
+        for sums in (self.expected, self.accepted, self.forecast, self.judged):
+            sums[:] = [x * (1 - 1 / ACCEPTANCE_MEMORY) for x in sums]
         for survival, accepted in rounds:
-            missing = len(survival) - len(self.expected)
-            self.expected += [0.0] * missing
-            self.accepted += [0.0] * missing
-            for d, s in enumerate(survival):
-                self.expected[d] += s
-                self.accepted[d] += d < accepted
+            for d, s in enumerate(survival, start=1):
+                add_at_depth(self.expected, self.accepted, d, s, float(d <= accepted))
             self.accepted_tokens += accepted
+
+    def judged_next(self, depth: int, forecast: float, judged: float) -> None:
+        """Take in a drafting row's token at `depth`: the survival the batch forecast for it, and the head's."""
+        add_at_depth(self.forecast, self.judged, depth, forecast, judged)
 
     def served(self, depth: int, survival: float) -> float:
         """`survival` at `depth` (from 1) as vLLM has accepted it there, at most 1."""
-        if not self.expected:
-            return survival
-        d = min(depth, len(self.expected)) - 1
-        return min(1.0, survival * (self.accepted[d] + ACCEPTANCE_PRIOR) / (self.expected[d] + ACCEPTANCE_PRIOR))
+        return min(1.0, survival * depth_ratio(self.expected, self.accepted, depth))
+
+    def next_survival(self, depth: int, forecast: float) -> float:
+        """The `forecast` survival of a drafting row's next token, at `depth`, as the head has judged such tokens."""
+        return min(1.0, forecast * depth_ratio(self.forecast, self.judged, depth))
+
+
+def add_at_depth(expected: list[float], seen: list[float], depth: int, x: float, y: float) -> None:
+    """Add `x` to `expected` and `y` to `seen` at `depth` (from 1), each list growing to it."""
+    for sums in (expected, seen):
+        sums += [0.0] * (depth - len(sums))
+    expected[depth - 1] += x
+    seen[depth - 1] += y
+
+
+def depth_ratio(expected: list[float], seen: list[float], depth: int) -> float:
+    """`seen` over `expected` at `depth` (from 1), both from `ACCEPTANCE_PRIOR`; beyond the deepest, the deepest's."""
+    if not expected:
+        return 1.0
+    d = min(depth, len(expected)) - 1
+    return (seen[d] + ACCEPTANCE_PRIOR) / (expected[d] + ACCEPTANCE_PRIOR)
 
 
 @dataclass
