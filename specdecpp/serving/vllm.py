@@ -191,7 +191,7 @@ class BatchRound:
         if probs is not None:
             self.probs.append(probs)
         self.p_accept.append(p_accept := self.judge(hidden, logits, tokens).tolist())
-        j, rate = len(self.tokens), self.served_rate()
+        j, rate = len(self.tokens), self.rate
         token_ms = 0.0 if rate is None else self.token_ms()
         for row, length in enumerate(self.lengths):
             if length is None and self.rooms[row] < j:  # only a row without room gets here: it proposes nothing
@@ -216,6 +216,17 @@ class BatchRound:
                 self.lengths[row] = j
             raise StopDrafting
 
+    @functools.cached_property
+    def times(self) -> StepTimes:
+        """`prices` at this batch's size (read once it has rows)."""
+        return self.prices.at(len(self.lengths))
+
+    @functools.cached_property
+    def rate(self) -> float | None:
+        """The expected tokens per ms this batch size's rounds served (`ServedCosts.rate`, read once it has rows);
+        None for a row alone, without prices, or before they were served."""
+        return self.served.rate(len(self.lengths)) if len(self.lengths) > 1 and self.prices is not None else None
+
     def proposed_tokens(self) -> int:
         """The tokens the rows propose so far: a stopped row its length, a drafting row every step's."""
         return sum(len(self.tokens) if length is None else length for length in self.lengths)
@@ -227,7 +238,7 @@ class BatchRound:
     def price_ms(self, steps: int, tokens: int) -> float:
         """The price of a round of this batch that drafts `steps` forwards and verifies `tokens` in all: at `prices`,
         its forwards after the first and the rest of its engine step each scaled as `served` found them."""
-        times, rows = self.prices.at(len(self.lengths)), len(self.lengths)
+        times, rows = self.times, len(self.lengths)
         rest = self.verify_ms(tokens) + times.drafting_ms(1)
         forwards = times.drafting_ms(steps) - times.drafting_ms(1)
         return rest * self.served.rest.get(rows, 1.0) + forwards * self.served.forwards.get(rows, 1.0)
@@ -235,15 +246,10 @@ class BatchRound:
     def verify_ms(self, tokens: int) -> float:
         """The verification at `prices` of `tokens` over this batch's rows (round overhead included), a ragged one
         pro rata between whole tokens per row."""
-        times, rows = self.prices.at(len(self.lengths)), len(self.lengths)
+        times, rows = self.times, len(self.lengths)
         per_row, share = divmod(tokens, rows)
         low = times.round_ms(0, 0, per_row)
         return low + share / rows * (times.round_ms(0, 0, per_row + 1) - low)
-
-    def served_rate(self) -> float | None:
-        """The expected tokens per ms this batch size's rounds served (`ServedCosts.rate`); None for a row alone,
-        without prices, or before they were served."""
-        return self.served.rate(len(self.lengths)) if len(self.lengths) > 1 and self.prices is not None else None
 
     def token_ms(self) -> float:
         """The price of verifying one more token in this round as it stands."""
@@ -260,7 +266,7 @@ class BatchRound:
         if self.prices is None or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
-        tokens, rate = self.proposed_tokens(), self.served_rate()
+        tokens, rate = self.proposed_tokens(), self.rate
         survival = [self.acceptance.served(j + 1, self.acceptance.next_survival(
             j + 1, self.survival[row][-1] * self.p_accept[-1][row])) for row in drafting]  # each drafting row's next
         if rate is None:  # against the round so far
