@@ -198,7 +198,7 @@ class BatchRound:
                 self.lengths[row] = 0
             elif length is None:
                 schedule = self.schedules[row]
-                if j > 1:  # the forecast of this token (`worth_a_step`'s) against the head's judgement of it
+                if j > 1 and self.priced:  # the forecast of this token (`worth_a_step`'s) against its judgement
                     self.acceptance.judged_next(j, self.survival[row][-1] * self.p_accept[-2][row],
                                                 self.survival[row][-1] * p_accept[row])
                 stops = schedule.stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
@@ -222,10 +222,15 @@ class BatchRound:
         return self.prices.at(len(self.lengths))
 
     @functools.cached_property
+    def priced(self) -> bool:
+        """Whether the batch stop prices this round: several rows and `prices` (read once it has rows)."""
+        return len(self.lengths) > 1 and self.prices is not None
+
+    @functools.cached_property
     def rate(self) -> float | None:
         """The expected tokens per ms this batch size's rounds served (`ServedCosts.rate`, read once it has rows);
-        None for a row alone, without prices, or before they were served."""
-        return self.served.rate(len(self.lengths)) if len(self.lengths) > 1 and self.prices is not None else None
+        None for an unpriced round or before they were served."""
+        return self.served.rate(len(self.lengths)) if self.priced else None
 
     def proposed_tokens(self) -> int:
         """The tokens the rows propose so far: a stopped row its length, a drafting row every step's."""
