@@ -168,6 +168,20 @@ def test_the_batch_and_its_rows_draft_while_a_token_beats_the_rate_its_size_was_
     assert lengths(0.3) == [1, 1] and lengths(0.2) == [4, 2]
 
 
+def test_the_batch_leaves_a_forward_fewer_than_its_quorum_of_rows_would_draft_to_the_next_round():
+    # Four rows at the rate r = .2 served, the first test's prices over 4 rows: one more token costs .5 ms, one more
+    # forward 2 ms. Rows judged .3 keep no second token (survival .09 < r x .5); rows judged .99 keep every one, and
+    # each adds .99^k - .1 > r x 2 ms. With one such row of four drafting (below the quorum of half), the batch
+    # stops at the second forward; with two, it drafts on to `max_draft`.
+    def lengths(confident: int) -> list[int]:
+        p_accept = [[0.99] * 12] * confident + [[0.3] * 12] * (4 - confident)
+        batch = priced_round(p_accept, 1.0, flat_prices(4))
+        batch.served = ServedCosts(rounds={4: collections.deque([(2.0, 10.0)] * SERVED_FROM)})
+        return [len(p) for p in run_round(batch, 4).proposals()]
+
+    assert lengths(1) == [2, 1, 1, 1] and lengths(2) == [12, 12, 1, 1]
+
+
 def test_the_served_rate_is_the_expected_tokens_over_the_price_of_a_sizes_last_rounds():
     served = ServedCosts()
 

@@ -161,8 +161,8 @@ class BatchRound:
     `rooms` (its request's most useful tokens: a row with none proposes nothing) or on its `ada` schedule, in a batch
     served at a known rate (`ServedCosts.rate`) once a token is not worth its verification at that rate; a batch of
     several drafts one more forward only while the expected tokens it adds are worth its price at `prices` against
-    that rate (until known, against the round so far), its survival as vLLM accepted it and forecast as the head
-    judged such tokens (`acceptance`). Stopped rows draft on unproposed until the batch stops."""
+    that rate (until known, against the round so far) and, at that rate, while `FORWARD_QUORUM` of its rows
+    draft; its survival as vLLM accepted it and forecast as the head judged such tokens (`acceptance`). Stopped rows draft on unproposed until the batch stops."""
 
     def __init__(self, judge: LeanJudge, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None,
                  served: ServedCosts | None = None, acceptance: ServedAcceptance | None = None,
@@ -265,13 +265,16 @@ class BatchRound:
         """Whether one more batched forward adds expected tokens at a better rate per ms than this batch size's rounds
         served (`ServedCosts.rate`, each row counting what its token adds beyond its verification's price; until
         seen, than the round so far): the stop that maximises the tokens per ms of the rounds to come, not of this
-        one alone. After the first forward, also whenever `served` wants a sample of this batch size's forwards (a
-        stale price cannot hold the batch to one forward)."""
+        one alone; at that rate, never once fewer than `FORWARD_QUORUM` of its rows draft. After the first forward,
+        also whenever `served` wants a sample of this batch size's forwards (a stale price cannot hold the batch to
+        one forward)."""
         j = len(self.tokens)
         if self.prices is None or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
         tokens, rate = self.proposed_tokens(), self.rate
+        if rate is not None and len(drafting) < FORWARD_QUORUM * len(self.lengths):
+            return False  # left to the next round, whose forwards draft these rows beside the rest
         survival = [self.acceptance.served(j + 1, self.acceptance.next_survival(
             j + 1, self.survival[row][-1] * self.p_accept[-1][row])) for row in drafting]  # each drafting row's next
         if rate is None:  # against the round so far
@@ -292,6 +295,7 @@ class BatchRound:
 
 SERVED_ROUNDS = 32  # the rounds whose median `ServedCosts` keeps: an idle engine's one long gap goes unheard
 SERVED_FROM = 4  # the rounds a median needs before it scales a price: a batch size's first, slow ones go unheard
+FORWARD_QUORUM = 0.5  # the share of a batch's rows that must still draft for it to draft on at its served rate
 
 
 @dataclass
