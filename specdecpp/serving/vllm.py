@@ -162,7 +162,8 @@ class BatchRound:
     served at a known rate (`ServedCosts.rate`) once a token is not worth its verification at that rate; a batch of
     several drafts one more forward only while the expected tokens it adds are worth its price at `prices` against
     that rate (until known, against the round so far) and, at that rate, while `FORWARD_QUORUM` of its rows
-    draft; its survival as vLLM accepted it and forecast as the head judged such tokens (`acceptance`). Stopped rows draft on unproposed until the batch stops."""
+    draft; its survival as vLLM accepted it and forecast as the head judged such tokens (`acceptance`). Stopped
+    rows draft on unproposed until the batch stops."""
 
     def __init__(self, judge: LeanJudge, schedules: list[Schedule], max_draft: int, prices: VllmPrices | None = None,
                  served: ServedCosts | None = None, acceptance: ServedAcceptance | None = None,
