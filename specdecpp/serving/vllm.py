@@ -270,7 +270,7 @@ class BatchRound:
         also whenever `served` wants a sample of this batch size's forwards (a stale price cannot hold the batch to
         one forward)."""
         j = len(self.tokens)
-        if self.prices is None or j == 1 and self.served.wants_forwards(len(self.lengths)):
+        if not self.priced or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
         tokens, rate = self.proposed_tokens(), self.rate
