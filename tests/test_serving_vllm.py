@@ -234,9 +234,9 @@ def test_the_batch_forecasts_a_rows_next_token_as_the_head_judged_such_tokens():
     assert [len(p) for p in batch.proposals()] == [2, 2]
     assert batch.acceptance.forecast == pytest.approx([0.0, 0.81 + 0.25])
     assert batch.acceptance.judged == pytest.approx([0.0, 0.54 + 0.25])
-    assert batch.acceptance.next_survival(2, 0.5) == pytest.approx(0.5 * 1.79 / 2.06)
-    assert batch.acceptance.next_survival(7, 0.5) == batch.acceptance.next_survival(2, 0.5)  # the deepest beyond
-    assert ServedAcceptance().next_survival(3, 0.5) == 0.5  # 1 until seen
+    assert batch.acceptance.next_survival(2, [0.5]) == [pytest.approx(0.5 * 1.79 / 2.06)]
+    assert batch.acceptance.next_survival(7, [0.5]) == batch.acceptance.next_survival(2, [0.5])  # the deepest beyond
+    assert ServedAcceptance().next_survival(3, [0.5]) == [0.5]  # 1 until seen
 
 
 def test_served_acceptance_reads_each_verified_proposal_by_request():
@@ -247,9 +247,9 @@ def test_served_acceptance_reads_each_verified_proposal_by_request():
     acceptance.verified(["b", "a", "c", "e"], [1, 3, 1, 0], [1, 1, 0, 0])
     assert acceptance.expected == pytest.approx([1.4, 0.8, 0.6]) and acceptance.accepted == [1.0, 1.0, 0.0]
     assert acceptance.accepted_tokens == 2 and acceptance.pending == {}
-    assert acceptance.served(1, 0.6) == pytest.approx(0.6 * 2 / 2.4)
-    assert acceptance.served(3, 0.5) == acceptance.served(7, 0.5) == pytest.approx(0.5 / 1.6)  # the deepest beyond
-    assert ServedAcceptance(expected=[0.2], accepted=[3.0]).served(1, 0.9) == 1.0  # a probability still
+    assert acceptance.served(1, [0.6]) == [pytest.approx(0.6 * 2 / 2.4)]
+    assert acceptance.served(3, [0.5]) == acceptance.served(7, [0.5]) == [pytest.approx(0.5 / 1.6)]  # the deepest beyond
+    assert ServedAcceptance(expected=[0.2], accepted=[3.0]).served(1, [0.9]) == [1.0]  # a probability still
     acceptance.verified(["a"], [3], [0])  # nothing proposed since: nothing read
     assert acceptance.accepted_tokens == 2
     acceptance.proposed(["a"], [[0.5]])

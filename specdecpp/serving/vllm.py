@@ -194,23 +194,27 @@ class BatchRound:
         self.p_accept.append(p_accept := self.judge(hidden, logits, tokens).tolist())
         j, rate = len(self.tokens), self.rate
         token_ms = 0.0 if rate is None else self.token_ms()
+        drafting = []
         for row, length in enumerate(self.lengths):
             if length is None and self.rooms[row] < j:  # only a row without room gets here: it proposes nothing
                 self.lengths[row] = 0
             elif length is None:
-                schedule = self.schedules[row]
-                if j > 1 and self.priced:  # the forecast of this token (`worth_a_step`'s) against its judgement
-                    self.acceptance.judged_next(j, self.survival[row][-1] * self.p_accept[-2][row],
-                                                self.survival[row][-1] * p_accept[row])
-                stops = schedule.stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
-                expected = self.acceptance.served(j, schedule.p_all_accepted)
-                if rate is not None and j > schedule.min_draft and expected < rate * token_ms:
-                    self.lengths[row] = j - 1  # this token is not worth its verification at the rate served
-                    continue
-                self.survival[row].append(schedule.p_all_accepted)
-                self.expected_so_far += expected
-                if stops and rate is None or j >= min(self.max_draft, self.rooms[row]):
-                    self.lengths[row] = j
+                drafting.append(row)
+        if j > 1 and self.priced:  # the forecast of this token (`worth_a_step`'s) against its judgement
+            last = [self.survival[row][-1] for row in drafting]
+            self.acceptance.judged_next(j, sum(s * self.p_accept[-2][row] for s, row in zip(last, drafting)),
+                                        sum(s * p_accept[row] for s, row in zip(last, drafting)))
+        stopping = [self.schedules[row].stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
+                 for row in drafting]
+        survivals = [self.schedules[row].p_all_accepted for row in drafting]
+        for row, stops, survival, expected in zip(drafting, stopping, survivals, self.acceptance.served(j, survivals)):
+            if rate is not None and j > self.schedules[row].min_draft and expected < rate * token_ms:
+                self.lengths[row] = j - 1  # this token is not worth its verification at the rate served
+                continue
+            self.survival[row].append(survival)
+            self.expected_so_far += expected
+            if stops and rate is None or j >= min(self.max_draft, self.rooms[row]):
+                self.lengths[row] = j
         drafting = [row for row, length in enumerate(self.lengths) if length is None]
         if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
             for row in drafting:
@@ -259,8 +263,13 @@ class BatchRound:
 
     def token_ms(self) -> float:
         """The price of verifying one more token in this round as it stands."""
-        j, tokens = len(self.tokens), self.proposed_tokens()
-        return self.price_ms(j, tokens + 1) - self.price_ms(j, tokens)
+        tokens = self.proposed_tokens()
+        return (self.verify_ms(tokens + 1) - self.verify_ms(tokens)) * self.served.rest.get(len(self.lengths), 1.0)
+
+    def forward_ms(self) -> float:
+        """The price of one more batched forward in this round."""
+        j = len(self.tokens)
+        return (self.times.drafting_ms(j + 1) - self.times.drafting_ms(j)) * self.served.forwards.get(len(self.lengths), 1.0)
 
     def worth_a_step(self) -> bool:
         """Whether one more batched forward adds expected tokens at a better rate per ms than this batch size's rounds
@@ -276,13 +285,13 @@ class BatchRound:
         tokens, rate = self.proposed_tokens(), self.rate
         if rate is not None and len(drafting) < FORWARD_QUORUM * len(self.lengths):
             return False  # left to the next round, whose forwards draft these rows beside the rest
-        survival = [self.acceptance.served(j + 1, self.acceptance.next_survival(
-            j + 1, self.survival[row][-1] * self.p_accept[-1][row])) for row in drafting]  # each drafting row's next
+        survival = self.acceptance.served(j + 1, self.acceptance.next_survival(
+            j + 1, [self.survival[row][-1] * self.p_accept[-1][row] for row in drafting]))  # each drafting row's next
         if rate is None:  # against the round so far
             costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
             return best_verify_length([sum(survival) / self.expected_tokens()], costs) == 1
-        token_ms, forward_ms = self.token_ms(), self.price_ms(j + 1, tokens) - self.price_ms(j, tokens)
-        return sum(max(0.0, s - rate * token_ms) for s in survival) > rate * forward_ms
+        token_ms = self.token_ms()
+        return sum(max(0.0, s - rate * token_ms) for s in survival) > rate * self.forward_ms()
 
     def proposals(self) -> list[list[int]]:
         """Each row's drafted tokens up to where it stopped."""
@@ -360,11 +369,11 @@ ACCEPTANCE_PRIOR = 1.0  # the tokens, expected and accepted alike, each depth's 
 @dataclass
 class ServedAcceptance:
     """The tokens vLLM accepted against the survival the head expected, per depth `d` of a proposal, as decayed sums
-    over the engine's last `ACCEPTANCE_MEMORY` steps: `served(d, s)` is survival `s` at depth `d` scaled by their
+    over the engine's last `ACCEPTANCE_MEMORY` steps: `served(d, survivals)` scales survivals at depth `d` by their
     ratio (1 until seen; beyond the deepest seen, the deepest's). A request's proposal is matched to its
-    verification by request id, and read only where vLLM verified every token of it. Alike, `next_survival(d, s)` is
-    the batch's forecast `s` of a drafting row's next survival (its last judgement again) scaled by what the head
-    judged the next tokens at depth `d`, against their forecasts."""
+    verification by request id, and read only where vLLM verified every token of it. Alike, `next_survival(d, f)`
+    scales the batch's forecasts `f` of drafting rows' next survival (each row's last judgement again) by what the
+    head judged the next tokens at depth `d`, against their forecasts."""
 
     expected: list[float] = field(default_factory=list)  # per depth, the survival of the proposed tokens verified
     accepted: list[float] = field(default_factory=list)  # per depth, how many of them vLLM accepted
@@ -400,13 +409,18 @@ class ServedAcceptance:
         """Take in a drafting row's token at `depth`: the survival the batch forecast for it, and the head's."""
         add_at_depth(self.forecast, self.judged, depth, forecast, judged)
 
-    def served(self, depth: int, survival: float) -> float:
-        """`survival` at `depth` (from 1) as vLLM has accepted it there, at most 1."""
-        return min(1.0, survival * depth_ratio(self.expected, self.accepted, depth))
+    def served(self, depth: int, survivals: list[float]) -> list[float]:
+        """Each of `survivals` at `depth` (from 1) as vLLM has accepted it there, at most 1."""
+        return scaled(survivals, depth_ratio(self.expected, self.accepted, depth))
 
-    def next_survival(self, depth: int, forecast: float) -> float:
-        """The `forecast` survival of a drafting row's next token, at `depth`, as the head has judged such tokens."""
-        return min(1.0, forecast * depth_ratio(self.forecast, self.judged, depth))
+    def next_survival(self, depth: int, forecasts: list[float]) -> list[float]:
+        """The `forecasts` of drafting rows' next survival, at `depth`, as the head has judged such tokens."""
+        return scaled(forecasts, depth_ratio(self.forecast, self.judged, depth))
+
+
+def scaled(probabilities: list[float], ratio: float) -> list[float]:
+    """Each of `probabilities` times `ratio`, at most 1."""
+    return [min(1.0, p * ratio) for p in probabilities]
 
 
 def add_at_depth(expected: list[float], seen: list[float], depth: int, x: float, y: float) -> None:
