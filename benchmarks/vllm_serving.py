@@ -3,8 +3,9 @@ against vLLM's own speculation.
 
 One run, every engine alive in this process (vLLM's in-process engine, one thread each): vLLM
 without speculation, vLLM's `draft_model` at K = 2..5, vLLM's `ngram`, and `draft_model` with our
-head (`ada@auto` with bound [1, 20], the same capped at 5 drafted tokens, and `ada@0.3`), all on the
-embedded pair.
+head (`ada@auto` with bound [1, 20], the same capped at 5 drafted tokens, and `ada@0.3`), and the head pinned
+to `draft_model`'s K=2 rounds (bound [2, 2]: it judges every token and proposes what K=2 proposes, so beside K=2
+it shows what the plugin itself costs), all on the embedded pair.
 For each prompt set and concurrency the prompts go in runs of `waves x concurrency` prompts, served with
 `concurrency` requests in flight (a finished request replaced by the next prompt, as a server under that load
 keeps them); each run is served by every engine, in an order that rotates from run to run, so load on the
@@ -14,8 +15,8 @@ number of tokens).
 Per method and concurrency: output tokens/s, its median ratio over the runs to vLLM without
 speculation and to `draft_model` at its best K (the K with the best median ratio to no speculation
 there), the same over the steps that start with every slot in flight (steady load: a run's filling and
-draining left out, as a server under that load never drains), the median request latency, vLLM's speculative counters, target steps per generated token
-(each request's engine steps, prefill included), the wall time per engine step and, of it, the time in
+draining left out, as a server under that load never drains), the median request latency, vLLM's speculative counters, the requests drafted for per engine step,
+target steps per generated token (each request's engine steps, prefill included), the wall time per engine step and, of it, the time in
 vLLM's draft loop (our judgements included), and for our head the draft forwards per engine step, its
 draft loop's time per proposed token, its rounds' price per engine step at the vLLM prices its batch stop
 uses (prefills unpriced) and the accepted tokens its survival expected over those vLLM counted. Greedy
@@ -55,6 +56,7 @@ def methods(zoo: Path) -> dict[str, dict]:
     grid["ours ada@auto"] = {"speculative_config": draft_model(20), "additional_config": head([1, 20])}
     grid["ours ada@auto K<=5"] = {"speculative_config": draft_model(5), "additional_config": head([1, 5])}
     grid["ours ada@0.3"] = {"speculative_config": draft_model(20), "additional_config": head([1, 20], 0.3)}
+    grid["ours pinned K=2"] = {"speculative_config": draft_model(2), "additional_config": head([2, 2])}
     # Built last: vLLM's ngram proposer imports numba, and once llvmlite is imported the CPU build's
     # start-up scan of every module (its Triton kernel overrides) fails for the engines built after it.
     grid["vLLM ngram K=5"] = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5,
@@ -204,6 +206,7 @@ def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
         "ratio_to_plain": statistics.median(tokens_per_s(b) / tokens_per_s(p) for b, p in zip(batches, plain)),
         "median_latency_s": statistics.median(x for b in batches for x in b["latency"]),
         **total, "acceptance": total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else None,
+        "drafts_per_engine_step": total["drafts"] / engine_steps if total["drafts"] else None,
         "target_steps_per_token": steps / tokens,
         "draft_forwards_per_step": forwards / engine_steps if forwards else None,
         "ms_per_engine_step": 1e3 * sum(b["wall"] for b in batches) / engine_steps,
@@ -238,15 +241,15 @@ def against_best_draft_model(rows: list[dict], results: dict[str, list[dict]]) -
 def markdown(rows: list[dict]) -> str:
     header = ("| method | concurrency | tokens/s | vs no speculation (median) | vs best draft_model (median) | "
               "steady tokens/s | steady vs best draft_model (median) | "
-              "median latency (s) | drafts | draft tokens | accepted | acceptance | target steps/token | "
+              "median latency (s) | drafts | drafts/engine step | draft tokens | accepted | acceptance | target steps/token | "
               "vs fewest draft_model | draft forwards/engine step | ms/engine step | at vLLM's prices | "
               "draft loop ms/engine step | propose ms/proposed | head's expected / accepted | output = plain |\n"
-              + "|---" * 21 + "|\n")
+              + "|---" * 22 + "|\n")
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     lines = [f"| {r['method']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_plain']:.2f}x | "
              f"{fmt(r.get('ratio_to_best_draft_model'), '.2f')}x | {r['steady_tokens_per_s']:.1f} | "
              f"{fmt(r.get('steady_ratio_to_best_draft_model'), '.2f')}x | {r['median_latency_s']:.2f} | {r['drafts']:.0f} | "
-             f"{r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | {fmt(r['acceptance'], '.3f')} | "
+             f"{fmt(r['drafts_per_engine_step'], '.2f')} | {r['draft_tokens']:.0f} | {r['accepted_tokens']:.0f} | {fmt(r['acceptance'], '.3f')} | "
              f"{r['target_steps_per_token']:.3f} | {fmt(r.get('steps_to_fewest_draft_model'), '.2f')}x | "
              f"{fmt(r['draft_forwards_per_step'], '.2f')} | {r['ms_per_engine_step']:.2f} | "
              f"{fmt(r['priced_ms_per_engine_step'], '.2f')} | "
