@@ -204,8 +204,8 @@ class BatchRound:
             last = [self.survival[row][-1] for row in drafting]
             self.acceptance.judged_next(j, sum(s * self.p_accept[-2][row] for s, row in zip(last, drafting)),
                                         sum(s * p_accept[row] for s, row in zip(last, drafting)))
-        stopping = [self.schedules[row].stop_after(DraftStep(num_drafted=j, token_prob=math.nan, accept_prob=p_accept[row]))
-                 for row in drafting]
+        stopping = [self.schedules[row].stop_after(DraftStep(num_drafted=j, token_prob=math.nan,
+                                                             accept_prob=p_accept[row])) for row in drafting]
         survivals = [self.schedules[row].p_all_accepted for row in drafting]
         for row, stops, survival, expected in zip(drafting, stopping, survivals, self.acceptance.served(j, survivals)):
             if rate is not None and j > self.schedules[row].min_draft and expected < rate * token_ms:
@@ -406,7 +406,8 @@ class ServedAcceptance:
             self.accepted_tokens += accepted
 
     def judged_next(self, depth: int, forecast: float, judged: float) -> None:
-        """Take in a drafting row's token at `depth`: the survival the batch forecast for it, and the head's."""
+        """Take in the drafting rows' tokens at `depth`: the survival the batch forecast for them and the head's,
+        each summed over the rows."""
         add_at_depth(self.forecast, self.judged, depth, forecast, judged)
 
     def served(self, depth: int, survivals: list[float]) -> list[float]:
