@@ -281,13 +281,13 @@ class BatchRound:
         j = len(self.tokens)
         if not self.priced or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
-        drafting = [row for row, length in enumerate(self.lengths) if length is None]
-        tokens, rate = self.proposed_tokens(), self.rate
+        drafting, rate = [row for row, length in enumerate(self.lengths) if length is None], self.rate
         if rate is not None and len(drafting) < FORWARD_QUORUM * len(self.lengths):
             return False  # left to the next round, whose forwards draft these rows beside the rest
         survival = self.acceptance.served(j + 1, self.acceptance.next_survival(
             j + 1, [self.survival[row][-1] * self.p_accept[-1][row] for row in drafting]))  # each drafting row's next
         if rate is None:  # against the round so far
+            tokens = self.proposed_tokens()
             costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
             return best_verify_length([sum(survival) / self.expected_tokens()], costs) == 1
         token_ms = self.token_ms()
