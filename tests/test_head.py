@@ -225,6 +225,11 @@ def test_lean_judge_equals_accept_prob(config):
         expected = head.accept_prob(hidden, features)
         torch.testing.assert_close(judge(hidden, logits, token), expected, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(judge(hidden, logits, token, logits.softmax(-1)), expected, rtol=1e-5, atol=1e-6)
+    hidden, logits = torch.randn(6, 16), torch.randn(6, 32) * 3  # a batch of rows, judged at once
+    token, given = logits.argmax(-1), hidden.clone()
+    features = logit_features(logits, token, head.features) if head.features else None
+    torch.testing.assert_close(judge(hidden, logits, token), head.accept_prob(hidden, features), rtol=1e-5, atol=1e-6)
+    assert torch.equal(hidden, given)  # its states are its own: the hidden states it read are left as they were
 
 
 ZOO = Path(__file__).resolve().parent.parent / "checkpoints" / "zoo"

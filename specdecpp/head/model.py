@@ -63,38 +63,35 @@ def head_state(hidden: torch.Tensor | None, features: torch.Tensor | None, proje
     parts = [part.to(like.device, like.dtype) for part in (hidden, features) if part is not None]
     x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     if projection is not None:
-        x = affine(x, *projection)
+        x = torch.nn.functional.linear(x, *projection)
     for block_weight, block_bias in blocks:
         x = residual_block(x, block_weight, block_bias)
     return x
 
 
-def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """`x W^T + b`; for one state (the draft step's judgement) one fused kernel call."""
-    return torch.addmv(bias, weight, x) if x.dim() == 1 else torch.nn.functional.linear(x, weight, bias)
-
-
 def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`x + SiLU(x W^T + b)`: one residual block of a head."""
-    return x + torch.nn.functional.silu(affine(x, weight, bias))
+    return x + torch.nn.functional.silu(torch.nn.functional.linear(x, weight, bias))
 
 
 class LeanJudge:
     """A head's judgement of drafted tokens as every draft step makes it, without a host sync: the head's weights on
-    `device` as views of one tensor, `weights`, a compiled graph's one input for them."""
+    `device`, each layer's transposed (`x @ W^T` reads them in place), as views of one tensor, `weights`, a compiled
+    graph's one input for them. Its states are its own, updated in place; the inputs it is given are left as they
+    were."""
 
     def __init__(self, head: AcceptancePredictionHead, device: torch.device | str | None = None):
         weight, bias = head.output()  # softmax over (reject, accept): the sigmoid of their difference
         projection = [head.input_projection()] if head.width else []
-        layers = [*projection, *head.blocks(), (weight[1] - weight[0], bias[1] - bias[0])]
-        tensors = [t.detach() for layer in layers for t in layer]
+        tensors = [t.detach() for layer_weight, layer_bias in [*projection, *head.blocks()]
+                   for t in (layer_weight.t(), layer_bias)] + [(weight[1] - weight[0]).detach(), (bias[1] - bias[0]).detach()]
         self.shapes = [t.shape for t in tensors]
         self.weights = torch.cat([t.reshape(-1) for t in tensors]).to(device)
         self.features, self.reads_hidden_states, self.projects = head.features, head.reads_hidden_states, bool(head.width)
         self.layers = self._unpacked()
 
     def _unpacked(self) -> tuple[Linear | None, list[Linear], torch.Tensor, torch.Tensor]:
-        """`weights` as views: (the projection or None, the blocks, the accept weight, the accept bias)."""
+        """`weights` as views: (the projection or None, the blocks, each as `(W^T, b)`, the accept weight and bias)."""
         *tensors, accept_weight, accept_bias = [part.view(shape) for part, shape in zip(
             self.weights.split([s.numel() for s in self.shapes]), self.shapes)]
         layers = list(zip(tensors[0::2], tensors[1::2]))
@@ -108,13 +105,21 @@ class LeanJudge:
     def __call__(self, hidden: torch.Tensor | None, logits: torch.Tensor, token: torch.Tensor,
                  probs: torch.Tensor | None = None, taken: torch.Tensor | None = None) -> torch.Tensor:
         """P(accept) (float32) of `token` drafted from raw `logits` (`probs`: their softmax, if any) at `hidden`,
-        after siblings of draft mass `taken` (`logit_features`)."""
+        after siblings of draft mass `taken` (`logit_features`): `head_logits`' arithmetic."""
         # Traced, the views are taken in the graph, so that it reads `weights` alone.
         projection, blocks, accept_weight, accept_bias = self._unpacked() if torch.compiler.is_compiling() \
             else self.layers
         features = logit_features(logits, token, self.features, probs, taken) if self.features else None
-        state = head_state(hidden if self.reads_hidden_states else None, features, projection, blocks, accept_weight)
-        return (state @ accept_weight + accept_bias).float().sigmoid()
+        parts = [part for part in (hidden if self.reads_hidden_states else None, features) if part is not None]
+        x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        if x.dtype != accept_weight.dtype or x.device != accept_weight.device:
+            x = x.to(accept_weight.device, accept_weight.dtype)
+        state = None if projection is None else (x @ projection[0]).add_(projection[1])
+        for transposed, bias in blocks:
+            update = torch.nn.functional.silu(((x if state is None else state) @ transposed).add_(bias), inplace=True)
+            state = x + update if state is None else state.add_(update)
+        logit = ((x if state is None else state) @ accept_weight).add_(accept_bias)
+        return (logit if logit.dtype == torch.float32 else logit.float()).sigmoid_()
 
 
 class ResBlock(nn.Module):
