@@ -176,6 +176,7 @@ class BatchRound:
         self.probs: list[torch.Tensor] = []  # per step, [rows, vocab] (sampled requests only)
         self.p_accept: list[list[float]] = []  # per step, the head's P(accept) of every row
         self.lengths: list[int | None] = []  # per row, how many tokens it drafted once it stopped
+        self.drafting: list[int] = []  # the rows still drafting
         self.survival: list[list[float]] = []  # per row, its product of judgements after each of its tokens
         self.expected_so_far = 0.0  # `expected_tokens`, added to as each token's survival comes
 
@@ -184,22 +185,19 @@ class BatchRound:
         """Record and judge a draft step (`hidden`, `logits`, `tokens` per row); StopDrafting when the batch stops."""
         self.marks.append(time.perf_counter())
         if not self.tokens:
-            self.lengths, self.survival, self.expected_so_far = [None] * len(tokens), [[] for _ in tokens], float(len(tokens))
-            self.rooms = self.rooms or [self.max_draft] * len(tokens)
-            for schedule in self.schedules[:len(tokens)]:
+            rows = len(tokens)
+            self.rooms = self.rooms or [self.max_draft] * rows
+            self.lengths = [0 if room < 1 else None for room in self.rooms[:rows]]  # a row without room proposes nothing
+            self.drafting = [row for row, length in enumerate(self.lengths) if length is None]
+            self.survival, self.expected_so_far = [[] for _ in tokens], float(rows)
+            for schedule in self.schedules[:rows]:
                 schedule.start_round()
         self.tokens.append(tokens)
         if probs is not None:
             self.probs.append(probs)
         self.p_accept.append(p_accept := self.judge(hidden, logits, tokens).tolist())
-        j, rate = len(self.tokens), self.rate
+        j, rate, drafting = len(self.tokens), self.rate, self.drafting
         token_ms = 0.0 if rate is None else self.token_ms()
-        drafting = []
-        for row, length in enumerate(self.lengths):
-            if length is None and self.rooms[row] < j:  # only a row without room gets here: it proposes nothing
-                self.lengths[row] = 0
-            elif length is None:
-                drafting.append(row)
         if j > 1 and self.priced:  # the forecast of this token (`worth_a_step`'s) against its judgement
             last = [self.survival[row][-1] for row in drafting]
             self.acceptance.judged_next(j, sum(s * self.p_accept[-2][row] for s, row in zip(last, drafting)),
@@ -215,7 +213,7 @@ class BatchRound:
             self.expected_so_far += expected
             if stops and rate is None or j >= min(self.max_draft, self.rooms[row]):
                 self.lengths[row] = j
-        drafting = [row for row, length in enumerate(self.lengths) if length is None]
+        self.drafting = drafting = [row for row in drafting if self.lengths[row] is None]
         if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
             for row in drafting:
                 self.lengths[row] = j
@@ -281,7 +279,7 @@ class BatchRound:
         j = len(self.tokens)
         if not self.priced or j == 1 and self.served.wants_forwards(len(self.lengths)):
             return True
-        drafting, rate = [row for row, length in enumerate(self.lengths) if length is None], self.rate
+        drafting, rate = self.drafting, self.rate
         if rate is not None and len(drafting) < FORWARD_QUORUM * len(self.lengths):
             return False  # left to the next round, whose forwards draft these rows beside the rest
         survival = self.acceptance.served(j + 1, self.acceptance.next_survival(
