@@ -60,13 +60,20 @@ def head_logits(hidden: torch.Tensor | None, features: torch.Tensor | None, proj
 def head_state(hidden: torch.Tensor | None, features: torch.Tensor | None, projection: Linear | None,
                blocks: list[Linear], like: torch.Tensor) -> torch.Tensor:
     """What a head's output layer reads: its inputs, as `like`, through its `projection` (if any) and `blocks`."""
-    parts = [part.to(like.device, like.dtype) for part in (hidden, features) if part is not None]
-    x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    x = head_input(hidden, features, like)
     if projection is not None:
         x = torch.nn.functional.linear(x, *projection)
     for block_weight, block_bias in blocks:
         x = residual_block(x, block_weight, block_bias)
     return x
+
+
+def head_input(hidden: torch.Tensor | None, features: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """A head's input: the hidden states and/or features given (not None), joined, on `like`'s device and dtype (the
+    tensors given where they already are, never copied)."""
+    parts = [part if part.dtype == like.dtype and part.device == like.device else part.to(like.device, like.dtype)
+             for part in (hidden, features) if part is not None]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -110,15 +117,14 @@ class LeanJudge:
         projection, blocks, accept_weight, accept_bias = self._unpacked() if torch.compiler.is_compiling() \
             else self.layers
         features = logit_features(logits, token, self.features, probs, taken) if self.features else None
-        parts = [part for part in (hidden if self.reads_hidden_states else None, features) if part is not None]
-        x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-        if x.dtype != accept_weight.dtype or x.device != accept_weight.device:
-            x = x.to(accept_weight.device, accept_weight.dtype)
-        state = None if projection is None else (x @ projection[0]).add_(projection[1])
+        state = head_input(hidden if self.reads_hidden_states else None, features, accept_weight)
+        owned = projection is not None  # whether `state` is the judge's own, to update in place, or its input
+        if owned:
+            state = (state @ projection[0]).add_(projection[1])
         for transposed, bias in blocks:
-            update = torch.nn.functional.silu(((x if state is None else state) @ transposed).add_(bias), inplace=True)
-            state = x + update if state is None else state.add_(update)
-        logit = ((x if state is None else state) @ accept_weight).add_(accept_bias)
+            update = torch.nn.functional.silu((state @ transposed).add_(bias), inplace=True)
+            state, owned = state.add_(update) if owned else state + update, True
+        logit = (state @ accept_weight).add_(accept_bias)
         return (logit if logit.dtype == torch.float32 else logit.float()).sigmoid_()
 
 

@@ -217,6 +217,7 @@ class BatchRound:
         if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
             for row in drafting:
                 self.lengths[row] = j
+            self.drafting = []
             raise StopDrafting
 
     @functools.cached_property
