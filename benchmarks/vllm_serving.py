@@ -111,23 +111,6 @@ def clock_draft_loops() -> None:
     DraftModelProposer.propose = timed
 
 
-def price_our_rounds() -> None:
-    """Add up, as `priced_ms`, what each of our proposer's rounds costs at the vLLM prices its batch stop uses:
-    its draft forwards and the verification of its proposals, at its batch size."""
-    from specdecpp.serving.vllm_draft import SpecDecPPDraftProposer
-
-    propose = SpecDecPPDraftProposer.propose
-
-    def priced(self, *args, **kwargs):
-        proposals = propose(self, *args, **kwargs)
-        if self.prices is not None and self.round.tokens:
-            self.priced_ms = getattr(self, "priced_ms", 0.0) + self.round.price_ms(len(self.round.tokens),
-                                                                                     sum(map(len, proposals)))
-        return proposals
-
-    SpecDecPPDraftProposer.propose = priced
-
-
 def proposer_clock(engine) -> tuple[int, int, float, float, float]:
     """Our proposer's tokens proposed and draft forwards (zeros for other engines), any `draft_model`
     proposer's seconds in vLLM's draft loop, the accepted tokens our head expected of its proposals, and its
@@ -281,7 +264,6 @@ def main() -> None:
     engine = {"distributed_executor_backend": "uni", "enforce_eager": True, "max_model_len": 1024, "dtype": "float32",
               "max_num_seqs": max(args.concurrency), "disable_log_stats": False, "seed": 0}
     clock_draft_loops()
-    price_our_rounds()
     engines = {name: counting_engine(model=str(zoo / "target"), **config, **engine) for name, config in grid.items()}
     rows, report = [], []
     for prompt_set in args.prompt_sets:

@@ -218,6 +218,12 @@ def test_the_batch_expects_the_survival_vllm_accepted():
     batch.acceptance = ServedAcceptance(expected=[1.0, 2.0], accepted=[1.0, 0.5])
     assert [len(p) for p in run_round(batch, 2).proposals()] == [1, 1]
     assert batch.expected_tokens() == pytest.approx(3.4)
+    # Where vLLM accepted more than expected, a token's survival as served stays a probability: (3 + 1) / (.2 + 1)
+    # times .9 and .5 is 3 and 1.67, each served as 1.
+    batch = priced_round([[0.9] * 12, [0.5] * 12], 1.0, flat_prices(2))
+    batch.acceptance = ServedAcceptance(expected=[0.2], accepted=[3.0])
+    batch.step(*[x[:2] for x in next(draft_steps(1))], None)  # a second token served as sure: it drafts on
+    assert batch.expected_tokens() == pytest.approx(2 + 1 + 1)
 
 
 def test_the_batch_forecasts_a_rows_next_token_as_the_head_judged_such_tokens():
@@ -234,9 +240,9 @@ def test_the_batch_forecasts_a_rows_next_token_as_the_head_judged_such_tokens():
     assert [len(p) for p in batch.proposals()] == [2, 2]
     assert batch.acceptance.forecast == pytest.approx([0.0, 0.81 + 0.25])
     assert batch.acceptance.judged == pytest.approx([0.0, 0.54 + 0.25])
-    assert batch.acceptance.next_survival(2, [0.5]) == [pytest.approx(0.5 * 1.79 / 2.06)]
-    assert batch.acceptance.next_survival(7, [0.5]) == batch.acceptance.next_survival(2, [0.5])  # the deepest beyond
-    assert ServedAcceptance().next_survival(3, [0.5]) == [0.5]  # 1 until seen
+    assert batch.acceptance.next_ratio(2) == pytest.approx(1.79 / 2.06)
+    assert batch.acceptance.next_ratio(7) == batch.acceptance.next_ratio(2)  # the deepest beyond
+    assert ServedAcceptance().next_ratio(3) == 1.0  # 1 until seen
 
 
 def test_served_acceptance_reads_each_verified_proposal_by_request():
@@ -247,9 +253,8 @@ def test_served_acceptance_reads_each_verified_proposal_by_request():
     acceptance.verified(["b", "a", "c", "e"], [1, 3, 1, 0], [1, 1, 0, 0])
     assert acceptance.expected == pytest.approx([1.4, 0.8, 0.6]) and acceptance.accepted == [1.0, 1.0, 0.0]
     assert acceptance.accepted_tokens == 2 and acceptance.pending == {}
-    assert acceptance.served(1, [0.6]) == [pytest.approx(0.6 * 2 / 2.4)]
-    assert acceptance.served(3, [0.5]) == acceptance.served(7, [0.5]) == [pytest.approx(0.5 / 1.6)]  # the deepest beyond
-    assert ServedAcceptance(expected=[0.2], accepted=[3.0]).served(1, [0.9]) == [1.0]  # a probability still
+    assert acceptance.ratio(1) == pytest.approx(2 / 2.4)
+    assert acceptance.ratio(3) == acceptance.ratio(7) == pytest.approx(1 / 1.6)  # the deepest beyond
     acceptance.verified(["a"], [3], [0])  # nothing proposed since: nothing read
     assert acceptance.accepted_tokens == 2
     acceptance.proposed(["a"], [[0.5]])
@@ -264,7 +269,8 @@ def test_served_costs_are_medians_of_measured_over_priced():
 
     def observe(lengths, start: float, forwards_ms: float = 0.0) -> None:
         batch = priced_round([[0.9] * 12, [0.5] * 12], 1.0, prices)
-        batch.lengths, steps = lengths, max(lengths)  # its forwards after the first take `forwards_ms` in all
+        batch.lengths, batch.stopped_tokens, steps = lengths, sum(lengths), max(lengths)  # a stopped round
+        # its forwards after the first take `forwards_ms` in all
         batch.marks = [start + forwards_ms / 1000 * i / max(steps - 1, 1) for i in range(steps)]
         served.observe(batch, ended=batch.marks[-1] + 0.001)
 
@@ -280,7 +286,7 @@ def test_served_costs_are_medians_of_measured_over_priced():
         observe([1, 1], served.last[2] + 0.028 + gap)
     assert served.rest == {2: pytest.approx(2.0)}  # the median of 2, 2, 2, 2, 37.7, 2, 2: the idle gap goes unheard
     third = priced_round([[0.9] * 12], 1.0, VllmPrices({1: prices.times[2]}, 12))
-    third.lengths, third.marks = [1], [served.last[2] + 0.1]
+    third.lengths, third.stopped_tokens, third.marks = [1], 1, [served.last[2] + 0.1]
     served.observe(third, ended=third.marks[0] + 0.1)  # one row now: not set against two rows' verification
     assert set(served.rest) == {2}
 

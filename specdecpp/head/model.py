@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants
 from torch import nn
+from torch.compiler import is_dynamo_compiling
 
 from specdecpp.head.card_data import LIBRARY_NAME, PAPER_URL, TAGS
 
@@ -71,9 +72,13 @@ def head_state(hidden: torch.Tensor | None, features: torch.Tensor | None, proje
 def head_input(hidden: torch.Tensor | None, features: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """A head's input: the hidden states and/or features given (not None), joined, on `like`'s device and dtype (the
     tensors given where they already are, never copied)."""
-    parts = [part if part.dtype == like.dtype and part.device == like.device else part.to(like.device, like.dtype)
-             for part in (hidden, features) if part is not None]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    if hidden is None or features is None:
+        state = features if hidden is None else hidden
+        return state if state.dtype == like.dtype and state.device == like.device else state.to(like.device, like.dtype)
+    return torch.cat([hidden.to(like.device, like.dtype), features.to(like.device, like.dtype)], dim=-1)
+
+
+silu_ = torch._C._nn.silu_  # `F.silu(x, inplace=True)`'s kernel, called without its Python wrapper
 
 
 def residual_block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -113,16 +118,15 @@ class LeanJudge:
                  probs: torch.Tensor | None = None, taken: torch.Tensor | None = None) -> torch.Tensor:
         """P(accept) (float32) of `token` drafted from raw `logits` (`probs`: their softmax, if any) at `hidden`,
         after siblings of draft mass `taken` (`logit_features`): `head_logits`' arithmetic."""
-        # Traced, the views are taken in the graph, so that it reads `weights` alone.
-        projection, blocks, accept_weight, accept_bias = self._unpacked() if torch.compiler.is_compiling() \
-            else self.layers
+        # Traced by dynamo, the views are taken in the graph, so that it reads `weights` alone.
+        projection, blocks, accept_weight, accept_bias = self._unpacked() if is_dynamo_compiling() else self.layers
         features = logit_features(logits, token, self.features, probs, taken) if self.features else None
         state = head_input(hidden if self.reads_hidden_states else None, features, accept_weight)
         owned = projection is not None  # whether `state` is the judge's own, to update in place, or its input
         if owned:
             state = (state @ projection[0]).add_(projection[1])
         for transposed, bias in blocks:
-            update = torch.nn.functional.silu((state @ transposed).add_(bias), inplace=True)
+            update = silu_((state @ transposed).add_(bias))
             state, owned = state.add_(update) if owned else state + update, True
         logit = (state @ accept_weight).add_(accept_bias)
         return (logit if logit.dtype == torch.float32 else logit.float()).sigmoid_()

@@ -177,7 +177,8 @@ class BatchRound:
         self.p_accept: list[list[float]] = []  # per step, the head's P(accept) of every row
         self.lengths: list[int | None] = []  # per row, how many tokens it drafted once it stopped
         self.drafting: list[int] = []  # the rows still drafting
-        self.survival: list[list[float]] = []  # per row, its product of judgements after each of its tokens
+        self.stopped_tokens = 0  # the tokens the stopped rows propose
+        self.survival: list[list[float]] = []  # per row, its product of judgements after each token it proposes
         self.expected_so_far = 0.0  # `expected_tokens`, added to as each token's survival comes
 
     def step(self, hidden: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
@@ -196,29 +197,44 @@ class BatchRound:
         if probs is not None:
             self.probs.append(probs)
         self.p_accept.append(p_accept := self.judge(hidden, logits, tokens).tolist())
-        j, rate, drafting = len(self.tokens), self.rate, self.drafting
-        token_ms = 0.0 if rate is None else self.token_ms()
-        if j > 1 and self.priced:  # the forecast of this token (`worth_a_step`'s) against its judgement
-            last = [self.survival[row][-1] for row in drafting]
-            self.acceptance.judged_next(j, sum(s * self.p_accept[-2][row] for s, row in zip(last, drafting)),
-                                        sum(s * p_accept[row] for s, row in zip(last, drafting)))
-        stopping = [self.schedules[row].stop_after(DraftStep(num_drafted=j, token_prob=math.nan,
-                                                             accept_prob=p_accept[row])) for row in drafting]
-        survivals = [self.schedules[row].p_all_accepted for row in drafting]
-        for row, stops, survival, expected in zip(drafting, stopping, survivals, self.acceptance.served(j, survivals)):
-            if rate is not None and j > self.schedules[row].min_draft and expected < rate * token_ms:
-                self.lengths[row] = j - 1  # this token is not worth its verification at the rate served
+        j, rate, lengths, survival = len(self.tokens), self.rate, self.lengths, self.survival
+        too_dear = -math.inf if rate is None else rate * self.token_ms()  # a token expected to add less is cut
+        previous = self.p_accept[-2] if j > 1 and self.priced else None  # to set this token's forecast against
+        forecast = judged = 0.0
+        ratio, longest = self.acceptance.ratio(j), j >= self.max_draft
+        judged_step, drafting = DraftStep(num_drafted=j, token_prob=math.nan), []  # schedules read a step, never keep it
+        for row in self.drafting:
+            schedule, p = self.schedules[row], p_accept[row]
+            judged_step.accept_prob = p
+            stops = schedule.stop_after(judged_step)
+            if previous is not None:
+                last = survival[row][-1]
+                forecast, judged = forecast + last * previous[row], judged + last * p
+            expected = min(1.0, schedule.p_all_accepted * ratio)
+            if j > schedule.min_draft and expected < too_dear:
+                lengths[row] = j - 1  # this token is not worth its verification at the rate served
+                self.stopped_tokens += j - 1
                 continue
-            self.survival[row].append(survival)
+            survival[row].append(schedule.p_all_accepted)
             self.expected_so_far += expected
-            if stops and rate is None or j >= min(self.max_draft, self.rooms[row]):
-                self.lengths[row] = j
-        self.drafting = drafting = [row for row in drafting if self.lengths[row] is None]
-        if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
-            for row in drafting:
-                self.lengths[row] = j
-            self.drafting = []
+            if stops and rate is None or longest or j >= self.rooms[row]:
+                lengths[row] = j
+                self.stopped_tokens += j
+            else:
+                drafting.append(row)
+        if previous is not None:
+            self.acceptance.judged_next(j, forecast, judged)
+        self.drafting = drafting
+        if not drafting or len(lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
+            self.stop()
             raise StopDrafting
+
+    def stop(self) -> None:
+        """Stop the rows still drafting at the tokens they drafted."""
+        for row in self.drafting:
+            self.lengths[row] = len(self.tokens)
+        self.stopped_tokens += len(self.drafting) * len(self.tokens)
+        self.drafting = []
 
     @functools.cached_property
     def times(self) -> StepTimes:
@@ -238,7 +254,7 @@ class BatchRound:
 
     def proposed_tokens(self) -> int:
         """The tokens the rows propose so far: a stopped row its length, a drafting row every step's."""
-        return sum(len(self.tokens) if length is None else length for length in self.lengths)
+        return self.stopped_tokens + len(self.drafting) * len(self.tokens)
 
     def expected_tokens(self) -> float:
         """The round's expected tokens so far: per row, 1 plus the survival of each token it proposes, as accepted."""
@@ -283,8 +299,9 @@ class BatchRound:
         drafting, rate = self.drafting, self.rate
         if rate is not None and len(drafting) < FORWARD_QUORUM * len(self.lengths):
             return False  # left to the next round, whose forwards draft these rows beside the rest
-        survival = self.acceptance.served(j + 1, self.acceptance.next_survival(
-            j + 1, [self.survival[row][-1] * self.p_accept[-1][row] for row in drafting]))  # each drafting row's next
+        forecast, served, judged = self.acceptance.next_ratio(j + 1), self.acceptance.ratio(j + 1), self.p_accept[-1]
+        survival = [min(1.0, min(1.0, self.survival[row][-1] * judged[row] * forecast) * served)
+                    for row in drafting]  # each drafting row's next, its last judgement again, as judged and served
         if rate is None:  # against the round so far
             tokens = self.proposed_tokens()
             costs = [self.price_ms(j, tokens), self.price_ms(j + 1, tokens + len(drafting))]
@@ -323,13 +340,14 @@ class ServedCosts:
     unsampled: dict[int, int] = field(default_factory=dict)  # per batch size, its rounds since forwards were timed
     rounds: dict[int, collections.deque] = field(default_factory=dict)  # per batch size, (expected, price ms)
 
-    def observe(self, batch: BatchRound, ended: float) -> None:
-        """Take in `batch`, a round whose propose returned at `ended` (perf_counter seconds)."""
+    def observe(self, batch: BatchRound, ended: float) -> float:
+        """Take in `batch`, a round whose propose returned at `ended` (perf_counter seconds); returns its price (ms,
+        `BatchRound.price_ms`; 0 for a round without prices or steps)."""
         rows, steps, last = len(batch.lengths), len(batch.marks), self.last
         self.last = None
         if batch.prices is None or not steps:
-            return
-        times = batch.prices.at(rows)
+            return 0.0
+        times = batch.times
         self.unsampled[rows] = 0 if steps > 1 else self.unsampled.get(rows, 0) + 1
         if steps > 1:
             self._mix("forwards", rows, batch.marks[-1] - batch.marks[0],
@@ -337,9 +355,10 @@ class ServedCosts:
         if last is not None and last[0] == rows:  # the verification of the last round's tokens, then this first forward
             self._mix("rest", rows, batch.marks[0] - last[2], (last[1] + times.drafting_ms(1)) / 1000)
         self.last = (rows, batch.verify_ms(batch.proposed_tokens()), ended)
+        price = batch.price_ms(steps, batch.proposed_tokens())
         if rows > 1:
-            served = self.rounds.setdefault(rows, collections.deque(maxlen=SERVED_ROUNDS))
-            served.append((batch.expected_tokens(), batch.price_ms(steps, batch.proposed_tokens())))
+            self.rounds.setdefault(rows, collections.deque(maxlen=SERVED_ROUNDS)).append((batch.expected_tokens(), price))
+        return price
 
     def rate(self, rows: int) -> float | None:
         """The expected tokens per priced ms of this batch size's last `SERVED_ROUNDS` rounds; None until
@@ -368,11 +387,11 @@ ACCEPTANCE_PRIOR = 1.0  # the tokens, expected and accepted alike, each depth's 
 @dataclass
 class ServedAcceptance:
     """The tokens vLLM accepted against the survival the head expected, per depth `d` of a proposal, as decayed sums
-    over the engine's last `ACCEPTANCE_MEMORY` steps: `served(d, survivals)` scales survivals at depth `d` by their
-    ratio (1 until seen; beyond the deepest seen, the deepest's). A request's proposal is matched to its
-    verification by request id, and read only where vLLM verified every token of it. Alike, `next_survival(d, f)`
-    scales the batch's forecasts `f` of drafting rows' next survival (each row's last judgement again) by what the
-    head judged the next tokens at depth `d`, against their forecasts."""
+    over the engine's last `ACCEPTANCE_MEMORY` steps: survivals at depth `d` are served as their `ratio(d)` times
+    them, at most 1 (the ratio 1 until seen; beyond the deepest seen, the deepest's). A request's proposal is matched
+    to its verification by request id, and read only where vLLM verified every token of it. Alike, `next_ratio(d)`
+    scales the batch's forecasts of drafting rows' next survival (each row's last judgement again) by what the head
+    judged the next tokens at depth `d`, against their forecasts."""
 
     expected: list[float] = field(default_factory=list)  # per depth, the survival of the proposed tokens verified
     accepted: list[float] = field(default_factory=list)  # per depth, how many of them vLLM accepted
@@ -409,18 +428,13 @@ class ServedAcceptance:
         each summed over the rows."""
         add_at_depth(self.forecast, self.judged, depth, forecast, judged)
 
-    def served(self, depth: int, survivals: list[float]) -> list[float]:
-        """Each of `survivals` at `depth` (from 1) as vLLM has accepted it there, at most 1."""
-        return scaled(survivals, depth_ratio(self.expected, self.accepted, depth))
+    def ratio(self, depth: int) -> float:
+        """What survivals at `depth` (from 1) are scaled by to be as vLLM has accepted them there."""
+        return depth_ratio(self.expected, self.accepted, depth)
 
-    def next_survival(self, depth: int, forecasts: list[float]) -> list[float]:
-        """The `forecasts` of drafting rows' next survival, at `depth`, as the head has judged such tokens."""
-        return scaled(forecasts, depth_ratio(self.forecast, self.judged, depth))
-
-
-def scaled(probabilities: list[float], ratio: float) -> list[float]:
-    """Each of `probabilities` times `ratio`, at most 1."""
-    return [min(1.0, p * ratio) for p in probabilities]
+    def next_ratio(self, depth: int) -> float:
+        """What forecasts of drafting rows' next survival at `depth` are scaled by to be as the head judged them."""
+        return depth_ratio(self.forecast, self.judged, depth)
 
 
 def add_at_depth(expected: list[float], seen: list[float], depth: int, x: float, y: float) -> None:
