@@ -433,3 +433,19 @@ def test_the_round_timer_samples_rounds_and_prices_every_length():
     times = timer.times(2, torch.device("cpu"), "vllm test")
     assert times.verify_ms_measured == pytest.approx([10.5 + 2 * k for k in range(8)])  # k = 5 on the line
     assert times.draft_ms == [3.0] * 7 and times.repeats == 2 and times.engine == "vllm test"
+
+
+def test_a_timed_round_proposes_its_length_from_every_row():
+    from specdecpp.serving.vllm_timing import RoundTimer, TimedBatchRound
+
+    timer = RoundTimer(4)
+    for _ in range(3):  # lengths 0, 1, 2
+        timer.next_length()
+    settings = DecodingSettings(schedule="ada", head=random_head(), stop_threshold="auto", bound=(1, 20))
+    batch = TimedBatchRound(timer, LeanJudge(settings.head), [make_schedule(settings) for _ in range(ROWS)], 4)
+    assert batch.k == 3
+    with pytest.raises(StopDrafting):
+        for hidden, logits, tokens in draft_steps(5):
+            batch.step(hidden, logits, tokens, None)
+    assert len(batch.tokens) == 3 and batch.proposed_tokens() == 3 * ROWS
+    assert [len(p) for p in batch.proposals()] == [3] * ROWS
