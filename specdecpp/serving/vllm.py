@@ -197,11 +197,11 @@ class BatchRound:
         if probs is not None:
             self.probs.append(probs)
         self.p_accept.append(p_accept := self.judge(hidden, logits, tokens).tolist())
-        j, rate, lengths, survival = len(self.tokens), self.rate, self.lengths, self.survival
+        j, rate, survival = len(self.tokens), self.rate, self.survival
         too_dear = -math.inf if rate is None else rate * self.token_ms()  # a token expected to add less is cut
         previous = self.p_accept[-2] if j > 1 and self.priced else None  # to set this token's forecast against
         forecast = judged = 0.0
-        ratio, longest = self.acceptance.ratio(j), j >= self.max_draft
+        ratio, at_max_draft = self.acceptance.ratio(j), j >= self.max_draft
         judged_step, drafting = DraftStep(num_drafted=j, token_prob=math.nan), []  # schedules read a step, never keep it
         for row in self.drafting:
             schedule, p = self.schedules[row], p_accept[row]
@@ -212,28 +212,30 @@ class BatchRound:
                 forecast, judged = forecast + last * previous[row], judged + last * p
             expected = min(1.0, schedule.p_all_accepted * ratio)
             if j > schedule.min_draft and expected < too_dear:
-                lengths[row] = j - 1  # this token is not worth its verification at the rate served
-                self.stopped_tokens += j - 1
+                self.stop_row(row, j - 1)  # this token is not worth its verification at the rate served
                 continue
             survival[row].append(schedule.p_all_accepted)
             self.expected_so_far += expected
-            if stops and rate is None or longest or j >= self.rooms[row]:
-                lengths[row] = j
-                self.stopped_tokens += j
+            if stops and rate is None or at_max_draft or j >= self.rooms[row]:
+                self.stop_row(row, j)
             else:
                 drafting.append(row)
         if previous is not None:
             self.acceptance.judged_next(j, forecast, judged)
         self.drafting = drafting
-        if not drafting or len(lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
+        if not drafting or len(self.lengths) > 1 and j >= self.schedules[0].min_draft and not self.worth_a_step():
             self.stop()
             raise StopDrafting
+
+    def stop_row(self, row: int, length: int) -> None:
+        """Stop `row` at its first `length` tokens (the caller takes it out of `drafting`)."""
+        self.lengths[row] = length
+        self.stopped_tokens += length
 
     def stop(self) -> None:
         """Stop the rows still drafting at the tokens they drafted."""
         for row in self.drafting:
-            self.lengths[row] = len(self.tokens)
-        self.stopped_tokens += len(self.drafting) * len(self.tokens)
+            self.stop_row(row, len(self.tokens))
         self.drafting = []
 
     @functools.cached_property
