@@ -207,7 +207,41 @@ def test_the_served_rate_is_the_expected_tokens_over_the_price_of_a_sizes_last_r
     assert served.rate(2) == pytest.approx((3 * (SERVED_ROUNDS - 1) + 3.5) / (14 * (SERVED_ROUNDS - 1) + 18))
     for _ in range(SERVED_FROM):
         served_round([[0.9] * 12])
-    assert served.rate(1) is None  # a row alone stops on its own rule: its rounds set no rate
+    assert 1 not in served.rounds  # a row alone stops on its own rule: its rounds set no rate
+
+
+def test_a_batch_size_yet_to_serve_takes_the_rate_of_the_sizes_around_it():
+    def rounds(rate: float, count: int = SERVED_FROM) -> collections.deque:
+        return collections.deque([(10 * rate, 10.0)] * count)
+
+    served = ServedCosts(rounds={4: rounds(0.2), 16: rounds(0.5), 8: rounds(9.0, SERVED_FROM - 1)})
+    assert served.rated == [4, 16]  # 8 has yet to serve SERVED_FROM rounds
+    assert served.rate(4) == pytest.approx(0.2) and served.rate(16) == pytest.approx(0.5)
+    assert served.rate(8) == pytest.approx(0.2 + 0.3 * 4 / 12)  # linear in rows between 4 and 16
+    assert served.rate(2) == pytest.approx(0.2) and served.rate(32) == pytest.approx(0.5)  # beyond: the nearest's
+    assert ServedCosts(rounds={8: rounds(9.0, SERVED_FROM - 1)}).rate(8) is None  # no size has served
+    batch = priced_round([[0.9] * 12] * 2, 1.0, flat_prices(2))
+    batch.served = served
+    run_round(batch, 2)
+    prices = [served.observe(batch, ended=batch.marks[-1])]
+    assert served.rated == [4, 16] and len(served.rounds[2]) == 1
+    prices += [served.observe(batch, ended=batch.marks[-1]) for _ in range(SERVED_FROM - 1)]
+    assert served.rated == [2, 4, 16]  # once it served SERVED_FROM rounds, a size's rate is its own
+    assert served.rate(2) == pytest.approx(SERVED_FROM * batch.expected_tokens() / sum(prices))
+
+
+def test_prices_between_timed_batch_sizes_are_linear_in_rows():
+    def timed(ms: float) -> StepTimes:
+        return StepTimes(draft_ms=[ms] * 2, verify_ms=[10 * ms, 12 * ms, 14 * ms], target_alone_ms=10 * ms,
+                         round_overhead_ms=ms)
+
+    prices = VllmPrices({1: timed(1.0), 4: timed(2.0), 16: timed(5.0)}, 2)
+    assert prices.at(4) is prices.times[4] and prices.at(32) is prices.times[16]  # timed, and beyond: the nearest
+    halfway = prices.at(10)  # from 4 to 16
+    assert halfway.draft_ms == pytest.approx([3.5, 3.5]) and halfway.verify_ms == pytest.approx([35.0, 42.0, 49.0])
+    assert halfway.target_alone_ms == pytest.approx(35.0) and halfway.round_overhead_ms == pytest.approx(3.5)
+    assert halfway.drafting_ms(2) == pytest.approx(7.0) and prices.at(10) is halfway
+    assert prices.at(2).verify_ms == pytest.approx([40 / 3, 16.0, 56 / 3])  # a third of the way from 1 to 4
 
 
 def test_the_batch_expects_the_survival_vllm_accepted():

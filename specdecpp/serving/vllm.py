@@ -4,6 +4,7 @@ vLLM's step prices are kept); `specdecpp.serving.vllm_plugin.register` plugs it 
 from __future__ import annotations
 
 import ast
+import bisect
 import collections
 import functools
 import hashlib
@@ -251,7 +252,7 @@ class BatchRound:
     @functools.cached_property
     def rate(self) -> float | None:
         """The expected tokens per ms this batch size's rounds served (`ServedCosts.rate`, read once it has rows);
-        None for an unpriced round or before they were served."""
+        None for an unpriced round or before any batch size was served."""
         return self.served.rate(len(self.lengths)) if self.priced else None
 
     def proposed_tokens(self) -> int:
@@ -333,7 +334,8 @@ class ServedCosts:
     head's judgements and the rows' rules included) and for the rest of its engine step (its first forward and the
     next step's verification, scheduling and arriving prefills). `BatchRound.price_ms` scales the prices by them;
     a batch size whose last `SERVED_ROUNDS // 2` rounds drafted one forward each `wants_forwards` a sample. Its
-    `rate` is what those rounds served: their expected tokens over their price."""
+    `rate` is what those rounds served: their expected tokens over their price (for a size yet to serve
+    `SERVED_FROM`, as the sizes around it served)."""
 
     forwards: dict[int, float] = field(default_factory=dict)
     rest: dict[int, float] = field(default_factory=dict)
@@ -341,6 +343,10 @@ class ServedCosts:
     last: tuple[int, float, float] | None = None  # the last round's rows, verification price and end (seconds)
     unsampled: dict[int, int] = field(default_factory=dict)  # per batch size, its rounds since forwards were timed
     rounds: dict[int, collections.deque] = field(default_factory=dict)  # per batch size, (expected, price ms)
+    rated: list[int] = field(init=False)  # the batch sizes (sorted) that served `SERVED_FROM` rounds: a `rate`
+
+    def __post_init__(self):
+        self.rated = sorted(rows for rows, served in self.rounds.items() if len(served) >= SERVED_FROM)
 
     def observe(self, batch: BatchRound, ended: float) -> float:
         """Take in `batch`, a round whose propose returned at `ended` (perf_counter seconds); returns its price (ms,
@@ -359,15 +365,25 @@ class ServedCosts:
         self.last = (rows, batch.verify_ms(batch.proposed_tokens()), ended)
         price = batch.price_ms(steps, batch.proposed_tokens())
         if rows > 1:
-            self.rounds.setdefault(rows, collections.deque(maxlen=SERVED_ROUNDS)).append((batch.expected_tokens(), price))
+            served = self.rounds.setdefault(rows, collections.deque(maxlen=SERVED_ROUNDS))
+            served.append((batch.expected_tokens(), price))
+            if len(served) == SERVED_FROM:
+                bisect.insort(self.rated, rows)
         return price
 
     def rate(self, rows: int) -> float | None:
-        """The expected tokens per priced ms of this batch size's last `SERVED_ROUNDS` rounds; None until
-        `SERVED_FROM` were served."""
-        served = self.rounds.get(rows, ())
-        if len(served) < SERVED_FROM:
+        """The expected tokens per priced ms of this batch size's last `SERVED_ROUNDS` rounds. Until it served
+        `SERVED_FROM`, linear in rows between the nearest sizes around it that did (beyond them, the nearest's):
+        batch sizes come and go with requests, and a new one serves about as its neighbours do. None until some
+        batch size did."""
+        if not self.rated:
             return None
+        low, high, place = around(self.rated, rows)
+        return lerp(self.served_rate(low), self.served_rate(high), place) if place else self.served_rate(low)
+
+    def served_rate(self, rows: int) -> float:
+        """The expected tokens per priced ms of the last `SERVED_ROUNDS` rounds of a batch size in `rated`."""
+        served = self.rounds[rows]
         return sum(expected for expected, _ in served) / sum(price for _, price in served)
 
     def wants_forwards(self, rows: int) -> bool:
@@ -439,6 +455,21 @@ class ServedAcceptance:
         return depth_ratio(self.forecast, self.judged, depth)
 
 
+def around(sizes: list[int], rows: int) -> tuple[int, int, float]:
+    """The sizes in sorted `sizes` nearest `rows` below and above it, and its place between them (0 to 1); the
+    nearest size twice, at place 0, where `rows` is one of `sizes` or beyond them."""
+    i = bisect.bisect_left(sizes, rows)
+    if i == len(sizes) or i == 0 or sizes[i] == rows:
+        nearest = sizes[min(i, len(sizes) - 1)]
+        return nearest, nearest, 0.0
+    return sizes[i - 1], sizes[i], (rows - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+
+
+def lerp(low: float, high: float, place: float) -> float:
+    """The value at `place` (0 to 1) on the line from `low` to `high`."""
+    return low + (high - low) * place
+
+
 def add_at_depth(expected: list[float], seen: list[float], depth: int, x: float, y: float) -> None:
     """Add `x` to `expected` and `y` to `seen` at `depth` (from 1), each list growing to it."""
     for sums in (expected, seen):
@@ -461,10 +492,21 @@ class VllmPrices:
 
     times: dict[int, StepTimes]
     max_draft: int
+    batches: dict[int, StepTimes] = field(default_factory=dict, init=False, repr=False, compare=False)  # `at`'s, as it made them
 
     def at(self, batch: int) -> StepTimes:
-        """The times of the measured batch size nearest `batch` (in ratio)."""
-        return self.times[min(self.times, key=lambda b: (abs(math.log(b / batch)), b))]
+        """The times at `batch` rows: a timed batch size's own; linear in rows between the timed sizes around it
+        (every step's time alike); beyond them, the nearest's."""
+        if batch not in self.batches:
+            low, high, place = around(sorted(self.times), batch)
+            a, b = self.times[low], self.times[high]
+            self.batches[batch] = a if not place else replace(
+                a, draft_ms=[lerp(x, y, place) for x, y in zip(a.draft_ms, b.draft_ms)],
+                verify_ms=[lerp(x, y, place) for x, y in zip(a.verify_ms, b.verify_ms)], verify_ms_measured=[],
+                target_alone_ms=lerp(a.target_alone_ms, b.target_alone_ms, place),
+                judge_ms=lerp(a.judge_ms, b.judge_ms, place),
+                round_overhead_ms=lerp(a.round_overhead_ms, b.round_overhead_ms, place))
+        return self.batches[batch]
 
     def as_dict(self) -> dict:
         return {"max_draft": self.max_draft, "times": {str(b): t.as_dict() for b, t in self.times.items()}}
