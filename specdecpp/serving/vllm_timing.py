@@ -81,7 +81,9 @@ class TimedBatchRound(BatchRound):
         self.judge(hidden, logits, tokens).tolist()  # the head's forward is part of a served step
         self.marks.append(time.perf_counter())
         if len(self.tokens) >= max(self.k, 1):
-            self.lengths, self.stopped_tokens = [self.k] * len(tokens), self.k * len(tokens)
+            self.lengths = [None] * len(tokens)
+            for row in range(len(tokens)):
+                self.stop_row(row, self.k)
             raise StopDrafting
 
     def proposals(self) -> list[list[int]]:
