@@ -13,8 +13,8 @@ machine hits every method alike. Greedy, `max_new_tokens` each (EOS ignored, so 
 number of tokens).
 
 Per method and concurrency: output tokens/s, its median ratio over the runs to vLLM without speculation and to
-`draft_model` at its best K (the K with the best median ratio to no speculation there), the same over the steps
-that start with every slot in flight (steady load: a run's filling and draining left out, as a server under that
+`draft_model` at its best K (the K it runs slowest against: the least median ratio over K = 2..5), the same over
+the steps that start with every slot in flight (steady load: a run's filling and draining left out, as a server under that
 load never drains), the median request latency, vLLM's speculative counters, the requests drafted for per engine
 step, target steps per generated token (each request's engine steps, prefill included), the wall time per engine
 step and, of it, the time in vLLM's draft loop (our judgements included), and for our head the draft forwards
@@ -204,21 +204,22 @@ def summarise(name: str, batches: list[dict], plain: list[dict]) -> dict:
 
 
 def against_best_draft_model(rows: list[dict], results: dict[str, list[dict]]) -> None:
-    """Add to each row its median per-batch ratio to `draft_model` at its best K (by median ratio
-    to no speculation) and its target steps per token over `draft_model`'s fewest at any K."""
-    draft_models = [r for r in rows if r["method"].startswith(DRAFT_MODEL)]
+    """Add to each row its ratio to `draft_model` at its best K: the least, over every K, of its median per-run
+    ratio to that K (in tokens/s over whole runs and at steady load alike), and that K; and its target steps per
+    token over `draft_model`'s fewest at any K."""
+    draft_models = [r["method"] for r in rows if r["method"].startswith(DRAFT_MODEL)]
     if not draft_models:
         return
-    best = max(draft_models, key=lambda r: r["ratio_to_plain"])
-    steady = max(draft_models, key=lambda r: r["steady_tokens_per_s"])
-    fewest = min(r["target_steps_per_token"] for r in draft_models)
+    fewest = min(r["target_steps_per_token"] for r in rows if r["method"] in draft_models)
+
+    def against(method: str, speed) -> tuple[float, str]:
+        return min((statistics.median(speed(b) / speed(d) for b, d in zip(results[method], results[k])), k)
+                   for k in draft_models)
+
     for row in rows:
-        row["best_draft_model"], row["steady_best_draft_model"] = best["method"], steady["method"]
-        row["ratio_to_best_draft_model"] = statistics.median(
-            tokens_per_s(b) / tokens_per_s(d) for b, d in zip(results[row["method"]], results[best["method"]]))
-        row["steady_ratio_to_best_draft_model"] = statistics.median(steady_tokens_per_s(b) / steady_tokens_per_s(d)
-                                                                    for b, d in zip(results[row["method"]],
-                                                                                    results[steady["method"]]))
+        row["ratio_to_best_draft_model"], row["best_draft_model"] = against(row["method"], tokens_per_s)
+        row["steady_ratio_to_best_draft_model"], row["steady_best_draft_model"] = against(row["method"],
+                                                                                          steady_tokens_per_s)
         row["steps_to_fewest_draft_model"] = row["target_steps_per_token"] / fewest
 
 
