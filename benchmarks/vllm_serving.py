@@ -14,14 +14,14 @@ number of tokens).
 
 Per method and concurrency: output tokens/s, its median ratio over the runs to vLLM without speculation and to
 `draft_model` at its best K (the K it runs slowest against: the least median ratio over K = 2..5), the same over
-the steps that start with every slot in flight (steady load: a run's filling and draining left out, as a server under that
-load never drains), the median request latency, vLLM's speculative counters, the requests drafted for per engine
-step, target steps per generated token (each request's engine steps, prefill included), the wall time per engine
-step and, of it, the time in vLLM's draft loop (our judgements included), and for our head the draft forwards
-per engine step, its draft loop's time per proposed token, its rounds' price per engine step at the vLLM prices
-its batch stop uses (prefills unpriced) and the accepted tokens its survival expected over those vLLM counted.
-Greedy outputs are checked against vLLM without speculation. Writes `vllm_serving.md` and `vllm_serving.json` in
-`--output`.
+the steps that start with every slot in flight (steady load: a run's filling and draining left out, as a server
+under that load never drains), the median request latency, vLLM's speculative counters, the requests drafted for
+per engine step, target steps per generated token (each request's engine steps, prefill included), the wall time
+per engine step and, of it, the time in vLLM's draft loop (our judgements included), and for our head the draft
+forwards per engine step, its draft loop's time per proposed token, its rounds' price per engine step at the vLLM
+prices its batch stop uses (prefills unpriced) and the accepted tokens its survival expected over those vLLM
+counted. Greedy outputs are checked against vLLM without speculation. Writes `vllm_serving.md` and
+`vllm_serving.json` in `--output`.
 
     python benchmarks/vllm_serving.py --num_prompts 96 --waves 3
 """
